@@ -1,0 +1,143 @@
+//! Self-checks of the core's indexes and of SPEC §2 rule 4, for tests.
+//!
+//! [`Core::check_invariants`] recomputes every derived number from scratch
+//! and compares; it is O(tasks + groups × reqsets) and meant for property
+//! tests and simulations, not for production paths.
+
+use super::groups::is_subset;
+use super::{Core, Phase};
+
+impl Core {
+    /// Recomputes every index and total and checks rule 4 (no waiting task
+    /// beside a free slot of a matching group, except slots held for a due
+    /// reservation). Returns the first violation found.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let g = &self.groups;
+        for (pi, pool) in g.pools.iter().enumerate() {
+            let (mut cap, mut busy, mut free) = (0u64, 0u64, 0u64);
+            for &gi in &pool.groups {
+                let group = &g.groups[gi as usize];
+                cap += u64::from(group.capacity);
+                busy += u64::from(group.busy);
+                free += u64::from(group.free());
+                let holders = self
+                    .tasks
+                    .iter()
+                    .filter(|t| {
+                        matches!(t.phase, Phase::Running | Phase::Draining) && t.group == gi
+                    })
+                    .count() as u32;
+                if holders != group.busy {
+                    return Err(format!(
+                        "group {} of pool {}: busy {} but {} attempts hold it",
+                        group.labels, pool.name, group.busy, holders
+                    ));
+                }
+                for &ri in &pool.reqsets {
+                    let set = &g.reqsets[ri as usize];
+                    let matches = is_subset(&set.pairs, &group.pairs);
+                    if matches != group.reqsets.contains(&ri) || matches != set.groups.contains(&gi)
+                    {
+                        return Err(format!(
+                            "match index wrong for group {} / reqset {}",
+                            group.labels, set.labels
+                        ));
+                    }
+                    let indexed = set.free_groups.iter().any(|&(_, _, x)| x == gi);
+                    if indexed != (matches && group.free() > 0) {
+                        return Err(format!(
+                            "free index wrong for group {} / reqset {}",
+                            group.labels, set.labels
+                        ));
+                    }
+                }
+            }
+            if (cap, busy, free) != (pool.capacity, pool.busy, pool.free) {
+                return Err(format!(
+                    "pool {} totals (capacity, busy, free) = {:?}, recomputed {:?}",
+                    pool.name,
+                    (pool.capacity, pool.busy, pool.free),
+                    (cap, busy, free)
+                ));
+            }
+            let queued: usize = pool
+                .reqsets
+                .iter()
+                .map(|&r| g.reqsets[r as usize].queue.len())
+                .sum();
+            if queued as u64 + pool.ready_fixed.len() as u64 != pool.waiting {
+                return Err(format!(
+                    "pool {} waiting count {} is wrong",
+                    pool.name, pool.waiting
+                ));
+            }
+            let in_phase = |phases: &[Phase]| {
+                self.tasks
+                    .iter()
+                    .filter(|t| t.pool as usize == pi && phases.contains(&t.phase))
+                    .count() as u64
+            };
+            if in_phase(&[Phase::Scheduled, Phase::Reserved]) != pool.scheduled {
+                return Err(format!("pool {} scheduled count is wrong", pool.name));
+            }
+            if in_phase(&[Phase::Reserved, Phase::Ready]) != pool.reservations.len() as u64 {
+                return Err(format!("pool {} reservation count is wrong", pool.name));
+            }
+            // Rule 4.
+            let held = pool.free <= pool.reservations.len() as u64;
+            for &gi in &pool.groups {
+                let group = &g.groups[gi as usize];
+                if group.free() == 0 {
+                    continue;
+                }
+                for &(_, _, t) in &pool.ready_fixed {
+                    let r = self.tasks[t as usize].reqset;
+                    if is_subset(&g.reqsets[r as usize].pairs, &group.pairs) {
+                        return Err(format!(
+                            "fixed-start task {} waits beside a free slot of group {}",
+                            self.tasks[t as usize].id, group.labels
+                        ));
+                    }
+                }
+                for &ri in &group.reqsets {
+                    if let Some((_, t)) = g.reqsets[ri as usize].queue.head() {
+                        let rec = &self.tasks[t as usize];
+                        if !held {
+                            return Err(format!(
+                                "task {} waits beside a free slot of group {} in pool {}",
+                                rec.id, group.labels, pool.name
+                            ));
+                        }
+                    }
+                }
+                if held {
+                    for &(_, t) in &pool.backfill {
+                        let r = self.tasks[t as usize].reqset;
+                        if is_subset(&g.reqsets[r as usize].pairs, &group.pairs)
+                            && self.pool_allows(t, 0)
+                        {
+                            return Err(format!(
+                                "backfill task {} waits beside a free slot of group {}",
+                                self.tasks[t as usize].id, group.labels
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        let live = self.tasks.iter().filter(|t| t.phase != Phase::Free).count();
+        if live != self.by_id.len() {
+            return Err(format!(
+                "{} live records but {} ids",
+                live,
+                self.by_id.len()
+            ));
+        }
+        for (id, &t) in &self.by_id {
+            if self.tasks[t as usize].id != *id || self.tasks[t as usize].phase == Phase::Free {
+                return Err(format!("id index wrong for task {id}"));
+            }
+        }
+        Ok(())
+    }
+}

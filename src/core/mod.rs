@@ -1,0 +1,830 @@
+//! The scheduler itself: a pure, sans-IO state machine.
+//!
+//! [`Core::handle`] takes `now` and an [`Event`] (a fact: a task was
+//! submitted, capacity changed, an attempt ended, time passed) and returns
+//! [`Action`]s (commands: start attempt N of task T in group G, revoke an
+//! attempt, a retry is due at X, a task finished). It never reads a clock,
+//! never sleeps, never does I/O and takes no randomness: the same events at
+//! the same instants always give the same actions, which is what lets the
+//! embedded scheduler, the NATS leader and a replaying standby share it.
+//!
+//! A shell drives it: wait for input or [`Core::next_wakeup`], call
+//! `handle`, carry out the actions in order. A rejected event changes
+//! nothing: argument checks run before anything else; checks that depend
+//! on state (unknown task, stale attempt) run after the timers due at `now`
+//! have fired, exactly as a [`Event::Tick`] would have fired them.
+//!
+//! The core keeps only live tasks: once it emits [`Action::Finished`] the
+//! task is forgotten (the shell keeps results), so memory follows the
+//! number of waiting and running tasks.
+
+mod check;
+mod groups;
+mod model;
+mod placement;
+mod queue;
+mod snapshot;
+mod timers;
+
+pub use groups::GroupId;
+pub use model::*;
+pub use snapshot::*;
+
+use groups::Groups;
+use queue::QueueKey;
+use rustc_hash::FxHashMap;
+use timers::{Timer, TimerKind, Timers};
+
+/// A fact the core learns about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Settings of a pool (created if new).
+    PoolConfigured {
+        /// The pool.
+        pool: PoolName,
+        /// Its settings.
+        config: PoolConfig,
+    },
+    /// The slots of the group of `pool` that carries exactly `labels`.
+    CapacitySet {
+        /// The pool.
+        pool: PoolName,
+        /// The group's exact label set.
+        labels: Labels,
+        /// Slots in all (0 removes the group from the snapshot once idle).
+        slots: u32,
+    },
+    /// A task was accepted.
+    Submitted(TaskSpec),
+    /// Someone asked to cancel a task.
+    CancelRequested(TaskId),
+    /// The executor or worker acknowledged attempt `attempt`.
+    AttemptStarted {
+        /// The task.
+        task: TaskId,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Attempt `attempt` of `task` ended.
+    AttemptEnded {
+        /// The task.
+        task: TaskId,
+        /// The attempt.
+        attempt: u32,
+        /// How it ended.
+        outcome: AttemptOutcome,
+    },
+    /// Time passed: fire the timers due at `now`.
+    Tick,
+}
+
+/// Why an attempt is revoked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevokeReason {
+    /// The task was cancelled.
+    Cancelled,
+    /// The attempt ran past its timeout; it will count as lost.
+    Timeout,
+}
+
+/// A command for the shell, to carry out in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Run attempt `attempt` of `task` on a slot of `group` (whose slot the
+    /// core already counts as busy).
+    Start {
+        /// The task.
+        task: TaskId,
+        /// The attempt, from 1.
+        attempt: u32,
+        /// The group that runs it.
+        group: GroupId,
+    },
+    /// Stop a running attempt. Its slot stays busy until the shell reports
+    /// [`Event::AttemptEnded`] for it.
+    Revoke {
+        /// The task.
+        task: TaskId,
+        /// The attempt.
+        attempt: u32,
+        /// The group running it.
+        group: GroupId,
+        /// Why.
+        reason: RevokeReason,
+    },
+    /// Attempt `attempt - 1` failed or was lost; attempt `attempt` will be
+    /// placed at `at`.
+    RetryAt {
+        /// The task.
+        task: TaskId,
+        /// The next attempt.
+        attempt: u32,
+        /// When it becomes eligible.
+        at: Millis,
+    },
+    /// The task reached a terminal state; the core forgets it.
+    Finished {
+        /// The task.
+        task: TaskId,
+        /// `succeeded`, `failed`, `cancelled` or `missed`.
+        state: TaskState,
+        /// Attempts started.
+        attempts: u32,
+        /// It finished after its deadline.
+        deadline_missed: bool,
+    },
+}
+
+/// Where a live task is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Slab slot unused.
+    Free,
+    /// Fixed start, reservation not yet due.
+    Scheduled,
+    /// Fixed start, reservation due, `start_at` not reached.
+    Reserved,
+    /// Fixed start past `start_at`, waiting for a matching slot.
+    Ready,
+    /// Waiting in its reqset's queue.
+    Queued,
+    /// Waiting out backoff before the next attempt.
+    Backoff,
+    /// An attempt holds a slot.
+    Running,
+    /// Cancelled while running: the attempt still holds its slot.
+    Draining,
+}
+
+const NONE: u64 = u64::MAX;
+
+#[derive(Clone, Debug)]
+struct TaskRec {
+    id: TaskId,
+    seq: u64,
+    pool: u32,
+    reqset: u32,
+    priority: i32,
+    phase: Phase,
+    urgent: bool,
+    revoked: Option<RevokeReason>,
+    attempt: u32,
+    max_attempts: u32,
+    bypass: u32,
+    group: u32,
+    deadline: u64,
+    est_runtime: u64,
+    attempt_timeout: u64,
+    /// The pending Retry or AttemptTimeout instant.
+    timer_at: u64,
+    backoff: Backoff,
+    fixed: Option<FixedStart>,
+}
+
+/// What [`Core::task`] tells about a live task.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaskView {
+    /// The task.
+    pub id: TaskId,
+    /// Its pool.
+    pub pool: PoolName,
+    /// Labels it requires.
+    pub required: Labels,
+    /// Its priority.
+    pub priority: i32,
+    /// `scheduled`, `queued` or `running` (a cancelled task whose attempt is
+    /// still stopping shows `cancelled`).
+    pub state: TaskState,
+    /// Why it waits, when it does.
+    pub reason: Option<WaitReason>,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// The group of the live attempt.
+    pub group: Option<Labels>,
+    /// It counts as urgent (deadline within the urgency window).
+    pub urgent: bool,
+}
+
+/// The scheduling core. See the module docs.
+///
+/// ```
+/// use cronoq::core::*;
+/// let mut core = Core::new();
+/// let pool = PoolName::new("inference").unwrap();
+/// core.handle(Millis(0), Event::CapacitySet { pool: pool.clone(), labels: Labels::new(), slots: 1 }).unwrap();
+/// let actions = core.handle(Millis(0), Event::Submitted(TaskSpec::new(TaskId(1), pool))).unwrap();
+/// assert!(matches!(actions[0], Action::Start { task: TaskId(1), attempt: 1, .. }));
+/// ```
+#[derive(Debug, Default)]
+pub struct Core {
+    now: Millis,
+    next_seq: u64,
+    groups: Groups,
+    tasks: Vec<TaskRec>,
+    free_slab: Vec<u32>,
+    by_id: FxHashMap<TaskId, u32>,
+    timers: Timers,
+}
+
+impl Core {
+    /// An empty core: no pools, no tasks.
+    pub fn new() -> Core {
+        Core::default()
+    }
+
+    /// The latest `now` handed in (time never runs backwards inside).
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// When the shell must call back with [`Event::Tick`], if ever.
+    pub fn next_wakeup(&self) -> Option<Millis> {
+        self.timers.next()
+    }
+
+    /// Live (not yet finished) tasks.
+    pub fn live_tasks(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Applies one event at `now` and returns the actions to carry out.
+    pub fn handle(&mut self, now: Millis, event: Event) -> Result<Vec<Action>, Rejection> {
+        let mut out = Vec::new();
+        self.handle_into(now, event, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`Core::handle`], appending to `out` (reuse it to avoid an
+    /// allocation per event). On error nothing is appended.
+    pub fn handle_into(
+        &mut self,
+        now: Millis,
+        event: Event,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Rejection> {
+        check_arguments(&event)?;
+        self.now = self.now.max(now);
+        self.fire_timers(out);
+        self.check_state(&event)?;
+        match event {
+            Event::PoolConfigured { pool, config } => {
+                let p = self.groups.pool(&pool);
+                self.groups.pools[p as usize].config = config;
+            }
+            Event::CapacitySet {
+                pool,
+                labels,
+                slots,
+            } => {
+                let p = self.groups.pool(&pool);
+                let g = self.groups.group(p, &labels);
+                self.groups.set_capacity(g, slots);
+                self.fill_group(g, out);
+            }
+            Event::Submitted(spec) => self.submit(spec, out),
+            Event::CancelRequested(id) => self.cancel(id, out),
+            Event::AttemptStarted { .. } => {}
+            Event::AttemptEnded {
+                task,
+                attempt: _,
+                outcome,
+            } => self.attempt_ended(task, outcome, out),
+            Event::Tick => {}
+        }
+        Ok(())
+    }
+
+    fn check_state(&self, event: &Event) -> Result<(), Rejection> {
+        match event {
+            Event::Submitted(spec) if self.by_id.contains_key(&spec.id) => {
+                Err(Rejection::DuplicateTask(spec.id))
+            }
+            Event::CancelRequested(id) => match self.live(*id) {
+                None => Err(Rejection::UnknownTask(*id)),
+                Some(rec) if rec.phase == Phase::Draining => Err(Rejection::AlreadyFinished(*id)),
+                Some(_) => Ok(()),
+            },
+            Event::AttemptStarted { task, attempt } | Event::AttemptEnded { task, attempt, .. } => {
+                match self.live(*task) {
+                    None => Err(Rejection::UnknownTask(*task)),
+                    Some(rec)
+                        if matches!(rec.phase, Phase::Running | Phase::Draining)
+                            && rec.attempt == *attempt =>
+                    {
+                        Ok(())
+                    }
+                    Some(_) => Err(Rejection::StaleAttempt {
+                        task: *task,
+                        attempt: *attempt,
+                    }),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn live(&self, id: TaskId) -> Option<&TaskRec> {
+        self.by_id.get(&id).map(|&i| &self.tasks[i as usize])
+    }
+
+    // ---- submission -------------------------------------------------------
+
+    fn submit(&mut self, spec: TaskSpec, out: &mut Vec<Action>) {
+        let p = self.groups.pool(&spec.pool);
+        let r = self.groups.reqset(p, &spec.required);
+        let config = &self.groups.pools[p as usize].config;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let rec = TaskRec {
+            id: spec.id,
+            seq,
+            pool: p,
+            reqset: r,
+            priority: spec.priority,
+            phase: Phase::Free,
+            urgent: false,
+            revoked: None,
+            attempt: 0,
+            max_attempts: spec.max_attempts.unwrap_or(config.max_attempts),
+            bypass: 0,
+            group: u32::MAX,
+            deadline: spec.deadline.map_or(NONE, |d| d.0),
+            est_runtime: spec.est_runtime.map_or(NONE, |d| d.0),
+            attempt_timeout: spec.attempt_timeout.map_or(NONE, |d| d.0),
+            timer_at: NONE,
+            backoff: spec.backoff.unwrap_or(config.backoff),
+            fixed: spec.fixed_start,
+        };
+        let t = match self.free_slab.pop() {
+            Some(t) => {
+                self.tasks[t as usize] = rec;
+                t
+            }
+            None => {
+                self.tasks.push(rec);
+                (self.tasks.len() - 1) as u32
+            }
+        };
+        self.by_id.insert(spec.id, t);
+
+        let Some(fixed) = spec.fixed_start else {
+            self.enqueue_or_start(t, out);
+            return;
+        };
+        let now = self.now;
+        let lead = self.groups.pools[p as usize].config.reservation_lead;
+        if now > fixed.start_at.plus(fixed.tolerance) {
+            self.missed(t, out);
+            return;
+        }
+        self.timers.add(self.timer(t, TimerKind::Miss));
+        self.groups.pools[p as usize].scheduled += 1;
+        if now >= fixed.start_at.minus(lead) {
+            self.reserve(t);
+            // A start_at already reached fires at once.
+            self.fire_timers(out);
+        } else {
+            self.tasks[t as usize].phase = Phase::Scheduled;
+            self.timers.add(self.timer(t, TimerKind::ReservationDue));
+        }
+    }
+
+    /// The timer of `kind` for task `t`, computed from its fields.
+    fn timer(&self, t: u32, kind: TimerKind) -> Timer {
+        let rec = &self.tasks[t as usize];
+        let pool = &self.groups.pools[rec.pool as usize];
+        let fixed = rec.fixed.unwrap_or(FixedStart {
+            start_at: Millis::ZERO,
+            tolerance: Millis::ZERO,
+        });
+        let at = match kind {
+            TimerKind::ReservationDue => fixed.start_at.minus(pool.config.reservation_lead),
+            TimerKind::FixedStart => fixed.start_at,
+            TimerKind::Miss => fixed.start_at.plus(fixed.tolerance),
+            TimerKind::Urgent => Millis(rec.deadline).minus(pool.config.urgency_window),
+            TimerKind::Retry | TimerKind::AttemptTimeout => Millis(rec.timer_at),
+        };
+        Timer {
+            at,
+            kind,
+            seq: rec.seq,
+            task: t,
+        }
+    }
+
+    /// Scheduled → Reserved: the pool starts holding a slot back.
+    fn reserve(&mut self, t: u32) {
+        let rec = &mut self.tasks[t as usize];
+        rec.phase = Phase::Reserved;
+        let key = (rec.fixed.map_or(0, |f| f.start_at.0), rec.seq, t);
+        let pool = rec.pool;
+        self.groups.pools[pool as usize].reservations.insert(key);
+        self.timers.add(self.timer(t, TimerKind::FixedStart));
+    }
+
+    /// Reserved → Ready at `start_at`: start on the best matching free slot
+    /// (the held slot is ours), or wait for one.
+    fn fixed_start_due(&mut self, t: u32, out: &mut Vec<Action>) {
+        let rec = &mut self.tasks[t as usize];
+        rec.phase = Phase::Ready;
+        let key = (rec.fixed.map_or(0, |f| f.start_at.0), rec.seq, t);
+        let pool = &mut self.groups.pools[rec.pool as usize];
+        pool.scheduled -= 1;
+        pool.waiting += 1;
+        pool.ready_fixed.insert(key);
+        if let Some(g) = self.best_free_group(t) {
+            self.take_waiter(t);
+            self.start(t, g, false, out);
+        }
+    }
+
+    /// A fixed start that could not happen within its tolerance.
+    fn missed(&mut self, t: u32, out: &mut Vec<Action>) {
+        let p = self.tasks[t as usize].pool;
+        match self.groups.pools[p as usize].config.on_miss {
+            OnMiss::Skip => self.finish(t, TaskState::Missed, out),
+            OnMiss::Run => {
+                self.tasks[t as usize].fixed = None;
+                self.enqueue_or_start(t, out);
+            }
+        }
+    }
+
+    /// Place a task that may run now, or queue it.
+    fn enqueue_or_start(&mut self, t: u32, out: &mut Vec<Action>) {
+        if self.pool_allows(t, 0) {
+            if let Some(g) = self.best_free_group(t) {
+                self.start(t, g, false, out);
+                return;
+            }
+        }
+        self.enqueue(t);
+    }
+
+    fn queue_key(&self, t: u32) -> QueueKey {
+        let rec = &self.tasks[t as usize];
+        QueueKey::new(rec.urgent.then_some(rec.deadline), rec.priority, rec.seq)
+    }
+
+    fn enqueue(&mut self, t: u32) {
+        let now = self.now;
+        let rec = &mut self.tasks[t as usize];
+        rec.phase = Phase::Queued;
+        let window = self.groups.pools[rec.pool as usize].config.urgency_window;
+        rec.urgent = rec.deadline != NONE && now >= Millis(rec.deadline).minus(window);
+        let (pool, r, seq, est, deadline, urgent) = (
+            rec.pool,
+            rec.reqset,
+            rec.seq,
+            rec.est_runtime,
+            rec.deadline,
+            rec.urgent,
+        );
+        let key = self.queue_key(t);
+        self.groups.reqsets[r as usize].queue.push(key, t);
+        let pool = &mut self.groups.pools[pool as usize];
+        pool.waiting += 1;
+        if est != NONE {
+            pool.backfill.insert((seq, t));
+        }
+        if deadline != NONE && !urgent {
+            self.timers.add(self.timer(t, TimerKind::Urgent));
+        }
+    }
+
+    /// Takes a Queued or Ready task out of wherever it waits.
+    fn take_waiter(&mut self, t: u32) {
+        let key = self.queue_key(t);
+        let rec = &self.tasks[t as usize];
+        let (p, r, seq, phase) = (rec.pool, rec.reqset, rec.seq, rec.phase);
+        let has_urgent_timer = rec.deadline != NONE && !rec.urgent;
+        let pool = &mut self.groups.pools[p as usize];
+        pool.waiting -= 1;
+        match phase {
+            Phase::Queued => {
+                pool.backfill.remove(&(seq, t));
+                self.groups.reqsets[r as usize].queue.remove(&key);
+                if has_urgent_timer {
+                    self.timers.cancel(&self.timer(t, TimerKind::Urgent));
+                }
+            }
+            Phase::Ready => {
+                let start_at = self.tasks[t as usize].fixed.map_or(0, |f| f.start_at.0);
+                pool.ready_fixed.remove(&(start_at, seq, t));
+                pool.reservations.remove(&(start_at, seq, t));
+                self.timers.cancel(&self.timer(t, TimerKind::Miss));
+            }
+            other => unreachable!("take_waiter on {other:?}"),
+        }
+    }
+
+    // ---- running ----------------------------------------------------------
+
+    /// Starts the next attempt of `t` in group `g`. With `handover` the slot
+    /// just freed by another attempt passes straight on, so busy is unchanged.
+    fn start(&mut self, t: u32, g: u32, handover: bool, out: &mut Vec<Action>) {
+        if !handover {
+            let busy = self.groups.groups[g as usize].busy;
+            self.groups.set_busy(g, busy + 1);
+        }
+        let now = self.now;
+        let rec = &mut self.tasks[t as usize];
+        rec.phase = Phase::Running;
+        rec.attempt += 1;
+        rec.group = g;
+        rec.bypass = 0;
+        rec.revoked = None;
+        out.push(Action::Start {
+            task: rec.id,
+            attempt: rec.attempt,
+            group: GroupId(g),
+        });
+        if rec.attempt_timeout != NONE {
+            rec.timer_at = now.0.saturating_add(rec.attempt_timeout);
+            self.timers.add(self.timer(t, TimerKind::AttemptTimeout));
+        }
+    }
+
+    fn attempt_ended(&mut self, id: TaskId, outcome: AttemptOutcome, out: &mut Vec<Action>) {
+        let t = self.by_id[&id];
+        let rec = &self.tasks[t as usize];
+        let (g, phase, revoked, attempt, max_attempts) = (
+            rec.group,
+            rec.phase,
+            rec.revoked,
+            rec.attempt,
+            rec.max_attempts,
+        );
+        if rec.attempt_timeout != NONE {
+            self.timers
+                .cancel(&self.timer(t, TimerKind::AttemptTimeout));
+        }
+        let outcome = match (revoked, outcome) {
+            (Some(RevokeReason::Timeout), o) if o != AttemptOutcome::Succeeded => {
+                AttemptOutcome::Lost
+            }
+            (_, o) => o,
+        };
+        let mut retry_now = false;
+        match outcome {
+            _ if phase == Phase::Draining => self.release(t),
+            AttemptOutcome::Succeeded => self.finish(t, TaskState::Succeeded, out),
+            AttemptOutcome::Cancelled => self.finish(t, TaskState::Cancelled, out),
+            AttemptOutcome::Failed { retryable: false } => self.finish(t, TaskState::Failed, out),
+            AttemptOutcome::Failed { retryable: true } | AttemptOutcome::Lost
+                if attempt >= max_attempts =>
+            {
+                self.finish(t, TaskState::Failed, out)
+            }
+            AttemptOutcome::Failed { retryable: true } | AttemptOutcome::Lost => {
+                let rec = &mut self.tasks[t as usize];
+                let at = self.now.plus(rec.backoff.delay_after(attempt));
+                rec.phase = Phase::Backoff;
+                rec.group = u32::MAX;
+                rec.timer_at = at.0;
+                out.push(Action::RetryAt {
+                    task: id,
+                    attempt: attempt + 1,
+                    at,
+                });
+                if at <= self.now {
+                    retry_now = true;
+                } else {
+                    self.timers.add(self.timer(t, TimerKind::Retry));
+                }
+            }
+        }
+        self.release_slot(g, out);
+        if retry_now {
+            self.enqueue_or_start(t, out);
+        }
+    }
+
+    /// A slot of `g` is no longer used by its attempt: hand it straight to
+    /// the next waiter, or count it free.
+    fn release_slot(&mut self, g: u32, out: &mut Vec<Action>) {
+        let group = &self.groups.groups[g as usize];
+        if group.busy <= group.capacity {
+            if let Some(t) = self.choose_waiter(g, 1) {
+                self.take_waiter(t);
+                self.start(t, g, true, out);
+                return;
+            }
+        }
+        let busy = self.groups.groups[g as usize].busy;
+        self.groups.set_busy(g, busy - 1);
+    }
+
+    /// Gives free slots of `g` to waiters until none is free or none waits.
+    fn fill_group(&mut self, g: u32, out: &mut Vec<Action>) {
+        while self.groups.groups[g as usize].free() > 0 {
+            match self.choose_waiter(g, 0) {
+                Some(t) => {
+                    self.take_waiter(t);
+                    self.start(t, g, false, out);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// A reservation went away without using a slot: free slots of the pool
+    /// may now go to waiters. Groups are visited in preference order.
+    fn fill_pool(&mut self, p: u32, out: &mut Vec<Action>) {
+        let all = self.groups.pools[p as usize].reqsets[0];
+        let free: Vec<u32> = self.groups.reqsets[all as usize]
+            .free_groups
+            .iter()
+            .map(|&(_, _, g)| g)
+            .collect();
+        for g in free {
+            self.fill_group(g, out);
+        }
+    }
+
+    // ---- ending -----------------------------------------------------------
+
+    fn finish(&mut self, t: u32, state: TaskState, out: &mut Vec<Action>) {
+        let now = self.now;
+        let rec = &self.tasks[t as usize];
+        let deadline_missed = rec.deadline != NONE && now > Millis(rec.deadline);
+        if deadline_missed {
+            self.groups.pools[rec.pool as usize].deadline_missed += 1;
+        }
+        out.push(Action::Finished {
+            task: rec.id,
+            state,
+            attempts: rec.attempt,
+            deadline_missed,
+        });
+        self.release(t);
+    }
+
+    /// Forgets a task's record.
+    fn release(&mut self, t: u32) {
+        let rec = &mut self.tasks[t as usize];
+        self.by_id.remove(&rec.id);
+        rec.phase = Phase::Free;
+        rec.fixed = None;
+        self.free_slab.push(t);
+    }
+
+    fn cancel(&mut self, id: TaskId, out: &mut Vec<Action>) {
+        let t = self.by_id[&id];
+        let rec = &self.tasks[t as usize];
+        let p = rec.pool;
+        let held = matches!(rec.phase, Phase::Reserved | Phase::Ready);
+        match rec.phase {
+            Phase::Scheduled => {
+                self.timers
+                    .cancel(&self.timer(t, TimerKind::ReservationDue));
+                self.timers.cancel(&self.timer(t, TimerKind::Miss));
+                self.groups.pools[p as usize].scheduled -= 1;
+            }
+            Phase::Reserved => {
+                self.timers.cancel(&self.timer(t, TimerKind::FixedStart));
+                self.timers.cancel(&self.timer(t, TimerKind::Miss));
+                let key = (rec.fixed.map_or(0, |f| f.start_at.0), rec.seq, t);
+                let pool = &mut self.groups.pools[p as usize];
+                pool.scheduled -= 1;
+                pool.reservations.remove(&key);
+            }
+            Phase::Ready | Phase::Queued => self.take_waiter(t),
+            Phase::Backoff => self.timers.cancel(&self.timer(t, TimerKind::Retry)),
+            Phase::Running => {
+                if rec.attempt_timeout != NONE {
+                    self.timers
+                        .cancel(&self.timer(t, TimerKind::AttemptTimeout));
+                }
+                let rec = &mut self.tasks[t as usize];
+                out.push(Action::Revoke {
+                    task: id,
+                    attempt: rec.attempt,
+                    group: GroupId(rec.group),
+                    reason: RevokeReason::Cancelled,
+                });
+                rec.phase = Phase::Draining;
+                let deadline_missed = rec.deadline != NONE && self.now > Millis(rec.deadline);
+                if deadline_missed {
+                    self.groups.pools[p as usize].deadline_missed += 1;
+                }
+                out.push(Action::Finished {
+                    task: id,
+                    state: TaskState::Cancelled,
+                    attempts: rec.attempt,
+                    deadline_missed,
+                });
+                return;
+            }
+            Phase::Draining | Phase::Free => unreachable!("checked in check_state"),
+        }
+        self.finish(t, TaskState::Cancelled, out);
+        if held {
+            self.fill_pool(p, out);
+        }
+    }
+
+    // ---- time -------------------------------------------------------------
+
+    fn fire_timers(&mut self, out: &mut Vec<Action>) {
+        while let Some(timer) = self.timers.pop_due(self.now) {
+            let t = timer.task;
+            let Some(rec) = self.tasks.get(t as usize) else {
+                continue;
+            };
+            if rec.seq != timer.seq || rec.phase == Phase::Free {
+                continue;
+            }
+            let p = rec.pool;
+            match (timer.kind, rec.phase) {
+                (TimerKind::ReservationDue, Phase::Scheduled) => self.reserve(t),
+                (TimerKind::FixedStart, Phase::Reserved) => self.fixed_start_due(t, out),
+                (TimerKind::Miss, Phase::Ready) => {
+                    let rec = &self.tasks[t as usize];
+                    let key = (rec.fixed.map_or(0, |f| f.start_at.0), rec.seq, t);
+                    let pool = &mut self.groups.pools[p as usize];
+                    pool.ready_fixed.remove(&key);
+                    pool.reservations.remove(&key);
+                    pool.waiting -= 1;
+                    self.missed(t, out);
+                    self.fill_pool(p, out);
+                }
+                (TimerKind::Urgent, Phase::Queued) if !rec.urgent => {
+                    let old = self.queue_key(t);
+                    let r = rec.reqset;
+                    self.tasks[t as usize].urgent = true;
+                    let new = self.queue_key(t);
+                    let queue = &mut self.groups.reqsets[r as usize].queue;
+                    queue.remove(&old);
+                    queue.push(new, t);
+                }
+                (TimerKind::Retry, Phase::Backoff) if rec.timer_at == timer.at.0 => {
+                    self.enqueue_or_start(t, out)
+                }
+                (TimerKind::AttemptTimeout, Phase::Running) if rec.timer_at == timer.at.0 => {
+                    let rec = &mut self.tasks[t as usize];
+                    rec.revoked = Some(RevokeReason::Timeout);
+                    out.push(Action::Revoke {
+                        task: rec.id,
+                        attempt: rec.attempt,
+                        group: GroupId(rec.group),
+                        reason: RevokeReason::Timeout,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // ---- views ------------------------------------------------------------
+
+    /// What the core knows of a live task; `None` once it finished.
+    pub fn task(&self, id: TaskId) -> Option<TaskView> {
+        let t = *self.by_id.get(&id)?;
+        let rec = &self.tasks[t as usize];
+        let set = &self.groups.reqsets[rec.reqset as usize];
+        let waiting_reason = || {
+            if !self.groups.reqset_has_capacity(rec.reqset) {
+                WaitReason::NoGroupMatches
+            } else if !set.free_groups.is_empty() {
+                WaitReason::HeldForReservation
+            } else {
+                WaitReason::GroupsFull
+            }
+        };
+        let (state, reason) = match rec.phase {
+            Phase::Scheduled | Phase::Reserved => {
+                (TaskState::Scheduled, Some(WaitReason::Scheduled))
+            }
+            Phase::Ready | Phase::Queued => (TaskState::Queued, Some(waiting_reason())),
+            Phase::Backoff => (TaskState::Queued, Some(WaitReason::Backoff)),
+            Phase::Running => (TaskState::Running, None),
+            Phase::Draining => (TaskState::Cancelled, None),
+            Phase::Free => return None,
+        };
+        let group = matches!(rec.phase, Phase::Running | Phase::Draining)
+            .then(|| self.groups.groups[rec.group as usize].labels.clone());
+        Some(TaskView {
+            id,
+            pool: self.groups.pools[rec.pool as usize].name.clone(),
+            required: set.labels.clone(),
+            priority: rec.priority,
+            state,
+            reason,
+            attempts: rec.attempt,
+            group,
+            urgent: rec.urgent,
+        })
+    }
+}
+
+/// Checks that need no state: names, labels, options.
+fn check_arguments(event: &Event) -> Result<(), Rejection> {
+    match event {
+        Event::PoolConfigured { config, .. } => config.validate(),
+        Event::CapacitySet { labels, .. } => labels.validate(),
+        Event::Submitted(spec) => spec.validate(),
+        _ => Ok(()),
+    }
+}

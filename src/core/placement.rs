@@ -1,0 +1,152 @@
+//! Which group a task takes and which waiter a freed slot goes to
+//! (SPEC §2 rules 1, 2, 5 and 7).
+//!
+//! Two questions, both answered without scanning the pool:
+//!
+//! * **a task arrives**: the first entry of its reqset's `free_groups` is the
+//!   best matching group with a free slot (rule 2) — O(log groups);
+//! * **a slot frees in group G**: compare the heads of the queues of the
+//!   reqsets G satisfies (at most `2^labels(G)` of them) by urgency, need,
+//!   then submission order (rule 5), after ready fixed-start tasks, which
+//!   come first because the pool held a slot back for them (rule 7).
+//!
+//! Reservations are per pool: a non-reserved task may take a slot only while
+//! the pool's free slots exceed its due reservations, unless it declared an
+//! estimated run time that ends before the earliest due `start_at`
+//! (backfill).
+
+use super::groups::{is_subset, GroupId};
+use super::queue::QueueKey;
+use super::Core;
+
+/// Rule 5 (b): a task that requires labels sorts before one that requires
+/// none.
+fn need(labels_required: usize) -> u8 {
+    u8::from(labels_required == 0)
+}
+
+impl Core {
+    /// Whether the pool lets an ordinary (non-reserved) task take a slot,
+    /// given `extra` slots about to be freed.
+    pub(crate) fn pool_allows(&self, task: u32, extra: u64) -> bool {
+        let rec = &self.tasks[task as usize];
+        let pool = &self.groups.pools[rec.pool as usize];
+        let due = pool.reservations.len() as u64;
+        if pool.free + extra > due {
+            return true;
+        }
+        self.can_backfill(task)
+    }
+
+    /// A task whose declared run time ends before the earliest due
+    /// reservation may use a held slot.
+    fn can_backfill(&self, task: u32) -> bool {
+        let rec = &self.tasks[task as usize];
+        if rec.est_runtime == u64::MAX {
+            return false;
+        }
+        let pool = &self.groups.pools[rec.pool as usize];
+        match pool.reservations.first() {
+            Some(&(start_at, _, _)) => self.now.0.saturating_add(rec.est_runtime) <= start_at,
+            None => true,
+        }
+    }
+
+    /// The best group with a free slot for this task (rule 2), if any.
+    pub(crate) fn best_free_group(&self, task: u32) -> Option<u32> {
+        let r = self.tasks[task as usize].reqset;
+        self.groups.reqsets[r as usize]
+            .free_groups
+            .first()
+            .map(|&(_, _, g)| g)
+    }
+
+    /// The waiter that a free slot of group `g` goes to, counting `extra`
+    /// slots about to be freed in the pool. Updates bypass counters of
+    /// waiters passed over by rule 5 (b).
+    pub(crate) fn choose_waiter(&mut self, g: u32, extra: u64) -> Option<u32> {
+        let group = &self.groups.groups[g as usize];
+        let pool = &self.groups.pools[group.pool as usize];
+
+        // Rule 7: a fixed-start task past its start_at takes the slot held for it.
+        for &(_, _, task) in &pool.ready_fixed {
+            let r = self.tasks[task as usize].reqset;
+            if is_subset(&self.groups.reqsets[r as usize].pairs, &group.pairs) {
+                return Some(task);
+            }
+        }
+
+        let due = pool.reservations.len() as u64;
+        if pool.free + extra <= due {
+            // Every free slot is held: only a backfill candidate may run.
+            let candidates: Vec<u32> = pool.backfill.iter().map(|&(_, t)| t).collect();
+            return candidates.into_iter().find(|&task| {
+                let r = self.tasks[task as usize].reqset;
+                is_subset(&self.groups.reqsets[r as usize].pairs, &group.pairs)
+                    && self.can_backfill(task)
+            });
+        }
+
+        // Rule 5: heads of every queue this group can serve.
+        let max_bypass = pool.config.max_bypass;
+        let mut best: Option<(bool, QueueKey, u8, u32)> = None;
+        let mut unlabeled_head: Option<(QueueKey, u32)> = None;
+        for &r in &group.reqsets {
+            let set = &self.groups.reqsets[r as usize];
+            let Some((key, task)) = set.queue.head() else {
+                continue;
+            };
+            let starved = self.tasks[task as usize].bypass > max_bypass;
+            let need = need(set.pairs.len());
+            if need == 1 {
+                unlabeled_head = Some((key, task));
+            }
+            let candidate = (!starved, key, need, task);
+            let better = match &best {
+                None => true,
+                Some((b_not_starved, b_key, b_need, _)) => {
+                    (
+                        candidate.0,
+                        candidate.1.urgency,
+                        candidate.1.priority,
+                        candidate.2,
+                        candidate.1.seq,
+                    ) < (
+                        *b_not_starved,
+                        b_key.urgency,
+                        b_key.priority,
+                        *b_need,
+                        b_key.seq,
+                    )
+                }
+            };
+            if better {
+                best = Some(candidate);
+            }
+        }
+        let (_, winner_key, winner_need, winner) = best?;
+        // Rule 5 no-starvation: count how often the unlabeled head lost only
+        // because of need.
+        if let Some((key, task)) = unlabeled_head {
+            if task != winner
+                && winner_need == 0
+                && key.same_urgency(&winner_key)
+                && key.seq < winner_key.seq
+            {
+                self.tasks[task as usize].bypass += 1;
+            }
+        }
+        Some(winner)
+    }
+
+    /// The labels of a group, for the shell (`ctx.group`, leases).
+    pub fn group_labels(&self, group: GroupId) -> &super::Labels {
+        &self.groups.groups[group.0 as usize].labels
+    }
+
+    /// The pool of a group.
+    pub fn group_pool(&self, group: GroupId) -> &super::PoolName {
+        let p = self.groups.groups[group.0 as usize].pool;
+        &self.groups.pools[p as usize].name
+    }
+}

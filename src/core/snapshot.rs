@@ -1,0 +1,184 @@
+//! The snapshot: pools, groups, demand and the autoscaling signal, as plain
+//! serializable data (the JSON of `GET /v1/snapshot`, SPEC §5).
+//!
+//! The core fills `pools`; a distributed shell adds `leader`, `workers` and
+//! each group's worker count.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{Labels, Millis, PoolName};
+use super::Core;
+
+/// The whole scheduler at one instant.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The leader, in distributed mode.
+    pub leader: Option<LeaderInfo>,
+    /// Every pool, by name.
+    pub pools: Vec<PoolSnapshot>,
+    /// Remote workers, in distributed mode.
+    pub workers: Vec<WorkerInfo>,
+}
+
+/// Who leads, in distributed mode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderInfo {
+    /// The leader's server id.
+    pub id: String,
+    /// Its leadership epoch.
+    pub epoch: u64,
+}
+
+/// One remote worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// Worker id.
+    pub id: String,
+    /// Its pool.
+    pub pool: PoolName,
+    /// Its labels.
+    pub labels: Labels,
+    /// Its slots.
+    pub slots: u32,
+    /// Slots running attempts.
+    pub busy: u32,
+    /// Last heartbeat, ms since the Unix epoch.
+    pub last_seen: Millis,
+}
+
+/// One pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolSnapshot {
+    /// Pool name.
+    pub name: PoolName,
+    /// Sum of its groups' capacity.
+    pub capacity: u64,
+    /// Slots running attempts.
+    pub busy: u64,
+    /// Tasks waiting for a slot (including fixed-start tasks past `start_at`).
+    pub waiting: u64,
+    /// Fixed-start tasks whose `start_at` is in the future.
+    pub scheduled: u64,
+    /// Slots held back for due reservations.
+    pub reserved: u64,
+    /// Tasks that finished after their deadline, since start.
+    pub deadline_missed: u64,
+    /// The autoscaling signal (SPEC §2 rule 10).
+    pub autoscale: Autoscale,
+    /// Waiting tasks per required label set.
+    pub demand: Vec<Demand>,
+    /// Groups with capacity or running attempts, least specialized first.
+    pub groups: Vec<GroupSnapshot>,
+}
+
+/// `desired = clamp(busy + waiting + due reservations not yet started, min, max)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Autoscale {
+    /// Slots the pool should have.
+    pub desired: u64,
+    /// Configured lower bound.
+    pub min: u64,
+    /// Configured upper bound.
+    pub max: u64,
+}
+
+/// Waiting demand for one required label set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Demand {
+    /// The required labels (empty: any group).
+    pub labels: Labels,
+    /// Tasks waiting with exactly these requirements.
+    pub waiting: u64,
+}
+
+/// One label group of a pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSnapshot {
+    /// The group's exact label set.
+    pub labels: Labels,
+    /// Slots.
+    pub capacity: u32,
+    /// Slots running attempts.
+    pub busy: u32,
+    /// Remote workers in the group (0 in embedded mode).
+    pub workers: u32,
+}
+
+impl Core {
+    /// The pools, groups, demand and autoscaling signal now.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut pools: Vec<PoolSnapshot> = self
+            .groups
+            .pools
+            .iter()
+            .map(|pool| {
+                let mut groups: Vec<GroupSnapshot> = pool
+                    .groups
+                    .iter()
+                    .map(|&g| &self.groups.groups[g as usize])
+                    .filter(|g| g.capacity > 0 || g.busy > 0)
+                    .map(|g| GroupSnapshot {
+                        labels: g.labels.clone(),
+                        capacity: g.capacity,
+                        busy: g.busy,
+                        workers: 0,
+                    })
+                    .collect();
+                groups
+                    .sort_by(|a, b| (a.labels.len(), &a.labels).cmp(&(b.labels.len(), &b.labels)));
+                let mut demand: Vec<Demand> = pool
+                    .reqsets
+                    .iter()
+                    .map(|&r| &self.groups.reqsets[r as usize])
+                    .filter(|r| !r.queue.is_empty())
+                    .map(|r| Demand {
+                        labels: r.labels.clone(),
+                        waiting: r.queue.len() as u64,
+                    })
+                    .collect();
+                let ready: Vec<_> = pool.ready_fixed.iter().collect();
+                for &&(_, _, t) in &ready {
+                    let labels =
+                        &self.groups.reqsets[self.tasks[t as usize].reqset as usize].labels;
+                    match demand.iter_mut().find(|d| &d.labels == labels) {
+                        Some(d) => d.waiting += 1,
+                        None => demand.push(Demand {
+                            labels: labels.clone(),
+                            waiting: 1,
+                        }),
+                    }
+                }
+                demand
+                    .sort_by(|a, b| (a.labels.len(), &a.labels).cmp(&(b.labels.len(), &b.labels)));
+                let reserved = pool.reservations.len() as u64;
+                let not_ready = reserved - pool.ready_fixed.len() as u64;
+                let (min, max) = (
+                    u64::from(pool.config.autoscale_min),
+                    u64::from(pool.config.autoscale_max),
+                );
+                PoolSnapshot {
+                    name: pool.name.clone(),
+                    capacity: pool.capacity,
+                    busy: pool.busy,
+                    waiting: pool.waiting,
+                    scheduled: pool.scheduled,
+                    reserved,
+                    deadline_missed: pool.deadline_missed,
+                    autoscale: Autoscale {
+                        desired: (pool.busy + pool.waiting + not_ready).clamp(min, max),
+                        min,
+                        max,
+                    },
+                    demand,
+                    groups,
+                }
+            })
+            .collect();
+        pools.sort_by(|a, b| a.name.cmp(&b.name));
+        Snapshot {
+            leader: None,
+            pools,
+            workers: Vec::new(),
+        }
+    }
+}
