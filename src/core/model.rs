@@ -59,7 +59,7 @@ pub struct TaskId(pub u64);
 
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 
@@ -98,7 +98,7 @@ impl ErrorCode {
     pub const NOT_FOUND: ErrorCode = ErrorCode(Cow::Borrowed("NOT_FOUND"));
     /// The thing exists already (a task id submitted twice).
     pub const ALREADY_EXISTS: ErrorCode = ErrorCode(Cow::Borrowed("ALREADY_EXISTS"));
-    /// A limit was hit (payload size, queue size).
+    /// A server-side limit was hit (too many waiting tasks, a quota).
     pub const RESOURCE_EXHAUSTED: ErrorCode = ErrorCode(Cow::Borrowed("RESOURCE_EXHAUSTED"));
     /// The request is well formed but the state does not allow it
     /// (no executor for the pool, a stale attempt, a finished task).
@@ -129,7 +129,7 @@ impl ErrorCode {
 
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 
@@ -243,7 +243,7 @@ impl From<PoolName> for String {
 
 impl fmt::Display for PoolName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 
@@ -682,7 +682,7 @@ impl TaskState {
 
 impl fmt::Display for TaskState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -717,6 +717,6 @@ impl WaitReason {
 
 impl fmt::Display for WaitReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }

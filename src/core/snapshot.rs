@@ -182,3 +182,100 @@ impl Core {
         }
     }
 }
+
+impl Snapshot {
+    /// A readable table of pools and groups, as `cronoq snapshot` prints it.
+    ///
+    /// ```
+    /// use cronoq::core::*;
+    /// let mut core = Core::new();
+    /// let pool = PoolName::new("p").unwrap();
+    /// core.handle(Millis(0), Event::CapacitySet { pool, labels: Labels::from([("gpu", "a100")]), slots: 2 }).unwrap();
+    /// assert!(core.snapshot().to_table().contains("gpu=a100"));
+    /// ```
+    pub fn to_table(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        if let Some(l) = &self.leader {
+            let _ = writeln!(s, "leader {} (epoch {})", l.id, l.epoch);
+        }
+        if self.pools.is_empty() {
+            s.push_str("no pools\n");
+        }
+        for p in &self.pools {
+            let _ = writeln!(
+                s,
+                "pool {}  capacity {}  busy {}  waiting {}  scheduled {}  reserved {}  desired {} [{}..{}]",
+                p.name,
+                p.capacity,
+                p.busy,
+                p.waiting,
+                p.scheduled,
+                p.reserved,
+                p.autoscale.desired,
+                p.autoscale.min,
+                if p.autoscale.max == u64::from(u32::MAX) {
+                    "∞".to_string()
+                } else {
+                    p.autoscale.max.to_string()
+                }
+            );
+            let width = p
+                .groups
+                .iter()
+                .map(|g| label_text(&g.labels).len())
+                .chain(p.demand.iter().map(|d| label_text(&d.labels).len()))
+                .max()
+                .unwrap_or(0)
+                .max(12);
+            let _ = writeln!(
+                s,
+                "  {:<width$}  {:>8}  {:>5}  {:>7}",
+                "GROUP", "CAPACITY", "BUSY", "WORKERS"
+            );
+            for g in &p.groups {
+                let _ = writeln!(
+                    s,
+                    "  {:<width$}  {:>8}  {:>5}  {:>7}",
+                    label_text(&g.labels),
+                    g.capacity,
+                    g.busy,
+                    g.workers
+                );
+            }
+            if !p.demand.is_empty() {
+                let _ = writeln!(s, "  {:<width$}  {:>8}", "WAITING FOR", "TASKS");
+                for d in &p.demand {
+                    let _ = writeln!(s, "  {:<width$}  {:>8}", label_text(&d.labels), d.waiting);
+                }
+            }
+        }
+        if !self.workers.is_empty() {
+            let _ = writeln!(
+                s,
+                "{:<24}  {:<12}  {:<24}  {:>5}  {:>4}",
+                "WORKER", "POOL", "LABELS", "SLOTS", "BUSY"
+            );
+            for w in &self.workers {
+                let _ = writeln!(
+                    s,
+                    "{:<24}  {:<12}  {:<24}  {:>5}  {:>4}",
+                    w.id,
+                    w.pool,
+                    label_text(&w.labels),
+                    w.slots,
+                    w.busy
+                );
+            }
+        }
+        s
+    }
+}
+
+fn label_text(labels: &Labels) -> String {
+    if labels.is_empty() {
+        "(unlabeled)".to_string()
+    } else {
+        labels.to_string()
+    }
+}

@@ -1,0 +1,764 @@
+//! The in-process [`Scheduler`]: the pure core behind one lock, a real
+//! clock, and executors run as tokio tasks.
+//!
+//! Every operation locks the core, hands it `now` and the event, and
+//! carries out the returned actions; the lock is never held across an
+//! `.await` or while user code runs. One background tokio task sleeps
+//! until [`crate::core::Core::next_wakeup`] and feeds `Tick`s. An attempt
+//! runs as its own tokio task; a panic inside the executor is caught and
+//! counts as a failed (retryable) attempt; a revoked attempt (cancel or
+//! attempt timeout) is aborted at its next `.await`.
+//!
+//! The clock is tokio's, anchored to the wall clock when the scheduler is
+//! built, so `#[tokio::test(start_paused = true)]` drives timers without
+//! sleeping.
+//!
+//! Finished tasks are kept for [`SchedulerBuilder::retain_finished`] most
+//! recent ones (default 10,000) so that [`Scheduler::task`] and
+//! [`Scheduler::wait`] still answer after the fact.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::future::{AbortHandle, Abortable};
+use futures_util::FutureExt;
+use rustc_hash::FxHashMap;
+use tokio::sync::{oneshot, Notify};
+
+use crate::core::{
+    Action, AttemptOutcome, Core, ErrorCode, Event, Labels, Millis, PoolConfig, PoolName,
+    Rejection, Snapshot, TaskId, TaskState,
+};
+use crate::task::{AttemptRecord, Outcome, Task, TaskError, TaskStatus};
+
+/// What an executor sees of the attempt it runs.
+#[derive(Clone, Debug)]
+pub struct TaskContext {
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt, from 1.
+    pub attempt: u32,
+    /// The pool.
+    pub pool: PoolName,
+    /// The labels of the group this attempt runs in (empty: unlabeled).
+    pub group: Labels,
+}
+
+/// An embedded scheduler error, with a stable [`ErrorCode`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The core refused the request (bad argument, unknown task, …).
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// A task was submitted to a pool that has no executor.
+    #[error("pool {0} has no executor: call Scheduler::executor first")]
+    NoExecutor(PoolName),
+    /// The scheduler was dropped before the task finished.
+    #[error("scheduler is gone")]
+    Closed,
+    /// The task finished too long ago: its result is no longer kept.
+    #[error("task {0} is not known (finished tasks are kept for a while only)")]
+    NotFound(TaskId),
+}
+
+impl Error {
+    /// The stable code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Rejected(r) => r.code(),
+            Error::NoExecutor(_) => ErrorCode::FAILED_PRECONDITION,
+            Error::Closed => ErrorCode::UNAVAILABLE,
+            Error::NotFound(_) => ErrorCode::NOT_FOUND,
+        }
+    }
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Bytes, TaskError>> + Send>>;
+type ExecutorFn = Arc<dyn Fn(TaskContext, Bytes) -> BoxFuture + Send + Sync>;
+
+/// Per live task, what the shell keeps beside the core's record.
+struct Entry {
+    payload: Bytes,
+    pool: PoolName,
+    waiter: Option<oneshot::Sender<Arc<Outcome>>>,
+    run: Option<Box<RunInfo>>,
+}
+
+/// Allocated once the task first starts (or gets a second waiter).
+#[derive(Default)]
+struct RunInfo {
+    attempts: Vec<AttemptRecord>,
+    output: Option<Bytes>,
+    error: Option<String>,
+    abort: Option<(u32, AbortHandle)>,
+    more_waiters: Vec<oneshot::Sender<Arc<Outcome>>>,
+    key: Option<String>,
+}
+
+struct State {
+    core: Core,
+    actions: Vec<Action>,
+    entries: FxHashMap<TaskId, Entry>,
+    executors: FxHashMap<PoolName, ExecutorFn>,
+    keys: FxHashMap<String, TaskId>,
+    finished: FxHashMap<TaskId, Arc<Outcome>>,
+    finished_order: VecDeque<TaskId>,
+    next_id: u64,
+    /// The wakeup the timer task sleeps toward.
+    armed: Option<Millis>,
+}
+
+struct Clock {
+    base: tokio::time::Instant,
+    base_unix: u64,
+}
+
+impl Clock {
+    fn now(&self) -> Millis {
+        Millis(self.base_unix + self.base.elapsed().as_millis() as u64)
+    }
+
+    fn instant(&self, at: Millis) -> tokio::time::Instant {
+        self.base + Duration::from_millis(at.0.saturating_sub(self.base_unix))
+    }
+}
+
+struct Inner {
+    state: Mutex<State>,
+    wake: Notify,
+    clock: Clock,
+    max_payload_bytes: usize,
+    retain_finished: usize,
+}
+
+/// A job to spawn once the lock is released.
+struct Job {
+    executor: ExecutorFn,
+    ctx: TaskContext,
+    payload: Bytes,
+    registration: futures_util::future::AbortRegistration,
+}
+
+/// The embedded scheduler: cheap to clone, safe to share.
+///
+/// Must be built inside a tokio runtime.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), cronoq::embedded::Error> {
+/// use bytes::Bytes;
+/// use cronoq::{Labels, Scheduler, Task, TaskContext};
+/// let sched = Scheduler::new();
+/// sched.set_capacity("inference", 4)?;
+/// sched.set_group_capacity("inference", Labels::from([("gpu", "a100")]), 2)?;
+/// sched.executor("inference", |ctx: TaskContext, payload: Bytes| async move {
+///     Ok(Bytes::from(format!("{} on [{}]", String::from_utf8_lossy(&payload), ctx.group)))
+/// })?;
+/// let handle = sched.submit(Task::new("job").pool("inference").label("gpu", "a100")).await?;
+/// let outcome = handle.wait().await?;
+/// assert_eq!(outcome.output.unwrap(), "job on [gpu=a100]");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Scheduler {
+    inner: Arc<Inner>,
+}
+
+/// Options of a [`Scheduler`].
+#[derive(Debug)]
+pub struct SchedulerBuilder {
+    max_payload_bytes: usize,
+    retain_finished: usize,
+    pools: Vec<(String, PoolConfig)>,
+}
+
+impl Default for SchedulerBuilder {
+    fn default() -> Self {
+        SchedulerBuilder {
+            max_payload_bytes: 1 << 20,
+            retain_finished: 10_000,
+            pools: Vec::new(),
+        }
+    }
+}
+
+impl SchedulerBuilder {
+    /// Largest accepted payload (default 1 MiB).
+    pub fn max_payload_bytes(mut self, n: usize) -> Self {
+        self.max_payload_bytes = n;
+        self
+    }
+
+    /// How many finished tasks to remember for [`Scheduler::task`] (default 10,000).
+    pub fn retain_finished(mut self, n: usize) -> Self {
+        self.retain_finished = n;
+        self
+    }
+
+    /// Settings of a pool.
+    pub fn pool(mut self, name: impl Into<String>, config: PoolConfig) -> Self {
+        self.pools.push((name.into(), config));
+        self
+    }
+
+    /// Builds the scheduler and starts its timer task. Fails on a bad pool
+    /// name or setting.
+    pub fn build(self) -> Result<Scheduler, Error> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                core: Core::new(),
+                actions: Vec::new(),
+                entries: FxHashMap::default(),
+                executors: FxHashMap::default(),
+                keys: FxHashMap::default(),
+                finished: FxHashMap::default(),
+                finished_order: VecDeque::new(),
+                next_id: 1,
+                armed: None,
+            }),
+            wake: Notify::new(),
+            clock: Clock {
+                base: tokio::time::Instant::now(),
+                base_unix: now,
+            },
+            max_payload_bytes: self.max_payload_bytes,
+            retain_finished: self.retain_finished,
+        });
+        let sched = Scheduler { inner };
+        for (name, config) in self.pools {
+            sched.configure_pool(&name, config)?;
+        }
+        tokio::spawn(timer_loop(Arc::downgrade(&sched.inner)));
+        Ok(sched)
+    }
+}
+
+impl Default for Scheduler {
+    fn default() -> Self {
+        Scheduler::new()
+    }
+}
+
+impl Scheduler {
+    /// A scheduler with default options. Panics outside a tokio runtime.
+    pub fn new() -> Scheduler {
+        SchedulerBuilder::default()
+            .build()
+            .expect("default options are valid")
+    }
+
+    /// Options first: `Scheduler::builder().max_payload_bytes(…).build()`.
+    pub fn builder() -> SchedulerBuilder {
+        SchedulerBuilder::default()
+    }
+
+    /// Settings of a pool (urgency window, max_bypass, on_miss, …).
+    pub fn configure_pool(&self, pool: &str, config: PoolConfig) -> Result<(), Error> {
+        let pool = PoolName::new(pool)?;
+        self.inner.apply(Event::PoolConfigured { pool, config })
+    }
+
+    /// Slots of the pool's unlabeled group.
+    pub fn set_capacity(&self, pool: &str, slots: u32) -> Result<(), Error> {
+        self.set_group_capacity(pool, Labels::new(), slots)
+    }
+
+    /// Slots of the pool's group that carries exactly `labels`.
+    pub fn set_group_capacity(&self, pool: &str, labels: Labels, slots: u32) -> Result<(), Error> {
+        let pool = PoolName::new(pool)?;
+        self.inner.apply(Event::CapacitySet {
+            pool,
+            labels,
+            slots,
+        })
+    }
+
+    /// The function that runs the pool's attempts. Replaces an earlier one.
+    pub fn executor<F, Fut>(&self, pool: &str, f: F) -> Result<(), Error>
+    where
+        F: Fn(TaskContext, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Bytes, TaskError>> + Send + 'static,
+    {
+        let pool = PoolName::new(pool)?;
+        let f: ExecutorFn = Arc::new(move |ctx, payload| Box::pin(f(ctx, payload)));
+        self.inner.lock().executors.insert(pool, f);
+        Ok(())
+    }
+
+    /// Submits a task. Refused (changing nothing) on a bad argument or when
+    /// the pool has no executor.
+    pub async fn submit(&self, task: Task) -> Result<TaskHandle, Error> {
+        self.submit_now(task)
+    }
+
+    /// [`Scheduler::submit`] without `.await`.
+    pub fn submit_now(&self, task: Task) -> Result<TaskHandle, Error> {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let (rx, jobs) = {
+            let mut st = inner.lock();
+            let spec = task.to_spec(TaskId(st.next_id), inner.max_payload_bytes)?;
+            if !st.executors.contains_key(&spec.pool) {
+                return Err(Error::NoExecutor(spec.pool));
+            }
+            if let Some(key) = task.key() {
+                if let Some(&existing) = st.keys.get(key) {
+                    let (tx, rx) = oneshot::channel();
+                    add_waiter(
+                        st.entries.get_mut(&existing).expect("keyed task is live"),
+                        tx,
+                    );
+                    return Ok(TaskHandle {
+                        id: existing,
+                        rx,
+                        inner: inner.clone(),
+                    });
+                }
+            }
+            let id = spec.id;
+            inner.core_event(&mut st, now, Event::Submitted(spec))?;
+            st.next_id += 1;
+            let (tx, rx) = oneshot::channel();
+            let mut entry = Entry {
+                payload: task.payload.clone(),
+                pool: PoolName::new(task.pool_name())?,
+                waiter: Some(tx),
+                run: None,
+            };
+            if let Some(key) = task.key() {
+                st.keys.insert(key.to_string(), id);
+                entry.run.get_or_insert_with(Default::default).key = Some(key.to_string());
+            }
+            st.entries.insert(id, entry);
+            let jobs = inner.carry_out(&mut st, now);
+            ((id, rx), jobs)
+        };
+        inner.spawn_all(jobs);
+        Ok(TaskHandle {
+            id: rx.0,
+            rx: rx.1,
+            inner: inner.clone(),
+        })
+    }
+
+    /// Cancels a task: a waiting one ends at once, a running one is aborted.
+    pub fn cancel(&self, id: TaskId) -> Result<(), Error> {
+        let now = self.inner.clock.now();
+        let jobs = {
+            let mut st = self.inner.lock();
+            if !st.core_knows(id) && st.finished.contains_key(&id) {
+                return Err(Rejection::AlreadyFinished(id).into());
+            }
+            self.inner
+                .core_event(&mut st, now, Event::CancelRequested(id))?;
+            self.inner.carry_out(&mut st, now)
+        };
+        self.inner.spawn_all(jobs);
+        Ok(())
+    }
+
+    /// Pools, groups, demand and the autoscaling signal now.
+    pub fn snapshot(&self) -> Snapshot {
+        self.inner.lock().core.snapshot()
+    }
+
+    /// A task's state, why it waits, and its attempts; also for recently
+    /// finished tasks.
+    pub fn task(&self, id: TaskId) -> Option<TaskStatus> {
+        let st = self.inner.lock();
+        if let Some(done) = st.finished.get(&id) {
+            return Some(status_of_outcome(done));
+        }
+        let view = st.core.task(id)?;
+        let run = st.entries.get(&id).and_then(|e| e.run.as_deref());
+        Some(TaskStatus {
+            id,
+            pool: view.pool,
+            state: view.state,
+            reason: view.reason,
+            attempts: run.map(|r| r.attempts.clone()).unwrap_or_default(),
+            output: None,
+            error: run.and_then(|r| r.error.clone()),
+            deadline_missed: false,
+        })
+    }
+
+    /// Waits for a task by id (live or recently finished).
+    pub async fn wait(&self, id: TaskId) -> Result<Outcome, Error> {
+        let rx = {
+            let mut st = self.inner.lock();
+            if let Some(done) = st.finished.get(&id) {
+                return Ok((**done).clone());
+            }
+            let entry = st.entries.get_mut(&id).ok_or(Error::NotFound(id))?;
+            let (tx, rx) = oneshot::channel();
+            add_waiter(entry, tx);
+            rx
+        };
+        rx.await.map(|o| (*o).clone()).map_err(|_| Error::Closed)
+    }
+}
+
+fn add_waiter(entry: &mut Entry, tx: oneshot::Sender<Arc<Outcome>>) {
+    if entry.waiter.is_none() {
+        entry.waiter = Some(tx);
+    } else {
+        entry
+            .run
+            .get_or_insert_with(Default::default)
+            .more_waiters
+            .push(tx);
+    }
+}
+
+fn status_of_outcome(o: &Outcome) -> TaskStatus {
+    TaskStatus {
+        id: o.id,
+        pool: o.pool.clone(),
+        state: o.state,
+        reason: None,
+        attempts: o.attempts.clone(),
+        output: o
+            .output
+            .as_ref()
+            .map(|b| String::from_utf8_lossy(b).into_owned()),
+        error: o.error.clone(),
+        deadline_missed: o.deadline_missed,
+    }
+}
+
+impl State {
+    fn core_knows(&self, id: TaskId) -> bool {
+        self.core.task(id).is_some()
+    }
+}
+
+/// A submitted task: its id, and a way to wait for its outcome.
+pub struct TaskHandle {
+    id: TaskId,
+    rx: oneshot::Receiver<Arc<Outcome>>,
+    inner: Arc<Inner>,
+}
+
+impl TaskHandle {
+    /// The task's id.
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// Waits until the task finishes: succeeded, failed, cancelled or missed.
+    pub async fn wait(self) -> Result<Outcome, Error> {
+        let TaskHandle { id, rx, inner } = self;
+        match rx.await {
+            Ok(o) => Ok(Arc::try_unwrap(o).unwrap_or_else(|o| (*o).clone())),
+            Err(_) => {
+                // Sender dropped: either the scheduler is gone, or a second
+                // handle for a keyed task; look the result up.
+                let st = inner.lock();
+                st.finished
+                    .get(&id)
+                    .map(|o| (**o).clone())
+                    .ok_or(Error::Closed)
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock happens only in our own code, never
+        // in user code (executors run outside it); keep going with the data.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn apply(self: &Arc<Self>, event: Event) -> Result<(), Error> {
+        let now = self.clock.now();
+        let jobs = {
+            let mut st = self.lock();
+            self.core_event(&mut st, now, event)?;
+            self.carry_out(&mut st, now)
+        };
+        self.spawn_all(jobs);
+        Ok(())
+    }
+
+    fn core_event(&self, st: &mut State, now: Millis, event: Event) -> Result<(), Rejection> {
+        let State { core, actions, .. } = st;
+        core.handle_into(now, event, actions)
+    }
+
+    /// Carries out the actions the core returned; returns the attempts to
+    /// spawn once the lock is released.
+    fn carry_out(&self, st: &mut State, now: Millis) -> Vec<Job> {
+        let mut jobs = Vec::new();
+        let actions = std::mem::take(&mut st.actions);
+        for action in actions.iter() {
+            match action {
+                Action::Start {
+                    task,
+                    attempt,
+                    group,
+                } => {
+                    let pool = st.core.group_pool(*group).clone();
+                    let labels = st.core.group_labels(*group).clone();
+                    let Some(executor) = st.executors.get(&pool).cloned() else {
+                        continue;
+                    };
+                    let entry = st.entries.get_mut(task).expect("started task has an entry");
+                    let (abort, registration) = AbortHandle::new_pair();
+                    let run = entry.run.get_or_insert_with(Default::default);
+                    run.abort = Some((*attempt, abort));
+                    run.attempts.push(AttemptRecord {
+                        attempt: *attempt,
+                        group: labels.clone(),
+                        worker: None,
+                        started_at: now,
+                        ended_at: None,
+                        outcome: None,
+                        error: None,
+                    });
+                    tracing::debug!(task_id = %task, attempt, pool = %pool, group = %labels, "attempt started");
+                    jobs.push(Job {
+                        executor,
+                        ctx: TaskContext {
+                            task_id: *task,
+                            attempt: *attempt,
+                            pool,
+                            group: labels,
+                        },
+                        payload: entry.payload.clone(),
+                        registration,
+                    });
+                }
+                Action::Revoke {
+                    task,
+                    attempt,
+                    reason,
+                    ..
+                } => {
+                    tracing::debug!(task_id = %task, attempt, ?reason, "attempt revoked");
+                    if let Some(run) = st.entries.get_mut(task).and_then(|e| e.run.as_mut()) {
+                        if let Some((a, handle)) = &run.abort {
+                            if a == attempt {
+                                handle.abort();
+                            }
+                        }
+                    }
+                }
+                Action::RetryAt { task, attempt, at } => {
+                    tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
+                }
+                Action::Finished {
+                    task,
+                    state,
+                    attempts: _,
+                    deadline_missed,
+                } => {
+                    let Some(entry) = st.entries.remove(task) else {
+                        continue;
+                    };
+                    let mut run = entry.run.map(|b| *b).unwrap_or_default();
+                    if let Some(key) = run.key.take() {
+                        st.keys.remove(&key);
+                    }
+                    let outcome = Arc::new(Outcome {
+                        id: *task,
+                        pool: entry.pool,
+                        state: *state,
+                        output: run.output.take(),
+                        error: run.error.take(),
+                        attempts: std::mem::take(&mut run.attempts),
+                        deadline_missed: *deadline_missed,
+                    });
+                    tracing::debug!(task_id = %task, state = %state, "task finished");
+                    if self.retain_finished > 0 {
+                        st.finished.insert(*task, outcome.clone());
+                        st.finished_order.push_back(*task);
+                        while st.finished_order.len() > self.retain_finished {
+                            if let Some(old) = st.finished_order.pop_front() {
+                                st.finished.remove(&old);
+                            }
+                        }
+                    }
+                    for tx in entry.waiter.into_iter().chain(run.more_waiters) {
+                        let _ = tx.send(outcome.clone());
+                    }
+                }
+            }
+        }
+        st.actions = actions;
+        st.actions.clear();
+        let next = st.core.next_wakeup();
+        if next.is_some() && (st.armed.is_none() || next < st.armed) {
+            st.armed = next;
+            self.wake.notify_one();
+        }
+        jobs
+    }
+
+    fn spawn_all(self: &Arc<Self>, jobs: Vec<Job>) {
+        for job in jobs {
+            let inner = self.clone();
+            tokio::spawn(async move {
+                let Job {
+                    executor,
+                    ctx,
+                    payload,
+                    registration,
+                } = job;
+                let (task, attempt) = (ctx.task_id, ctx.attempt);
+                let run =
+                    AssertUnwindSafe(async move { executor(ctx, payload).await }).catch_unwind();
+                let result = Abortable::new(run, registration).await;
+                let (outcome, output, error) = match result {
+                    Ok(Ok(Ok(output))) => (AttemptOutcome::Succeeded, Some(output), None),
+                    Ok(Ok(Err(e))) => (
+                        AttemptOutcome::Failed {
+                            retryable: e.is_retryable(),
+                        },
+                        None,
+                        Some(e.to_string()),
+                    ),
+                    Ok(Err(panic)) => (
+                        AttemptOutcome::Failed { retryable: true },
+                        None,
+                        Some(format!("executor panicked: {}", panic_message(&panic))),
+                    ),
+                    Err(_aborted) => (AttemptOutcome::Cancelled, None, None),
+                };
+                inner.attempt_ended(task, attempt, outcome, output, error);
+            });
+        }
+    }
+
+    fn attempt_ended(
+        self: &Arc<Self>,
+        task: TaskId,
+        attempt: u32,
+        outcome: AttemptOutcome,
+        output: Option<Bytes>,
+        error: Option<String>,
+    ) {
+        let now = self.clock.now();
+        let jobs = {
+            let mut st = self.lock();
+            if let Some(run) = st.entries.get_mut(&task).and_then(|e| e.run.as_mut()) {
+                if let Some(record) = run.attempts.iter_mut().rev().find(|a| a.attempt == attempt) {
+                    record.ended_at = Some(now);
+                    record.outcome = Some(outcome_name(outcome).to_string());
+                    record.error = error.clone();
+                }
+                if output.is_some() {
+                    run.output = output;
+                }
+                if error.is_some() {
+                    run.error = error;
+                }
+                run.abort = None;
+            }
+            if let Err(e) = self.core_event(
+                &mut st,
+                now,
+                Event::AttemptEnded {
+                    task,
+                    attempt,
+                    outcome,
+                },
+            ) {
+                tracing::warn!(task_id = %task, attempt, error = %e, "attempt outcome refused");
+            }
+            self.carry_out(&mut st, now)
+        };
+        self.spawn_all(jobs);
+    }
+
+    fn tick(self: &Arc<Self>) {
+        let now = self.clock.now();
+        let jobs = {
+            let mut st = self.lock();
+            st.armed = None;
+            if let Err(e) = self.core_event(&mut st, now, Event::Tick) {
+                tracing::error!(error = %e, "tick refused");
+            }
+            let jobs = self.carry_out(&mut st, now);
+            st.armed = st.core.next_wakeup();
+            jobs
+        };
+        self.spawn_all(jobs);
+    }
+}
+
+fn outcome_name(outcome: AttemptOutcome) -> &'static str {
+    match outcome {
+        AttemptOutcome::Succeeded => "succeeded",
+        AttemptOutcome::Failed { .. } => "failed",
+        AttemptOutcome::Lost => "lost",
+        AttemptOutcome::Cancelled => "cancelled",
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-text panic".to_string()
+    }
+}
+
+/// Sleeps until the core's next wakeup (or until woken because it moved
+/// earlier), then ticks. Ends when the scheduler is dropped.
+async fn timer_loop(inner: Weak<Inner>) {
+    loop {
+        let (next, clock_at) = {
+            let Some(inner) = inner.upgrade() else { return };
+            let mut st = inner.lock();
+            let next = st.core.next_wakeup();
+            st.armed = next;
+            (next, next.map(|at| inner.clock.instant(at)))
+        };
+        let woken = {
+            let Some(strong) = inner.upgrade() else {
+                return;
+            };
+            let notified = async move {
+                strong.wake.notified().await;
+            };
+            match clock_at {
+                Some(at) => tokio::select! {
+                    _ = tokio::time::sleep_until(at) => false,
+                    _ = notified => true,
+                },
+                None => {
+                    // Nothing scheduled: wake up now and then to notice a
+                    // dropped scheduler.
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+                        _ = notified => true,
+                    }
+                }
+            }
+        };
+        let Some(inner) = inner.upgrade() else { return };
+        if !woken || next.is_some_and(|at| inner.clock.now() >= at) {
+            inner.tick();
+        }
+    }
+}
+
+impl TaskState {
+    /// CLI exit status for a finished task: 0 succeeded, 1 otherwise.
+    pub fn exit_code(self) -> i32 {
+        i32::from(self != TaskState::Succeeded)
+    }
+}

@@ -1,0 +1,362 @@
+//! What a user submits and what they get back, shared by the embedded
+//! [`crate::Scheduler`] and (later) the remote client: the [`Task`] builder,
+//! [`TaskError`] for executors, [`Outcome`] and [`TaskStatus`].
+//!
+//! Times are [`SystemTime`]s at this boundary and become [`Millis`] since
+//! the Unix epoch inside; nothing here reads a clock.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::core::{
+    Backoff, FixedStart, Labels, Millis, PoolName, Rejection, TaskId, TaskSpec, TaskState,
+    WaitReason,
+};
+
+/// A task to submit: payload plus options. Building never fails; the
+/// scheduler validates on submit.
+///
+/// ```
+/// use cronoq::Task;
+/// use std::time::Duration;
+/// let task = Task::new("resize 42.png")
+///     .pool("inference")
+///     .label("gpu", "a100")
+///     .priority(5)
+///     .max_attempts(3)
+///     .attempt_timeout(Duration::from_secs(30));
+/// assert_eq!(task.pool_name(), "inference");
+/// ```
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub(crate) payload: Bytes,
+    pub(crate) pool: String,
+    pub(crate) labels: Labels,
+    pub(crate) label_errors: Vec<String>,
+    pub(crate) priority: i32,
+    pub(crate) deadline: Option<SystemTime>,
+    pub(crate) start_at: Option<SystemTime>,
+    pub(crate) tolerance: Duration,
+    pub(crate) est_runtime: Option<Duration>,
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) backoff: Option<(Duration, Duration)>,
+    pub(crate) attempt_timeout: Option<Duration>,
+    pub(crate) idempotency_key: Option<String>,
+}
+
+impl Task {
+    /// A task for pool `default` with no requirements.
+    pub fn new(payload: impl Into<Bytes>) -> Task {
+        Task {
+            payload: payload.into(),
+            pool: PoolName::DEFAULT.to_string(),
+            labels: Labels::new(),
+            label_errors: Vec::new(),
+            priority: 0,
+            deadline: None,
+            start_at: None,
+            tolerance: Duration::ZERO,
+            est_runtime: None,
+            max_attempts: None,
+            backoff: None,
+            attempt_timeout: None,
+            idempotency_key: None,
+        }
+    }
+
+    /// The pool to run in.
+    pub fn pool(mut self, pool: impl Into<String>) -> Task {
+        self.pool = pool.into();
+        self
+    }
+
+    /// Requires `name=value` of the group that runs it.
+    pub fn label(mut self, name: impl Into<String>, value: impl Into<String>) -> Task {
+        self.labels.insert(name, value);
+        self
+    }
+
+    /// Requires every label of `labels`.
+    pub fn labels(mut self, labels: &Labels) -> Task {
+        for (k, v) in labels.iter() {
+            self.labels.insert(k, v);
+        }
+        self
+    }
+
+    /// Requires a label given as `name=value` text (as on the command line);
+    /// malformed text is refused at submit.
+    pub fn label_text(mut self, item: &str) -> Task {
+        if let Err(e) = self.labels.insert_parsed(item) {
+            self.label_errors.push(e.to_string());
+        }
+        self
+    }
+
+    /// Higher runs first (default 0).
+    pub fn priority(mut self, priority: i32) -> Task {
+        self.priority = priority;
+        self
+    }
+
+    /// Becomes urgent within the pool's urgency window before `deadline`;
+    /// never cancels.
+    pub fn deadline(mut self, deadline: SystemTime) -> Task {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// A fixed start: runs at `start_at`, or within `tolerance` after it.
+    pub fn start_at(mut self, start_at: SystemTime, tolerance: Duration) -> Task {
+        self.start_at = Some(start_at);
+        self.tolerance = tolerance;
+        self
+    }
+
+    /// Declared run time; lets the task use slots held for a later
+    /// reservation.
+    pub fn est_runtime(mut self, est: Duration) -> Task {
+        self.est_runtime = Some(est);
+        self
+    }
+
+    /// Attempts in all (default: the pool's, 3).
+    pub fn max_attempts(mut self, n: u32) -> Task {
+        self.max_attempts = Some(n);
+        self
+    }
+
+    /// Backoff before retries: `initial * 2^(n-1)` capped at `max`.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Task {
+        self.backoff = Some((initial, max));
+        self
+    }
+
+    /// An attempt running longer is stopped and counts as lost.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Task {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// A resubmission with the same key (while the first is not finished)
+    /// returns the first task instead of a new one.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Task {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// The pool name as given.
+    pub fn pool_name(&self) -> &str {
+        &self.pool
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The required labels as given.
+    pub fn required_labels(&self) -> &Labels {
+        &self.labels
+    }
+
+    /// The idempotency key, if any.
+    pub fn key(&self) -> Option<&str> {
+        self.idempotency_key.as_deref()
+    }
+
+    /// Validates and turns the options into the core's [`TaskSpec`].
+    pub fn to_spec(&self, id: TaskId, max_payload_bytes: usize) -> Result<TaskSpec, Rejection> {
+        if let Some(e) = self.label_errors.first() {
+            return Err(Rejection::InvalidArgument(e.clone()));
+        }
+        if self.payload.len() > max_payload_bytes {
+            return Err(Rejection::InvalidArgument(format!(
+                "payload of {} bytes is above the limit of {max_payload_bytes} bytes",
+                self.payload.len()
+            )));
+        }
+        let pool = PoolName::new(&self.pool)?;
+        let to_millis = |t: SystemTime| -> Result<Millis, Rejection> {
+            t.duration_since(UNIX_EPOCH)
+                .map(Millis::from_duration)
+                .map_err(|_| Rejection::InvalidArgument("time before 1970".into()))
+        };
+        let spec = TaskSpec {
+            id,
+            pool,
+            required: self.labels.clone(),
+            priority: self.priority,
+            deadline: self.deadline.map(to_millis).transpose()?,
+            fixed_start: self
+                .start_at
+                .map(|s| {
+                    Ok::<_, Rejection>(FixedStart {
+                        start_at: to_millis(s)?,
+                        tolerance: Millis::from_duration(self.tolerance),
+                    })
+                })
+                .transpose()?,
+            est_runtime: self.est_runtime.map(Millis::from_duration),
+            max_attempts: self.max_attempts,
+            backoff: self.backoff.map(|(initial, max)| Backoff {
+                initial: Millis::from_duration(initial),
+                max: Millis::from_duration(max),
+            }),
+            attempt_timeout: self.attempt_timeout.map(Millis::from_duration),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// What an executor returns when an attempt fails.
+///
+/// Any `std::error::Error` converts into a retryable `TaskError` with `?`;
+/// [`TaskError::permanent`] ends the task at once.
+///
+/// ```
+/// use cronoq::TaskError;
+/// let e: TaskError = std::io::Error::other("disk full").into();
+/// assert!(e.is_retryable());
+/// assert!(!TaskError::permanent("bad payload").is_retryable());
+/// ```
+pub struct TaskError {
+    message: String,
+    retryable: bool,
+}
+
+impl TaskError {
+    /// A failure another attempt may fix.
+    pub fn retryable(message: impl Into<String>) -> TaskError {
+        TaskError {
+            message: message.into(),
+            retryable: true,
+        }
+    }
+
+    /// A failure no retry will fix: the task fails at once.
+    pub fn permanent(message: impl Into<String>) -> TaskError {
+        TaskError {
+            message: message.into(),
+            retryable: false,
+        }
+    }
+
+    /// Whether the task may be retried.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for TaskError {
+    fn from(e: E) -> TaskError {
+        let mut message = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        TaskError::retryable(message)
+    }
+}
+
+impl fmt::Display for TaskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for TaskError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "TaskError({:?}, retryable: {})",
+            self.message, self.retryable
+        )
+    }
+}
+
+/// How one attempt went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// 1-based.
+    pub attempt: u32,
+    /// The group that ran it.
+    pub group: Labels,
+    /// The worker that ran it (distributed mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// When it started, ms since the Unix epoch.
+    pub started_at: Millis,
+    /// When it ended.
+    pub ended_at: Option<Millis>,
+    /// `succeeded`, `failed`, `lost` or `cancelled`, once ended.
+    pub outcome: Option<String>,
+    /// The error, for a failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A finished task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The task.
+    pub id: TaskId,
+    /// Its pool.
+    pub pool: PoolName,
+    /// `succeeded`, `failed`, `cancelled` or `missed`.
+    pub state: TaskState,
+    /// Output of the successful attempt.
+    pub output: Option<Bytes>,
+    /// Error of the last failed attempt.
+    pub error: Option<String>,
+    /// Every attempt, in order.
+    pub attempts: Vec<AttemptRecord>,
+    /// It finished after its deadline.
+    pub deadline_missed: bool,
+}
+
+impl Outcome {
+    /// The task succeeded.
+    pub fn is_success(&self) -> bool {
+        self.state == TaskState::Succeeded
+    }
+
+    /// The group of the last attempt.
+    pub fn group(&self) -> Option<&Labels> {
+        self.attempts.last().map(|a| &a.group)
+    }
+}
+
+/// A task as `GET /v1/tasks/{id}` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskStatus {
+    /// The task.
+    pub id: TaskId,
+    /// Its pool.
+    pub pool: PoolName,
+    /// Its state.
+    pub state: TaskState,
+    /// Why it waits, while it does.
+    pub reason: Option<WaitReason>,
+    /// Attempts so far.
+    pub attempts: Vec<AttemptRecord>,
+    /// Output, once succeeded (lossy UTF-8 in JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// Error of the last failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// It finished after its deadline.
+    pub deadline_missed: bool,
+}
