@@ -1,1 +1,160 @@
-fn main() {}
+//! End-to-end throughput of the embedded `Scheduler` against plain tokio.
+//!
+//! cronoq: 1,000,000 no-op tasks over 8 label groups of 8 slots each (64 in
+//! all); 90% of tasks require one group's label (round robin), 10% require
+//! nothing. All are submitted from one task, then every handle is awaited.
+//! Baseline: 1,000,000 `tokio::spawn`ed tasks, each taking a permit of a
+//! 64-permit `tokio::sync::Semaphore`, doing nothing and releasing it; all
+//! spawned, then every `JoinHandle` awaited. Both run on one multi-threaded
+//! runtime with the default worker count, alternating, several rounds;
+//! medians of tasks/s are compared.
+//!
+//! Not a timed test: it prints figures and PASS/FAIL and never fails.
+//! `cargo bench --bench embedded_throughput`; `CRONOQ_BENCH_TASKS=100000`
+//! for a quick run, `CRONOQ_BENCH_ROUNDS` for more or fewer rounds,
+//! `CRONOQ_BENCH_ONLY=cronoq` (or `baseline`) to run one side under a
+//! profiler.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{env_count, median};
+use cronoq::{Labels, Scheduler, Task};
+use tokio::sync::Semaphore;
+
+const GROUPS: usize = 8;
+const SLOTS_PER_GROUP: u32 = 8;
+const TARGET_RATIO: f64 = 0.5;
+
+async fn baseline(n: usize) -> Duration {
+    let permits = Arc::new(Semaphore::new(GROUPS * SLOTS_PER_GROUP as usize));
+    let start = Instant::now();
+    let mut handles = Vec::with_capacity(n);
+    for _ in 0..n {
+        let permits = permits.clone();
+        handles.push(tokio::spawn(async move {
+            let _permit = permits.acquire().await.expect("semaphore open");
+        }));
+    }
+    for handle in handles {
+        handle.await.expect("no-op task");
+    }
+    start.elapsed()
+}
+
+/// One task per shape: unlabeled, or requiring group `i`'s label.
+fn templates() -> (Vec<Labels>, Vec<Task>) {
+    let groups: Vec<Labels> = (0..GROUPS)
+        .map(|i| Labels::from([("kind", format!("k{i}"))]))
+        .collect();
+    let mut tasks = vec![Task::new(Bytes::new()).pool("bench")];
+    tasks.extend(
+        groups
+            .iter()
+            .map(|labels| Task::new(Bytes::new()).pool("bench").labels(labels)),
+    );
+    (groups, tasks)
+}
+
+async fn cronoq(n: usize) -> Duration {
+    let sched = Scheduler::new();
+    let (groups, tasks) = templates();
+    for labels in groups {
+        sched
+            .set_group_capacity("bench", labels, SLOTS_PER_GROUP)
+            .expect("capacity accepted");
+    }
+    sched
+        .executor("bench", |_, _| async { Ok(Bytes::new()) })
+        .expect("executor accepted");
+    let start = Instant::now();
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        // 1 in 10 unlabeled, the rest round robin over the groups.
+        let task = if i % 10 == 0 {
+            &tasks[0]
+        } else {
+            &tasks[1 + i % GROUPS]
+        };
+        handles.push(sched.submit(task.clone()).await.expect("submit accepted"));
+    }
+    for handle in handles {
+        let outcome = handle.wait().await.expect("task finished");
+        debug_assert!(outcome.is_success());
+    }
+    start.elapsed()
+}
+
+/// Runs one side only, for a profiler; prints its rates.
+fn profile_one(side: &str, n: usize, rounds: usize) {
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    for _ in 0..rounds {
+        let d = match side {
+            "cronoq" => rt.block_on(cronoq(n)),
+            "baseline" => rt.block_on(baseline(n)),
+            other => panic!("CRONOQ_BENCH_ONLY={other:?}: expected cronoq or baseline"),
+        };
+        println!("{side}: {:.0} tasks/s", n as f64 / d.as_secs_f64());
+    }
+}
+
+fn main() {
+    let n = env_count("CRONOQ_BENCH_TASKS", 1_000_000);
+    let rounds = env_count("CRONOQ_BENCH_ROUNDS", 5);
+    let only = std::env::var("CRONOQ_BENCH_ONLY").unwrap_or_default();
+    if !only.is_empty() {
+        profile_one(&only, n, rounds);
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let workers = rt.metrics().num_workers();
+
+    // Warm-up: allocator, runtime threads, code paths.
+    rt.block_on(baseline(n / 10 + 1));
+    rt.block_on(cronoq(n / 10 + 1));
+
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    let mut base_rates = Vec::with_capacity(rounds);
+    let mut cronoq_rates = Vec::with_capacity(rounds);
+    let mut ratios = Vec::with_capacity(rounds);
+    println!();
+    println!("embedded_throughput: {n} no-op tasks, end to end (submit all, then wait for all)");
+    println!(
+        "  cronoq    Scheduler, {GROUPS} label groups x {SLOTS_PER_GROUP} slots, 10% of tasks unlabeled"
+    );
+    println!("  baseline  tokio::spawn + Semaphore({}) permit each", GROUPS * SLOTS_PER_GROUP as usize);
+    println!("  runtime   tokio multi-thread, {workers} workers");
+    for round in 1..=rounds {
+        let b = rate(rt.block_on(baseline(n)));
+        let c = rate(rt.block_on(cronoq(n)));
+        println!(
+            "  round {round}   baseline {:>10.0} tasks/s   cronoq {:>10.0} tasks/s   ratio {:.3}",
+            b,
+            c,
+            c / b
+        );
+        base_rates.push(b);
+        cronoq_rates.push(c);
+        ratios.push(c / b);
+    }
+    let b = median(&mut base_rates);
+    let c = median(&mut cronoq_rates);
+    let ratio = c / b;
+    let verdict = if ratio >= TARGET_RATIO { "PASS" } else { "FAIL" };
+    println!("  median    baseline {b:.0} tasks/s, cronoq {c:.0} tasks/s");
+    println!(
+        "  ratio     cronoq / baseline = {ratio:.3} (median of per-round ratios {:.3})",
+        median(&mut ratios)
+    );
+    println!("  target    ratio >= {TARGET_RATIO}: {verdict}");
+    println!(
+        "  reproduce cargo bench --bench embedded_throughput   (CRONOQ_BENCH_TASKS=100000 for a quick run)"
+    );
+    println!();
+}

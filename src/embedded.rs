@@ -32,22 +32,10 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::core::{
     Action, AttemptOutcome, Core, ErrorCode, Event, Labels, Millis, PoolConfig, PoolName,
-    Rejection, Snapshot, TaskId, TaskState,
+    Rejection, RevokeReason, Snapshot, TaskId, TaskState,
 };
+pub use crate::task::TaskContext;
 use crate::task::{AttemptRecord, Outcome, Task, TaskError, TaskStatus};
-
-/// What an executor sees of the attempt it runs.
-#[derive(Clone, Debug)]
-pub struct TaskContext {
-    /// The task.
-    pub task_id: TaskId,
-    /// The attempt, from 1.
-    pub attempt: u32,
-    /// The pool.
-    pub pool: PoolName,
-    /// The labels of the group this attempt runs in (empty: unlabeled).
-    pub group: Labels,
-}
 
 /// An embedded scheduler error, with a stable [`ErrorCode`].
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +84,8 @@ struct RunInfo {
     output: Option<Bytes>,
     error: Option<String>,
     abort: Option<(u32, AbortHandle)>,
+    /// The attempt revoked for running past its timeout: it ends `lost`.
+    timed_out: Option<u32>,
     more_waiters: Vec<oneshot::Sender<Arc<Outcome>>>,
     key: Option<String>,
 }
@@ -320,7 +310,7 @@ impl Scheduler {
                     return Ok(TaskHandle {
                         id: existing,
                         rx,
-                        inner: inner.clone(),
+                        inner: Arc::downgrade(inner),
                     });
                 }
             }
@@ -346,7 +336,7 @@ impl Scheduler {
         Ok(TaskHandle {
             id: rx.0,
             rx: rx.1,
-            inner: inner.clone(),
+            inner: Arc::downgrade(inner),
         })
     }
 
@@ -387,6 +377,7 @@ impl Scheduler {
             reason: view.reason,
             attempts: run.map(|r| r.attempts.clone()).unwrap_or_default(),
             output: None,
+            output_base64: None,
             error: run.and_then(|r| r.error.clone()),
             deadline_missed: false,
         })
@@ -431,6 +422,7 @@ fn status_of_outcome(o: &Outcome) -> TaskStatus {
             .output
             .as_ref()
             .map(|b| String::from_utf8_lossy(b).into_owned()),
+        output_base64: crate::task::output_fields(o.output.as_deref()).1,
         error: o.error.clone(),
         deadline_missed: o.deadline_missed,
     }
@@ -446,7 +438,9 @@ impl State {
 pub struct TaskHandle {
     id: TaskId,
     rx: oneshot::Receiver<Arc<Outcome>>,
-    inner: Arc<Inner>,
+    /// Weak: a handle must not keep a dropped scheduler alive, or a task
+    /// that can never run would be waited for forever.
+    inner: Weak<Inner>,
 }
 
 impl TaskHandle {
@@ -463,6 +457,9 @@ impl TaskHandle {
             Err(_) => {
                 // Sender dropped: either the scheduler is gone, or a second
                 // handle for a keyed task; look the result up.
+                let Some(inner) = inner.upgrade() else {
+                    return Err(Error::Closed);
+                };
                 let st = inner.lock();
                 st.finished
                     .get(&id)
@@ -547,6 +544,9 @@ impl Inner {
                 } => {
                     tracing::debug!(task_id = %task, attempt, ?reason, "attempt revoked");
                     if let Some(run) = st.entries.get_mut(task).and_then(|e| e.run.as_mut()) {
+                        if *reason == RevokeReason::Timeout {
+                            run.timed_out = Some(*attempt);
+                        }
                         if let Some((a, handle)) = &run.abort {
                             if a == attempt {
                                 handle.abort();
@@ -567,6 +567,12 @@ impl Inner {
                         continue;
                     };
                     let mut run = entry.run.map(|b| *b).unwrap_or_default();
+                    // A running task cancelled: its attempt is being aborted
+                    // and will not report back to this entry; close it here.
+                    for record in run.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
+                        record.ended_at = Some(now);
+                        record.outcome = Some(outcome_name(AttemptOutcome::Cancelled).to_string());
+                    }
                     if let Some(key) = run.key.take() {
                         st.keys.remove(&key);
                     }
@@ -652,9 +658,17 @@ impl Inner {
         let jobs = {
             let mut st = self.lock();
             if let Some(run) = st.entries.get_mut(&task).and_then(|e| e.run.as_mut()) {
+                // As the core counts it: an attempt stopped by its timeout
+                // is lost, not cancelled (SPEC §2 rule 8).
+                let recorded =
+                    if outcome != AttemptOutcome::Succeeded && run.timed_out == Some(attempt) {
+                        AttemptOutcome::Lost
+                    } else {
+                        outcome
+                    };
                 if let Some(record) = run.attempts.iter_mut().rev().find(|a| a.attempt == attempt) {
                     record.ended_at = Some(now);
-                    record.outcome = Some(outcome_name(outcome).to_string());
+                    record.outcome = Some(outcome_name(recorded).to_string());
                     record.error = error.clone();
                 }
                 if output.is_some() {
@@ -760,5 +774,21 @@ impl TaskState {
     /// CLI exit status for a finished task: 0 succeeded, 1 otherwise.
     pub fn exit_code(self) -> i32 {
         i32::from(self != TaskState::Succeeded)
+    }
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.inner.lock();
+        f.debug_struct("Scheduler")
+            .field("live_tasks", &st.core.live_tasks())
+            .field("executors", &st.executors.len())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for TaskHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskHandle").field("id", &self.id).finish()
     }
 }

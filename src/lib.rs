@@ -30,9 +30,16 @@
 //!
 //! See `README.md` for a tour and `ARCHITECTURE.md` for the map of modules.
 
+pub mod api;
+pub mod cli;
+pub mod client;
 pub mod core;
 pub mod embedded;
+pub mod server;
+pub mod http;
 pub mod task;
+pub mod wire;
+pub mod worker;
 
 pub use crate::core::{Labels, PoolConfig, PoolName, Snapshot, TaskId, TaskState};
 pub use embedded::{Scheduler, SchedulerBuilder, TaskContext, TaskHandle};

@@ -213,6 +213,20 @@ impl Task {
     }
 }
 
+/// What an executor (embedded) or handler (remote worker) sees of the
+/// attempt it runs.
+#[derive(Clone, Debug)]
+pub struct TaskContext {
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt, from 1.
+    pub attempt: u32,
+    /// The pool.
+    pub pool: PoolName,
+    /// The labels of the group this attempt runs in (empty: unlabeled).
+    pub group: Labels,
+}
+
 /// What an executor returns when an attempt fails.
 ///
 /// Any `std::error::Error` converts into a retryable `TaskError` with `?`;
@@ -354,9 +368,54 @@ pub struct TaskStatus {
     /// Output, once succeeded (lossy UTF-8 in JSON).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// The same output, exact: standard base64 (see [`TaskStatus::output_bytes`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_base64: Option<String>,
     /// Error of the last failed attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// It finished after its deadline.
     pub deadline_missed: bool,
+}
+
+/// The `output` and `output_base64` fields of a [`TaskStatus`] for `output`.
+///
+/// ```
+/// let (text, exact) = cronoq::task::output_fields(Some(&b"\xffok"[..]));
+/// assert_eq!(text.unwrap(), "\u{fffd}ok");
+/// assert_eq!(exact.unwrap(), "/29r");
+/// ```
+pub fn output_fields(output: Option<&[u8]>) -> (Option<String>, Option<String>) {
+    use base64::Engine as _;
+    match output {
+        Some(bytes) => (
+            Some(String::from_utf8_lossy(bytes).into_owned()),
+            Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+        ),
+        None => (None, None),
+    }
+}
+
+impl TaskStatus {
+    /// The exact output bytes: `output_base64` decoded, or `output` as text
+    /// when a sender filled only that.
+    ///
+    /// ```
+    /// # use cronoq::{TaskStatus, TaskState, TaskId, PoolName};
+    /// let (output, output_base64) = cronoq::task::output_fields(Some(&[0u8, 255][..]));
+    /// let status = TaskStatus {
+    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Succeeded, reason: None,
+    ///     attempts: vec![], output, output_base64, error: None, deadline_missed: false,
+    /// };
+    /// assert_eq!(status.output_bytes().unwrap(), vec![0u8, 255]);
+    /// ```
+    pub fn output_bytes(&self) -> Option<Vec<u8>> {
+        use base64::Engine as _;
+        if let Some(b64) = &self.output_base64 {
+            if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(b64) {
+                return Some(bytes);
+            }
+        }
+        self.output.as_ref().map(|s| s.clone().into_bytes())
+    }
 }

@@ -10,9 +10,12 @@
 //!
 //! A shell drives it: wait for input or [`Core::next_wakeup`], call
 //! `handle`, carry out the actions in order. A rejected event changes
-//! nothing: argument checks run before anything else; checks that depend
-//! on state (unknown task, stale attempt) run after the timers due at `now`
-//! have fired, exactly as a [`Event::Tick`] would have fired them.
+//! nothing, not even the clock: argument checks and checks that depend on
+//! state (unknown task, stale attempt) run before the timers due at `now`
+//! fire, so no timer's action can be lost with the error. An accepted event
+//! is applied after those timers, exactly as if an [`Event::Tick`] had come
+//! first; if they made it moot (a fixed start missed at the very instant it
+//! is cancelled), only their actions are returned.
 //!
 //! The core keeps only live tasks: once it emits [`Action::Finished`] the
 //! task is forgotten (the shell keeps results), so memory follows the
@@ -225,6 +228,8 @@ pub struct Core {
     free_slab: Vec<u32>,
     by_id: FxHashMap<TaskId, u32>,
     timers: Timers,
+    /// Pools whose free slots may serve more waiters (see `settle`).
+    refill: Vec<u32>,
 }
 
 impl Core {
@@ -264,9 +269,17 @@ impl Core {
         out: &mut Vec<Action>,
     ) -> Result<(), Rejection> {
         check_arguments(&event)?;
+        // Refuse before firing timers: their actions would be lost with the
+        // error (a Start nobody carries out, a slot busy forever).
+        self.check_state(&event)?;
         self.now = self.now.max(now);
         self.fire_timers(out);
-        self.check_state(&event)?;
+        self.settle(out);
+        if self.check_state(&event).is_err() {
+            // Only a Miss timer can get here: it finished the task this
+            // cancel names. Its Finished action stands; the event is moot.
+            return Ok(());
+        }
         match event {
             Event::PoolConfigured { pool, config } => {
                 let p = self.groups.pool(&pool);
@@ -281,6 +294,7 @@ impl Core {
                 let g = self.groups.group(p, &labels);
                 self.groups.set_capacity(g, slots);
                 self.fill_group(g, out);
+                self.refill_if_reserved(p);
             }
             Event::Submitted(spec) => self.submit(spec, out),
             Event::CancelRequested(id) => self.cancel(id, out),
@@ -292,7 +306,25 @@ impl Core {
             } => self.attempt_ended(task, outcome, out),
             Event::Tick => {}
         }
+        self.settle(out);
         Ok(())
+    }
+
+    /// Rule 7 counts reservations per pool, so a change in one group can
+    /// open slots of *other* groups: more free slots while reservations are
+    /// due, or a reservation gone (fewer held slots, and a later earliest
+    /// `start_at` for backfill). Such changes mark the pool; `settle` then
+    /// offers every free slot of it to the waiters, until nothing moves.
+    fn refill_if_reserved(&mut self, p: u32) {
+        if !self.groups.pools[p as usize].reservations.is_empty() {
+            self.refill.push(p);
+        }
+    }
+
+    fn settle(&mut self, out: &mut Vec<Action>) {
+        while let Some(p) = self.refill.pop() {
+            self.fill_pool(p, out);
+        }
     }
 
     fn check_state(&self, event: &Event) -> Result<(), Rejection> {
@@ -514,6 +546,8 @@ impl Core {
                 pool.ready_fixed.remove(&(start_at, seq, t));
                 pool.reservations.remove(&(start_at, seq, t));
                 self.timers.cancel(&self.timer(t, TimerKind::Miss));
+                // One reservation fewer: held slots may be released.
+                self.refill.push(p);
             }
             other => unreachable!("take_waiter on {other:?}"),
         }
@@ -614,6 +648,7 @@ impl Core {
         }
         let busy = self.groups.groups[g as usize].busy;
         self.groups.set_busy(g, busy - 1);
+        self.refill_if_reserved(self.groups.groups[g as usize].pool);
     }
 
     /// Gives free slots of `g` to waiters until none is free or none waits.

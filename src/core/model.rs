@@ -539,6 +539,12 @@ impl PoolConfig {
                 self.autoscale_min, self.autoscale_max
             )));
         }
+        // The same rule as a task's own backoff (TaskSpec::validate).
+        if self.backoff.initial > self.backoff.max {
+            return Err(Rejection::InvalidArgument(
+                "backoff initial delay is above its max".into(),
+            ));
+        }
         Ok(())
     }
 }

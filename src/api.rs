@@ -1,0 +1,82 @@
+//! The one interface behind the HTTP API (and the CLI's client commands):
+//! submit, look up, cancel, snapshot, health. The embedded [`Scheduler`]
+//! implements it, and so do the distributed server (as leader) and the
+//! remote client, so `cronoq dev` can serve the same HTTP API with or
+//! without NATS.
+//!
+//! Futures are boxed so the trait can be used as `Arc<dyn Api>`.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::core::{ErrorCode, Snapshot, TaskId};
+use crate::embedded::{self, Scheduler};
+use crate::task::{Task, TaskStatus};
+use crate::wire::WireError;
+
+/// An API error: a stable code and a message (the same shape on the wire
+/// and over HTTP).
+pub type ApiError = WireError;
+
+/// A boxed, sendable future.
+pub type ApiFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ApiError>> + Send + 'a>>;
+
+/// Liveness and readiness, for `/healthz` and `/readyz`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Health {
+    /// The process works.
+    pub live: bool,
+    /// Connected, and leader or following a known leader.
+    pub ready: bool,
+    /// Why not ready, or what it is.
+    pub detail: String,
+}
+
+/// What a scheduler offers to clients.
+pub trait Api: Send + Sync + 'static {
+    /// Submits a task; its id once accepted (durable, in distributed mode).
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId>;
+    /// A task's state, why it waits, its attempts and result.
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus>;
+    /// Cancels a task.
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()>;
+    /// Pools, groups, demand, workers.
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot>;
+    /// Liveness and readiness.
+    fn health(&self) -> Health;
+}
+
+impl From<embedded::Error> for ApiError {
+    fn from(e: embedded::Error) -> ApiError {
+        WireError::new(e.code(), e.to_string())
+    }
+}
+
+impl Api for Scheduler {
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
+        Box::pin(async move { Ok(self.submit_now(task)?.id()) })
+    }
+
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Box::pin(async move {
+            Scheduler::task(self, id)
+                .ok_or_else(|| WireError::new(ErrorCode::NOT_FOUND, format!("task {id} not found")))
+        })
+    }
+
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
+        Box::pin(async move { Ok(Scheduler::cancel(self, id)?) })
+    }
+
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(async move { Ok(Scheduler::snapshot(self)) })
+    }
+
+    fn health(&self) -> Health {
+        Health {
+            live: true,
+            ready: true,
+            detail: "embedded scheduler".into(),
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The `cronoq` command line (SPEC §6): clap definitions and dispatch.
+//! With `main.rs`, the only users of `anyhow`.
+//!
+//! Every flag reads an env var too (`--nats` ↔ `CRONOQ_NATS`, …); a flag
+//! wins over its env var, which wins over the config file. Data goes to
+//! stdout, diagnostics to stderr; exit 0 ok, 1 a negative answer (the task
+//! failed), 2 an error.
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::core::ErrorCode;
+
+mod client_cmds;
+mod dev;
+mod keygen;
+mod server_cmd;
+mod worker_cmd;
+
+/// The default NATS URL.
+pub const DEFAULT_NATS: &str = "nats://127.0.0.1:4222";
+/// The default HTTP URL for clients.
+pub const DEFAULT_HTTP_URL: &str = "http://127.0.0.1:7070";
+
+/// cronoq: a task scheduler for fleets of workers that differ.
+#[derive(Debug, Parser)]
+#[command(name = "cronoq", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a scheduler server (leader candidate) over NATS.
+    Server(server_cmd::ServerArgs),
+    /// Run a worker that executes CMD once per attempt.
+    Worker(worker_cmd::WorkerArgs),
+    /// Submit a task.
+    Submit(client_cmds::SubmitArgs),
+    /// Show pools, groups, demand and workers.
+    Snapshot(client_cmds::SnapshotArgs),
+    /// Show one task.
+    Task(client_cmds::TaskArgs),
+    /// Cancel a task.
+    Cancel(client_cmds::CancelArgs),
+    /// Print a new nkey pair for a worker credential.
+    Keygen(keygen::KeygenArgs),
+    /// Start a local setup for a first try: nats-server, a server, two workers.
+    Dev(dev::DevArgs),
+}
+
+impl Command {
+    /// Server, worker and dev run until stopped; the rest answer and exit.
+    pub fn is_long_running(&self) -> bool {
+        matches!(
+            self,
+            Command::Server(_) | Command::Worker(_) | Command::Dev(_)
+        )
+    }
+}
+
+/// How a client reaches cronoq: NATS, or the HTTP API. Given both, NATS.
+#[derive(Debug, Clone, Args)]
+pub struct Connect {
+    /// NATS URL.
+    #[arg(long, env = "CRONOQ_NATS")]
+    pub nats: Option<String>,
+    /// HTTP API URL.
+    #[arg(long, env = "CRONOQ_HTTP")]
+    pub http: Option<String>,
+    /// Subject prefix.
+    #[arg(long, env = "CRONOQ_PREFIX", default_value = "cronoq")]
+    pub prefix: String,
+    /// Name of the env var that holds the token.
+    #[arg(long, env = "CRONOQ_TOKEN_ENV")]
+    pub token_env: Option<String>,
+}
+
+/// Runs the parsed command.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Server(args) => server_cmd::run(args).await,
+        Command::Worker(args) => worker_cmd::run(args).await,
+        Command::Submit(args) => client_cmds::submit(args).await,
+        Command::Snapshot(args) => client_cmds::snapshot(args).await,
+        Command::Task(args) => client_cmds::task(args).await,
+        Command::Cancel(args) => client_cmds::cancel(args).await,
+        Command::Keygen(args) => keygen::run(args),
+        Command::Dev(args) => dev::run(args).await,
+    }
+}
+
+/// The stable code behind an error, if one of ours is in its chain.
+pub fn error_code(error: &anyhow::Error) -> Option<ErrorCode> {
+    for cause in error.chain() {
+        if let Some(e) = cause.downcast_ref::<crate::wire::WireError>() {
+            return Some(e.code.clone());
+        }
+        if let Some(e) = cause.downcast_ref::<crate::embedded::Error>() {
+            return Some(e.code());
+        }
+        if let Some(e) = cause.downcast_ref::<crate::core::Rejection>() {
+            return Some(e.code());
+        }
+    }
+    None
+}

@@ -1,0 +1,87 @@
+//! `cronoq worker … -- CMD`: a remote worker that runs CMD once per attempt
+//! (payload on stdin, stdout = output, exit 0 = success; env
+//! `CRONOQ_TASK_ID`, `CRONOQ_ATTEMPT`, `CRONOQ_POOL`, `CRONOQ_GROUP`).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+
+use crate::core::ErrorCode;
+use crate::wire::WireError;
+use crate::worker::{run_command, Worker, WorkerOptions};
+
+/// `cronoq worker` arguments.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The pool to serve.
+    #[arg(long, env = "CRONOQ_POOL", default_value = "default")]
+    pub pool: String,
+    /// A label of this worker, `name=value`; repeat for more.
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// Attempts to run at once.
+    #[arg(long, env = "CRONOQ_SLOTS", default_value_t = 1)]
+    pub slots: u32,
+    /// NATS URL.
+    #[arg(long, env = "CRONOQ_NATS", default_value = super::DEFAULT_NATS)]
+    pub nats: String,
+    /// Subject prefix.
+    #[arg(long, env = "CRONOQ_PREFIX", default_value = "cronoq")]
+    pub prefix: String,
+    /// Worker id (default: host name, process id and a random suffix).
+    #[arg(long, env = "CRONOQ_WORKER_ID")]
+    pub id: Option<String>,
+    /// Name of the env var that holds this worker's token.
+    #[arg(long, env = "CRONOQ_TOKEN_ENV")]
+    pub token_env: Option<String>,
+    /// File holding this worker's nkey seed.
+    #[arg(long, env = "CRONOQ_NKEY_SEED")]
+    pub nkey_seed: Option<std::path::PathBuf>,
+    /// On SIGTERM/SIGINT, how long running attempts may take to finish.
+    #[arg(long, env = "CRONOQ_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub grace: std::time::Duration,
+    /// The command to run per attempt, and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Runs the worker until SIGTERM/SIGINT; exit 0 after a clean drain, 2
+/// on an error (bad labels or credentials are refused before connecting).
+pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let options = options(&args)?;
+    let command: Arc<[String]> = args.command.into();
+    let worker = Worker::new(options, move |ctx, payload| {
+        let command = command.clone();
+        async move { run_command(&command, &ctx, payload).await }
+    });
+    worker.run().await.map_err(WireError::from)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The worker options the arguments describe; secrets are read here.
+fn options(args: &WorkerArgs) -> Result<WorkerOptions, WireError> {
+    let invalid = |message: String| WireError::new(ErrorCode::INVALID_ARGUMENT, message);
+    let mut options = WorkerOptions::new(&args.nats)
+        .pool(&args.pool)
+        .slots(args.slots)
+        .prefix(&args.prefix)
+        .grace(args.grace);
+    for label in &args.labels {
+        options = options.label_text(label);
+    }
+    if let Some(id) = &args.id {
+        options = options.id(id);
+    }
+    if let Some(var) = &args.token_env {
+        let token = std::env::var(var)
+            .map_err(|_| invalid(format!("env var {var} (from --token-env) is not set")))?;
+        options = options.token(token);
+    }
+    if let Some(path) = &args.nkey_seed {
+        let seed = std::fs::read_to_string(path)
+            .map_err(|e| invalid(format!("reading nkey seed {}: {e}", path.display())))?;
+        options = options.nkey_seed(seed);
+    }
+    Ok(options)
+}

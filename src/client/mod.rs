@@ -1,0 +1,586 @@
+//! The remote client: submit, look up, cancel, snapshot and wait, over NATS
+//! ([`Client`]) or over the HTTP API ([`HttpClient`]). Both implement
+//! [`Api`], so the CLI and the HTTP router can use either.
+//!
+//! Over NATS, a submission is a JetStream publish to `P.submit.<pool>`,
+//! captured by the stream `P_SUBMIT` that a `cronoq server` creates; the
+//! task's id is the stream sequence of the accepted message, so an accepted
+//! task is durable before the client hears its id. `Nats-Msg-Id` carries
+//! the idempotency key: a resubmission within the stream's duplicate window
+//! is answered with the first message's sequence, the same id. Lookups,
+//! cancels and snapshots are requests on `P.api.*` that the leader answers.
+//!
+//! Inputs are validated before anything is sent: a refused task publishes
+//! nothing. Every error has a stable code ([`Error::code`]); "nobody is
+//! there" (no stream, no responders, a timeout, no connection) is
+//! `UNAVAILABLE`.
+//!
+//! The token of [`ClientOptions::token`] is the NATS connection token over
+//! NATS and an `Authorization: Bearer` header over HTTP.
+
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::api::{Api, ApiFuture, Health};
+use crate::core::{ErrorCode, PoolName, Rejection, Snapshot, TaskId};
+use crate::task::{Task, TaskStatus};
+use crate::wire::{self, Subjects, WireError};
+
+mod http_client;
+
+pub use http_client::HttpClient;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The payload limit a client checks before sending (the embedded default).
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
+
+/// How long a task may be unknown to the server while [`Client::wait`]
+/// waits for it: the leader may not have taken a fresh submission from the
+/// stream yet.
+const NOT_FOUND_GRACE: Duration = Duration::from_secs(10);
+
+/// A client error, with a stable [`ErrorCode`] ([`Error::code`]).
+///
+/// Converts into a [`WireError`] (code and the whole message), which is
+/// what [`Api`] returns and what `cli::error_code` finds.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed (`INVALID_ARGUMENT`); nothing was sent.
+    #[error(transparent)]
+    Invalid(#[from] Rejection),
+    /// The server refused or failed the request, with its code.
+    #[error(transparent)]
+    Refused(#[from] WireError),
+    /// Could not connect to NATS (`UNAVAILABLE`).
+    #[error("connecting to {url}")]
+    Connect {
+        /// The URL tried.
+        url: String,
+        /// Why.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// Nobody answered: no server, no submit stream, a timeout, a lost
+    /// connection (`UNAVAILABLE`). Try again later.
+    #[error("{message}")]
+    Unavailable {
+        /// What was not there.
+        message: String,
+        /// The transport's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// An answer this client cannot read (`INTERNAL`): a version mismatch
+    /// or something else on the subject.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl Error {
+    /// The stable code.
+    ///
+    /// ```
+    /// use cronoq::client::Error;
+    /// use cronoq::core::{ErrorCode, Rejection};
+    /// let e = Error::from(Rejection::InvalidArgument("bad".into()));
+    /// assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT);
+    /// ```
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Invalid(r) => r.code(),
+            Error::Refused(e) => e.code.clone(),
+            Error::Connect { .. } | Error::Unavailable { .. } => ErrorCode::UNAVAILABLE,
+            Error::Protocol(_) => ErrorCode::INTERNAL,
+        }
+    }
+
+    fn unavailable(message: impl Into<String>, source: impl Into<BoxError>) -> Error {
+        Error::Unavailable {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+impl From<Error> for WireError {
+    /// The code, and the message with its sources (`a: b: c`).
+    fn from(e: Error) -> WireError {
+        match e {
+            Error::Refused(w) => w,
+            other => {
+                let mut message = other.to_string();
+                let mut source = std::error::Error::source(&other);
+                while let Some(s) = source {
+                    // Some errors repeat their source in their own text.
+                    let text = s.to_string();
+                    if !message.ends_with(&text) {
+                        message.push_str(": ");
+                        message.push_str(&text);
+                    }
+                    source = s.source();
+                }
+                WireError::new(other.code(), message)
+            }
+        }
+    }
+}
+
+/// Options of a [`Client`] (and of an [`HttpClient`]).
+///
+/// ```no_run
+/// # async fn f() -> Result<(), cronoq::client::Error> {
+/// use std::time::Duration;
+/// let client = cronoq::client::ClientOptions::new()
+///     .prefix("cronoq")
+///     .request_timeout(Duration::from_secs(5))
+///     .connect("nats://127.0.0.1:4222")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ClientOptions {
+    prefix: String,
+    token: Option<String>,
+    request_timeout: Duration,
+    max_payload_bytes: usize,
+    wait_poll_interval: Option<Duration>,
+}
+
+impl fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("prefix", &self.prefix)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("request_timeout", &self.request_timeout)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("wait_poll_interval", &self.wait_poll_interval)
+            .finish()
+    }
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            prefix: "cronoq".into(),
+            token: None,
+            request_timeout: Duration::from_secs(5),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            wait_poll_interval: None,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// The defaults: prefix `cronoq`, no token, 5 s requests, 1 MiB payloads.
+    pub fn new() -> ClientOptions {
+        ClientOptions::default()
+    }
+
+    /// The subject prefix of the installation (default `cronoq`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> ClientOptions {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// A token: the NATS connection token, or `Authorization: Bearer` over
+    /// HTTP. Never logged.
+    pub fn token(mut self, token: impl Into<String>) -> ClientOptions {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// How long to wait for an answer (and for a connection).
+    pub fn request_timeout(mut self, timeout: Duration) -> ClientOptions {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The largest payload to send (the server's limit may be lower).
+    pub fn max_payload_bytes(mut self, n: usize) -> ClientOptions {
+        self.max_payload_bytes = n;
+        self
+    }
+
+    /// How often `wait` looks the task up (default: every 2 s over NATS,
+    /// beside the events; every 500 ms over HTTP).
+    pub fn wait_poll_interval(mut self, interval: Duration) -> ClientOptions {
+        self.wait_poll_interval = Some(interval);
+        self
+    }
+
+    /// Connects to NATS at `url`.
+    pub async fn connect(self, url: &str) -> Result<Client, Error> {
+        let subjects = Subjects::new(&self.prefix)?;
+        let mut options = async_nats::ConnectOptions::new()
+            .name("cronoq-client")
+            .connection_timeout(self.request_timeout)
+            .request_timeout(Some(self.request_timeout));
+        if let Some(token) = &self.token {
+            options = options.token(token.clone());
+        }
+        let nats = options
+            .connect(url)
+            .await
+            .map_err(|source| Error::Connect {
+                url: url.to_string(),
+                source,
+            })?;
+        let mut jetstream = async_nats::jetstream::new(nats.clone());
+        jetstream.set_timeout(self.request_timeout);
+        Ok(Client {
+            nats,
+            jetstream,
+            subjects,
+            url: url.to_string(),
+            request_timeout: self.request_timeout,
+            max_payload_bytes: self.max_payload_bytes,
+            wait_poll_interval: self.wait_poll_interval.unwrap_or(Duration::from_secs(2)),
+        })
+    }
+
+    /// An [`HttpClient`] for the HTTP API at `url` (`http://host:port`).
+    pub fn http(self, url: &str) -> Result<HttpClient, Error> {
+        HttpClient::with_options(url, self)
+    }
+}
+
+/// A remote client over NATS: cheap to clone, safe to share.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), cronoq::client::Error> {
+/// use cronoq::{client::Client, Task};
+/// let client = Client::connect("nats://127.0.0.1:4222").await?;
+/// let id = client.submit(Task::new("hello").pool("inference").label("gpu", "a100")).await?;
+/// let status = client.wait(id).await?;
+/// println!("{:?}: {:?}", status.state, status.output);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Client {
+    nats: async_nats::Client,
+    jetstream: async_nats::jetstream::Context,
+    subjects: Subjects,
+    url: String,
+    request_timeout: Duration,
+    max_payload_bytes: usize,
+    wait_poll_interval: Duration,
+}
+
+/// Checks an idempotency key before it becomes a `Nats-Msg-Id` header.
+pub(crate) fn check_key(task: &Task) -> Result<(), Rejection> {
+    match task.key() {
+        Some(k) if k.is_empty() || k.chars().any(char::is_control) => {
+            Err(Rejection::InvalidArgument(format!(
+                "idempotency key {k:?} must be non-empty text without control characters"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl Client {
+    /// Connects with the default options.
+    pub async fn connect(url: &str) -> Result<Client, Error> {
+        ClientOptions::new().connect(url).await
+    }
+
+    /// The subjects this client uses.
+    pub fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
+    /// The underlying NATS connection.
+    pub fn nats(&self) -> &async_nats::Client {
+        &self.nats
+    }
+
+    /// Submits a task; its id (the stream sequence) once the stream holds it.
+    ///
+    /// The task is validated first, so bad input is refused before anything
+    /// is published. Without the submit stream (no `cronoq server` has run)
+    /// this fails `UNAVAILABLE`. With an idempotency key, a resubmission
+    /// within the stream's duplicate window returns the first id.
+    pub async fn submit(&self, task: Task) -> Result<TaskId, Error> {
+        task.to_spec(TaskId(1), self.max_payload_bytes)?;
+        check_key(&task)?;
+        let pool = PoolName::new(task.pool_name())?;
+        let body = wire::encode(&wire::Submit::from_task(&task));
+        let server_max = self.nats.server_info().max_payload;
+        if server_max > 0 && body.len() > server_max {
+            return Err(Rejection::InvalidArgument(format!(
+                "submission of {} bytes is above the NATS server's max_payload of {server_max} bytes",
+                body.len()
+            ))
+            .into());
+        }
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Content-Type", wire::SUBMIT_CONTENT_TYPE);
+        if let Some(key) = task.key() {
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, key);
+        }
+        let subject = self.subjects.submit(&pool);
+        let stream = self.subjects.submit_stream();
+        let publish_error = |e: async_nats::jetstream::context::PublishError| {
+            use async_nats::jetstream::context::PublishErrorKind as Kind;
+            let message = match e.kind() {
+                Kind::StreamNotFound => format!(
+                    "no stream captures {subject}: the submit stream {stream} does not exist, \
+                     so no cronoq server has created it (start `cronoq server` against {})",
+                    self.url
+                ),
+                Kind::TimedOut => format!(
+                    "no acknowledgement for {subject} within {:?} (is JetStream up on {}?)",
+                    self.request_timeout, self.url
+                ),
+                _ => format!("publishing to {subject}"),
+            };
+            Error::unavailable(message, e)
+        };
+        let ack = self
+            .jetstream
+            .publish_with_headers(subject.clone(), headers, body.into())
+            .await
+            .map_err(publish_error)?
+            .await
+            .map_err(publish_error)?;
+        if ack.stream != stream {
+            return Err(Error::Refused(WireError::new(
+                ErrorCode::FAILED_PRECONDITION,
+                format!(
+                    "{subject} was captured by stream {}, not by the submit stream {stream}",
+                    ack.stream
+                ),
+            )));
+        }
+        Ok(TaskId(ack.sequence))
+    }
+
+    async fn request<Q: Serialize, R: DeserializeOwned>(
+        &self,
+        verb: &str,
+        body: &Q,
+    ) -> Result<R, Error> {
+        use async_nats::RequestErrorKind as Kind;
+        let subject = self.subjects.api(verb);
+        let request = async_nats::Request::new()
+            .payload(wire::encode(body).into())
+            .timeout(Some(self.request_timeout));
+        let reply = self
+            .nats
+            .send_request(subject.clone(), request)
+            .await
+            .map_err(|e| {
+                let nobody = format!(
+                    "no cronoq server is answering on {subject} (via {})",
+                    self.url
+                );
+                match e.kind() {
+                    Kind::NoResponders => Error::Unavailable {
+                        message: nobody,
+                        source: None,
+                    },
+                    Kind::TimedOut => Error::unavailable(nobody, e),
+                    Kind::Other => Error::unavailable(format!("requesting {subject}"), e),
+                }
+            })?;
+        match wire::decode::<wire::Reply<R>>(&reply.payload) {
+            Ok(wire::Reply::Ok(body)) => Ok(body),
+            Ok(wire::Reply::Error(e)) => Err(Error::Refused(e)),
+            Err(e) => Err(Error::Protocol(format!(
+                "unreadable reply on {subject}: {}",
+                e.message
+            ))),
+        }
+    }
+
+    /// A task's state, why it waits, its attempts and result.
+    pub async fn get(&self, id: TaskId) -> Result<TaskStatus, Error> {
+        self.request(
+            "task",
+            &wire::GetTask {
+                v: wire::PROTOCOL_VERSION,
+                task_id: id,
+            },
+        )
+        .await
+    }
+
+    /// Cancels a task.
+    pub async fn cancel(&self, id: TaskId) -> Result<(), Error> {
+        let _: wire::Ack = self
+            .request(
+                "cancel",
+                &wire::Cancel {
+                    v: wire::PROTOCOL_VERSION,
+                    task_id: id,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Pools, groups, demand and workers.
+    pub async fn snapshot(&self) -> Result<Snapshot, Error> {
+        self.request("snapshot", &wire::GetSnapshot::default())
+            .await
+    }
+
+    /// Waits until the task is finished; its final status.
+    ///
+    /// Listens to the task's events (subscribed before the first lookup, so
+    /// no event falls in between) and looks the task up again every couple
+    /// of seconds in case events were lost during a reconnect. A task the
+    /// server does not know yet (just submitted) is waited for a few
+    /// seconds; a server that stops answering after the first lookup is
+    /// waited for (a leader may be taking over).
+    pub async fn wait(&self, id: TaskId) -> Result<TaskStatus, Error> {
+        let subject = self.subjects.events(id);
+        let mut events = self
+            .nats
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| Error::unavailable(format!("subscribing to {subject}"), e))?;
+        let started = Instant::now();
+        if let Some(done) = first_look(self.get(id).await)? {
+            return Ok(done);
+        }
+        let mut ticker = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.wait_poll_interval,
+            self.wait_poll_interval,
+        );
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut events_open = true;
+        loop {
+            tokio::select! {
+                message = events.next(), if events_open => {
+                    let Some(message) = message else {
+                        events_open = false;
+                        continue;
+                    };
+                    let Ok(event) = wire::decode::<wire::TaskEvent>(&message.payload) else {
+                        continue;
+                    };
+                    if event.task_id != id || !event.state.is_terminal() {
+                        continue;
+                    }
+                    match self.get(id).await {
+                        Ok(status) if status.state.is_terminal() => return Ok(status),
+                        Ok(_) => {}
+                        // Rejected before it existed, or the server went
+                        // away: the event is all there is.
+                        Err(_) => return Ok(status_of_event(&event)),
+                    }
+                }
+                _ = ticker.tick() => {
+                    if let Some(done) = later_look(self.get(id).await, started)? {
+                        return Ok(done);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The first lookup of a wait: a finished task ends it; a task not known
+/// yet and a live one go on; any other error ends it.
+fn first_look(r: Result<TaskStatus, Error>) -> Result<Option<TaskStatus>, Error> {
+    match r {
+        Ok(status) if status.state.is_terminal() => Ok(Some(status)),
+        Ok(_) => Ok(None),
+        Err(e) if e.code() == ErrorCode::NOT_FOUND => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A later lookup: also tolerates a server that does not answer for a
+/// while, and a task unknown for [`NOT_FOUND_GRACE`].
+fn later_look(r: Result<TaskStatus, Error>, started: Instant) -> Result<Option<TaskStatus>, Error> {
+    match r {
+        Ok(status) if status.state.is_terminal() => Ok(Some(status)),
+        Ok(_) => Ok(None),
+        Err(e) if e.code() == ErrorCode::UNAVAILABLE => {
+            tracing::debug!(error = %e, "no answer while waiting; trying again");
+            Ok(None)
+        }
+        Err(e) if e.code() == ErrorCode::NOT_FOUND && started.elapsed() < NOT_FOUND_GRACE => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits by looking the task up every `interval` (what the HTTP client does).
+pub(crate) async fn wait_by_polling<F, Fut>(
+    interval: Duration,
+    mut get: F,
+) -> Result<TaskStatus, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<TaskStatus, Error>>,
+{
+    let started = Instant::now();
+    if let Some(done) = first_look(get().await)? {
+        return Ok(done);
+    }
+    loop {
+        tokio::time::sleep(interval).await;
+        if let Some(done) = later_look(get().await, started)? {
+            return Ok(done);
+        }
+    }
+}
+
+/// A final status made from the terminal event alone (when the server
+/// cannot be asked): its pool is unknown and shows as `default`.
+fn status_of_event(event: &wire::TaskEvent) -> TaskStatus {
+    let (output, output_base64) = crate::task::output_fields(event.output.as_deref());
+    TaskStatus {
+        id: event.task_id,
+        pool: PoolName::default(),
+        state: event.state,
+        reason: None,
+        attempts: Vec::new(),
+        output,
+        output_base64,
+        error: event.error.clone(),
+        deadline_missed: false,
+    }
+}
+
+impl Api for Client {
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
+        Box::pin(async move { Ok(Client::submit(self, task).await?) })
+    }
+
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Box::pin(async move { Ok(self.get(id).await?) })
+    }
+
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
+        Box::pin(async move { Ok(Client::cancel(self, id).await?) })
+    }
+
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(async move { Ok(Client::snapshot(self).await?) })
+    }
+
+    fn health(&self) -> Health {
+        let state = self.nats.connection_state();
+        let ready = state == async_nats::connection::State::Connected;
+        Health {
+            live: true,
+            ready,
+            detail: if ready {
+                format!("connected to {}", self.url)
+            } else {
+                format!("not connected to {} ({state:?})", self.url)
+            },
+        }
+    }
+}

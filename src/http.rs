@@ -1,0 +1,631 @@
+//! The HTTP API of SPEC §5 (axum), served over anything that implements
+//! [`Api`]: the embedded [`crate::Scheduler`], the distributed leader, or a
+//! remote [`crate::client::Client`].
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /v1/snapshot` | the [`Snapshot`] as JSON |
+//! | `POST /v1/tasks` | a [`SubmitRequest`] → [`SubmitResponse`] `{"id": n}` |
+//! | `GET /v1/tasks/{id}` | the [`TaskStatus`] as JSON |
+//! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
+//! | `GET /metrics` | Prometheus text format, from the snapshot ([`metrics_text`]) |
+//! | `GET /healthz` | [`Health`] JSON; 200 when live, else 503 |
+//! | `GET /readyz` | [`Health`] JSON; 200 when ready, else 503 |
+//!
+//! Every error is JSON `{"code": "…", "message": "…"}` with the status of
+//! [`status_of`]; the mapping lives in one place, the [`IntoResponse`] of
+//! [`HttpError`], and covers axum's own rejections (malformed JSON, a bad
+//! id in the path), unknown routes and wrong methods (`NOT_FOUND`).
+//! `FAILED_PRECONDITION` is 409 Conflict (e.g. cancelling a finished task),
+//! not 412: no request here carries HTTP preconditions (`If-Match`).
+//! A 503 of `/healthz` or `/readyz` carries both shapes: the [`Health`]
+//! fields and `code`/`message`.
+//!
+//! The request body of `POST /v1/tasks` is read as JSON whatever its
+//! `Content-Type` (so `curl -d` works). This module knows JSON and HTTP
+//! only; the wire (MessagePack) is [`crate::wire`]'s.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{Api, ApiError, Health};
+use crate::core::{ErrorCode, Labels, Rejection, Snapshot, TaskId};
+use crate::task::{Task, TaskStatus};
+use crate::wire::{parse_duration, parse_time, WireError};
+
+/// The HTTP API over `api`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// let app = cronoq::http::router(Arc::new(cronoq::Scheduler::new()));
+/// # let _ = app;
+/// // axum::serve(tokio::net::TcpListener::bind("127.0.0.1:7070").await?, app).await?;
+/// # }
+/// ```
+pub fn router(api: Arc<dyn Api>) -> Router {
+    Router::new()
+        .route("/v1/snapshot", get(snapshot))
+        .route("/v1/tasks", post(submit))
+        .route("/v1/tasks/{id}", get(task))
+        .route("/v1/tasks/{id}/cancel", post(cancel))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .with_state(api)
+}
+
+/// The HTTP status of a stable code; an unknown code is 500.
+///
+/// ```
+/// use cronoq::core::ErrorCode;
+/// use cronoq::http::status_of;
+/// assert_eq!(status_of(&ErrorCode::NOT_FOUND).as_u16(), 404);
+/// assert_eq!(status_of(&ErrorCode::FAILED_PRECONDITION).as_u16(), 409);
+/// assert_eq!(status_of(&ErrorCode("NEWER_CODE".into())).as_u16(), 500);
+/// ```
+pub fn status_of(code: &ErrorCode) -> StatusCode {
+    match code.as_str() {
+        "INVALID_ARGUMENT" => StatusCode::BAD_REQUEST,
+        "UNAUTHENTICATED" => StatusCode::UNAUTHORIZED,
+        "PERMISSION_DENIED" => StatusCode::FORBIDDEN,
+        "NOT_FOUND" => StatusCode::NOT_FOUND,
+        "ALREADY_EXISTS" | "FAILED_PRECONDITION" => StatusCode::CONFLICT,
+        "RESOURCE_EXHAUSTED" => StatusCode::TOO_MANY_REQUESTS,
+        "UNAVAILABLE" => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// An error answered over HTTP: the one place where a code becomes a status.
+#[derive(Debug)]
+pub struct HttpError(pub ApiError);
+
+impl HttpError {
+    fn invalid(message: impl Into<String>) -> HttpError {
+        HttpError(WireError::new(ErrorCode::INVALID_ARGUMENT, message))
+    }
+}
+
+impl From<ApiError> for HttpError {
+    fn from(e: ApiError) -> HttpError {
+        HttpError(e)
+    }
+}
+
+impl From<Rejection> for HttpError {
+    fn from(r: Rejection) -> HttpError {
+        HttpError(r.into())
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let status = status_of(&self.0.code);
+        let body = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            // Internal detail goes to the log, not to the caller.
+            tracing::error!(code = %self.0.code, error = %self.0.message, "request failed");
+            WireError::new(self.0.code, "internal error; the server log has the detail")
+        } else {
+            tracing::debug!(code = %self.0.code, error = %self.0.message, "request refused");
+            self.0
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+/// A JSON object body, parsed whatever its `Content-Type`; refusals are
+/// `INVALID_ARGUMENT`.
+struct JsonBody<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, HttpError> {
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| HttpError::invalid(format!("reading the body: {}", e.body_text())))?;
+        // A struct would also accept a JSON array of its fields in order.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(HttpError::invalid("the body must be a JSON object"));
+        }
+        serde_json::from_slice(&body)
+            .map(JsonBody)
+            .map_err(|e| HttpError::invalid(format!("malformed JSON body: {e}")))
+    }
+}
+
+/// The `{id}` of a path, as a [`TaskId`].
+struct IdPath(TaskId);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdPath {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, HttpError> {
+        let Path(text) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| HttpError::invalid(e.body_text()))?;
+        Ok(IdPath(text.parse()?))
+    }
+}
+
+/// `POST /v1/tasks`: a task as JSON. Unknown fields are refused.
+///
+/// Times (`deadline`, `start_at`) are RFC 3339 or a duration from now
+/// (`"30s"`); spans (`tolerance`, `attempt_timeout`, `est_runtime`,
+/// `backoff`) are durations (`"250ms"`, `"5m"`). Give `payload` (text) or
+/// `payload_base64`, not both; neither is an empty payload.
+///
+/// ```
+/// let req: cronoq::http::SubmitRequest = serde_json::from_str(
+///     r#"{"pool": "inference", "labels": {"gpu": "a100"}, "payload": "hi", "deadline": "5m"}"#,
+/// ).unwrap();
+/// let task = req.into_task(std::time::SystemTime::now()).unwrap();
+/// assert_eq!(task.pool_name(), "inference");
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// The pool (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// Labels the running group must carry.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
+    /// The payload as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    /// The payload as standard base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+    /// Higher runs first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Urgency deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    /// Fixed start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
+    /// How late a fixed start may still start (needs `start_at`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<String>,
+    /// Attempts in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Longest run of one attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout: Option<String>,
+    /// Declared run time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub est_runtime: Option<String>,
+    /// Backoff between attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffRequest>,
+    /// De-duplicates resubmissions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+/// `"backoff": {"initial": "1s", "max": "1m"}` of a [`SubmitRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackoffRequest {
+    /// Delay before the second attempt.
+    pub initial: String,
+    /// The longest delay.
+    pub max: String,
+}
+
+/// The answer to `POST /v1/tasks` (and to a cancel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    /// The task's id.
+    pub id: TaskId,
+}
+
+fn with_field<T>(field: &str, r: Result<T, Rejection>) -> Result<T, Rejection> {
+    r.map_err(|e| Rejection::InvalidArgument(format!("{field}: {e}")))
+}
+
+impl SubmitRequest {
+    /// The [`Task`] this asks for; relative times count from `now`.
+    /// Options are checked here for form only; the scheduler validates the
+    /// rest on submit.
+    pub fn into_task(self, now: SystemTime) -> Result<Task, Rejection> {
+        let payload = match (self.payload, self.payload_base64) {
+            (Some(_), Some(_)) => {
+                return Err(Rejection::InvalidArgument(
+                    "give payload or payload_base64, not both".into(),
+                ))
+            }
+            (Some(text), None) => Bytes::from(text),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map(Bytes::from)
+                .map_err(|e| Rejection::InvalidArgument(format!("payload_base64: {e}")))?,
+            (None, None) => Bytes::new(),
+        };
+        let mut task = Task::new(payload).labels(&self.labels);
+        if let Some(pool) = self.pool {
+            task = task.pool(pool);
+        }
+        if let Some(p) = self.priority {
+            task = task.priority(p);
+        }
+        if let Some(d) = &self.deadline {
+            task = task.deadline(with_field("deadline", parse_time(d, now))?);
+        }
+        let tolerance = self
+            .tolerance
+            .as_deref()
+            .map(|t| with_field("tolerance", parse_duration(t)))
+            .transpose()?;
+        match (&self.start_at, tolerance) {
+            (Some(s), tolerance) => {
+                let at = with_field("start_at", parse_time(s, now))?;
+                task = task.start_at(at, tolerance.unwrap_or_default());
+            }
+            (None, Some(_)) => {
+                return Err(Rejection::InvalidArgument(
+                    "tolerance is given without start_at".into(),
+                ))
+            }
+            (None, None) => {}
+        }
+        if let Some(n) = self.max_attempts {
+            task = task.max_attempts(n);
+        }
+        if let Some(t) = &self.attempt_timeout {
+            task = task.attempt_timeout(with_field("attempt_timeout", parse_duration(t))?);
+        }
+        if let Some(e) = &self.est_runtime {
+            task = task.est_runtime(with_field("est_runtime", parse_duration(e))?);
+        }
+        if let Some(b) = &self.backoff {
+            task = task.backoff(
+                with_field("backoff.initial", parse_duration(&b.initial))?,
+                with_field("backoff.max", parse_duration(&b.max))?,
+            );
+        }
+        if let Some(k) = self.idempotency_key {
+            task = task.idempotency_key(k);
+        }
+        Ok(task)
+    }
+
+    /// The request for `task` (what [`crate::client::HttpClient`] sends):
+    /// text payloads as `payload`, others as `payload_base64`; times as
+    /// RFC 3339, spans in milliseconds.
+    pub fn from_task(task: &Task) -> SubmitRequest {
+        let span = |d: std::time::Duration| format!("{}ms", d.as_millis());
+        let time = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        let (payload, payload_base64) = match std::str::from_utf8(&task.payload) {
+            Ok(text) => (Some(text.to_string()), None),
+            Err(_) => (
+                None,
+                Some(base64::engine::general_purpose::STANDARD.encode(&task.payload)),
+            ),
+        };
+        SubmitRequest {
+            pool: Some(task.pool.clone()),
+            labels: task.labels.clone(),
+            payload,
+            payload_base64,
+            priority: Some(task.priority),
+            deadline: task.deadline.map(time),
+            start_at: task.start_at.map(time),
+            tolerance: task.start_at.map(|_| span(task.tolerance)),
+            max_attempts: task.max_attempts,
+            attempt_timeout: task.attempt_timeout.map(span),
+            est_runtime: task.est_runtime.map(span),
+            backoff: task.backoff.map(|(initial, max)| BackoffRequest {
+                initial: span(initial),
+                max: span(max),
+            }),
+            idempotency_key: task.idempotency_key.clone(),
+        }
+    }
+}
+
+type ApiState = State<Arc<dyn Api>>;
+
+async fn snapshot(State(api): ApiState) -> Result<Json<Snapshot>, HttpError> {
+    Ok(Json(api.snapshot().await?))
+}
+
+async fn submit(
+    State(api): ApiState,
+    JsonBody(req): JsonBody<SubmitRequest>,
+) -> Result<Json<SubmitResponse>, HttpError> {
+    let task = req.into_task(SystemTime::now())?;
+    let id = api.submit(task).await?;
+    Ok(Json(SubmitResponse { id }))
+}
+
+async fn task(State(api): ApiState, IdPath(id): IdPath) -> Result<Json<TaskStatus>, HttpError> {
+    Ok(Json(api.task(id).await?))
+}
+
+async fn cancel(
+    State(api): ApiState,
+    IdPath(id): IdPath,
+) -> Result<Json<SubmitResponse>, HttpError> {
+    api.cancel(id).await?;
+    Ok(Json(SubmitResponse { id }))
+}
+
+async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {
+    let snapshot = api.snapshot().await?;
+    let text = metrics_text(&snapshot, &api.health());
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+fn health_response(ok: bool, health: Health) -> Response {
+    if ok {
+        return Json(health).into_response();
+    }
+    let mut body = serde_json::to_value(&health).unwrap_or_default();
+    if let Some(map) = body.as_object_mut() {
+        map.insert("code".into(), ErrorCode::UNAVAILABLE.as_str().into());
+        map.insert("message".into(), health.detail.clone().into());
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+}
+
+async fn healthz(State(api): ApiState) -> Response {
+    let health = api.health();
+    health_response(health.live, health)
+}
+
+async fn readyz(State(api): ApiState) -> Response {
+    let health = api.health();
+    health_response(health.live && health.ready, health)
+}
+
+async fn no_route(method: Method, uri: Uri) -> HttpError {
+    HttpError(WireError::new(
+        ErrorCode::NOT_FOUND,
+        format!("no route {method} {}", uri.path()),
+    ))
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> HttpError {
+    HttpError(WireError::new(
+        ErrorCode::NOT_FOUND,
+        format!(
+            "no route {method} {} (the path takes other methods)",
+            uri.path()
+        ),
+    ))
+}
+
+/// Escapes a Prometheus label value: `\`, `"` and newlines.
+///
+/// ```
+/// assert_eq!(cronoq::http::escape_label_value("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
+/// ```
+pub fn escape_label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// One metric family: `# HELP`, `# TYPE`, then its samples.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl Family<'_> {
+    fn start<'a>(out: &'a mut String, name: &str, kind: &str, help: &str) -> Family<'a> {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        Family { out }
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape_label_value(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// The Prometheus text exposition of a snapshot: per-pool gauges (label
+/// `pool`), per-group and per-demand gauges (labels `pool` and `labels`,
+/// the label set as `k=v,k=v`, empty for the unlabeled group), readiness
+/// and the leader's epoch.
+///
+/// ```
+/// use cronoq::core::*;
+/// let mut core = Core::new();
+/// let pool = PoolName::new("p").unwrap();
+/// core.handle(Millis(0), Event::CapacitySet { pool, labels: Labels::from([("gpu", "a100")]), slots: 2 }).unwrap();
+/// let health = cronoq::api::Health { live: true, ready: true, detail: String::new() };
+/// let text = cronoq::http::metrics_text(&core.snapshot(), &health);
+/// assert!(text.contains(r#"cronoq_group_capacity{pool="p",labels="gpu=a100"} 2"#));
+/// ```
+pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
+    let mut out = String::new();
+    Family::start(
+        &mut out,
+        "cronoq_ready",
+        "gauge",
+        "1 when the server is ready (connected, and leading or following a known leader).",
+    )
+    .sample("cronoq_ready", &[], u64::from(health.ready));
+    if let Some(leader) = &snapshot.leader {
+        Family::start(
+            &mut out,
+            "cronoq_leader_epoch",
+            "gauge",
+            "The current leadership epoch.",
+        )
+        .sample(
+            "cronoq_leader_epoch",
+            &[("leader", &leader.id)],
+            leader.epoch,
+        );
+    }
+
+    type PoolValue = fn(&crate::core::PoolSnapshot) -> u64;
+    let pool_gauges: [(&str, &str, &str, PoolValue); 9] = [
+        ("cronoq_pool_capacity", "gauge", "Slots in the pool.", |p| {
+            p.capacity
+        }),
+        (
+            "cronoq_pool_busy",
+            "gauge",
+            "Slots running attempts.",
+            |p| p.busy,
+        ),
+        (
+            "cronoq_pool_waiting",
+            "gauge",
+            "Tasks waiting for a slot.",
+            |p| p.waiting,
+        ),
+        (
+            "cronoq_pool_scheduled",
+            "gauge",
+            "Fixed-start tasks whose start is in the future.",
+            |p| p.scheduled,
+        ),
+        (
+            "cronoq_pool_reserved",
+            "gauge",
+            "Slots held back for due reservations.",
+            |p| p.reserved,
+        ),
+        (
+            "cronoq_pool_desired",
+            "gauge",
+            "Slots the pool should have (the autoscaling signal).",
+            |p| p.autoscale.desired,
+        ),
+        (
+            "cronoq_pool_autoscale_min",
+            "gauge",
+            "Configured lower bound of the autoscaling signal.",
+            |p| p.autoscale.min,
+        ),
+        (
+            "cronoq_pool_autoscale_max",
+            "gauge",
+            "Configured upper bound of the autoscaling signal.",
+            |p| p.autoscale.max,
+        ),
+        (
+            "cronoq_pool_deadline_missed_total",
+            "counter",
+            "Tasks that finished after their deadline, since the scheduler started.",
+            |p| p.deadline_missed,
+        ),
+    ];
+    for (name, kind, help, value) in pool_gauges {
+        let mut family = Family::start(&mut out, name, kind, help);
+        for p in &snapshot.pools {
+            family.sample(name, &[("pool", p.name.as_str())], value(p));
+        }
+    }
+
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_pool_workers",
+        "gauge",
+        "Remote workers registered in the pool.",
+    );
+    for p in &snapshot.pools {
+        let n = snapshot.workers.iter().filter(|w| w.pool == p.name).count();
+        family.sample(
+            "cronoq_pool_workers",
+            &[("pool", p.name.as_str())],
+            n as u64,
+        );
+    }
+
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_demand_waiting",
+        "gauge",
+        "Tasks waiting with exactly these required labels.",
+    );
+    for p in &snapshot.pools {
+        for d in &p.demand {
+            let labels = d.labels.to_string();
+            family.sample(
+                "cronoq_demand_waiting",
+                &[("pool", p.name.as_str()), ("labels", &labels)],
+                d.waiting,
+            );
+        }
+    }
+
+    type GroupValue = fn(&crate::core::GroupSnapshot) -> u32;
+    let group_gauges: [(&str, &str, GroupValue); 3] = [
+        ("cronoq_group_capacity", "Slots in the group.", |g| {
+            g.capacity
+        }),
+        (
+            "cronoq_group_busy",
+            "Slots of the group running attempts.",
+            |g| g.busy,
+        ),
+        (
+            "cronoq_group_workers",
+            "Remote workers in the group.",
+            |g| g.workers,
+        ),
+    ];
+    for (name, help, value) in group_gauges {
+        let mut family = Family::start(&mut out, name, "gauge", help);
+        for p in &snapshot.pools {
+            for g in &p.groups {
+                let labels = g.labels.to_string();
+                family.sample(
+                    name,
+                    &[("pool", p.name.as_str()), ("labels", &labels)],
+                    u64::from(value(g)),
+                );
+            }
+        }
+    }
+    out
+}

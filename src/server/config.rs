@@ -1,0 +1,343 @@
+//! The server's configuration (SPEC §7): a TOML file, then `CRONOQ_*` env
+//! vars and flags over it (clap gives flag > env; [`ServerConfig::apply`]
+//! puts both over the file).
+//!
+//! Unknown keys are refused, so a typo is an error rather than a silently
+//! ignored setting. `[auth]` is parsed and kept here; it is enforced by the
+//! auth layer.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::core::{Backoff, Millis, OnMiss, PoolConfig, PoolName, Rejection};
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(|e| serde::de::Error::custom(format!("{text:?}: {e}")))
+}
+
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// `[server]`.
+    #[serde(default)]
+    pub server: ServerSection,
+    /// `[[pools]]`.
+    #[serde(default)]
+    pub pools: Vec<PoolSection>,
+    /// `[auth]`.
+    #[serde(default)]
+    pub auth: AuthSection,
+}
+
+/// `[server]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// NATS URL.
+    #[serde(default = "default_nats")]
+    pub nats_url: String,
+    /// HTTP listen address.
+    #[serde(default = "default_http")]
+    pub http_addr: String,
+    /// Subject prefix.
+    #[serde(default = "default_prefix")]
+    pub subject_prefix: String,
+    /// A worker silent this long is removed; its attempts are lost.
+    #[serde(default = "default_worker_timeout", deserialize_with = "duration")]
+    pub worker_timeout: Duration,
+    /// A lease not renewed this long is lost.
+    #[serde(default = "default_lease_ttl", deserialize_with = "duration")]
+    pub lease_ttl: Duration,
+    /// Largest accepted payload in bytes.
+    #[serde(default = "default_max_payload")]
+    pub max_payload_bytes: usize,
+    /// How long finished tasks' results are kept (JetStream KV max age).
+    #[serde(default = "default_results_ttl", deserialize_with = "duration")]
+    pub results_ttl: Duration,
+    /// This server's id (default: host name and process id).
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+fn default_nats() -> String {
+    "nats://127.0.0.1:4222".into()
+}
+fn default_http() -> String {
+    "127.0.0.1:7070".into()
+}
+fn default_prefix() -> String {
+    "cronoq".into()
+}
+fn default_worker_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_lease_ttl() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_max_payload() -> usize {
+    1 << 20
+}
+fn default_results_ttl() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            nats_url: default_nats(),
+            http_addr: default_http(),
+            subject_prefix: default_prefix(),
+            worker_timeout: default_worker_timeout(),
+            lease_ttl: default_lease_ttl(),
+            max_payload_bytes: default_max_payload(),
+            results_ttl: default_results_ttl(),
+            id: None,
+        }
+    }
+}
+
+/// `autoscale = { min, max }`.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoscaleSection {
+    /// Lower bound.
+    #[serde(default)]
+    pub min: u32,
+    /// Upper bound.
+    #[serde(default = "max_u32")]
+    pub max: u32,
+}
+
+fn max_u32() -> u32 {
+    u32::MAX
+}
+
+/// `[[pools]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSection {
+    /// Pool name.
+    pub name: String,
+    /// Default attempts per task.
+    pub max_attempts: Option<u32>,
+    /// Urgency window before deadlines.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub urgency_window: Option<Duration>,
+    /// Passes over an unlabeled waiter before it goes first.
+    pub max_bypass: Option<u32>,
+    /// How long before a fixed start its slot is held.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub reservation_lead: Option<Duration>,
+    /// `skip` or `run`.
+    pub on_miss: Option<OnMiss>,
+    /// Autoscaling bounds.
+    pub autoscale: Option<AutoscaleSection>,
+    /// First retry delay.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub backoff_initial: Option<Duration>,
+    /// Longest retry delay.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub backoff_max: Option<Duration>,
+}
+
+impl PoolSection {
+    /// The pool name and its core settings.
+    pub fn to_core(&self) -> Result<(PoolName, PoolConfig), Rejection> {
+        let name = PoolName::new(&self.name)?;
+        let d = PoolConfig::default();
+        let ms = |o: Option<Duration>, dflt: Millis| o.map(Millis::from_duration).unwrap_or(dflt);
+        let config = PoolConfig {
+            max_attempts: self.max_attempts.unwrap_or(d.max_attempts),
+            urgency_window: ms(self.urgency_window, d.urgency_window),
+            max_bypass: self.max_bypass.unwrap_or(d.max_bypass),
+            reservation_lead: ms(self.reservation_lead, d.reservation_lead),
+            on_miss: self.on_miss.unwrap_or(d.on_miss),
+            autoscale_min: self.autoscale.map_or(d.autoscale_min, |a| a.min),
+            autoscale_max: self.autoscale.map_or(d.autoscale_max, |a| a.max),
+            backoff: Backoff {
+                initial: ms(self.backoff_initial, d.backoff.initial),
+                max: ms(self.backoff_max, d.backoff.max),
+            },
+        };
+        config.validate()?;
+        Ok((name, config))
+    }
+}
+
+/// `[auth]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// False: anonymous access (dev only).
+    #[serde(default)]
+    pub required: bool,
+    /// `[[auth.tokens]]`.
+    #[serde(default)]
+    pub tokens: Vec<TokenSection>,
+    /// `[[auth.nkeys]]`.
+    #[serde(default)]
+    pub nkeys: Vec<NkeySection>,
+}
+
+/// `[[auth.tokens]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSection {
+    /// Env var holding the token (the token itself never sits in the file).
+    pub token_env: String,
+    /// `worker`, `submitter`, `reader` or `admin`.
+    pub role: String,
+    /// Pools it may use (empty: all).
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// Labels a worker with it may claim.
+    #[serde(default)]
+    pub labels: Vec<String>,
+}
+
+/// `[[auth.nkeys]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NkeySection {
+    /// The public key (`U…`).
+    pub public_key: String,
+    /// Role.
+    pub role: String,
+    /// Pools.
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// Labels it may claim.
+    #[serde(default)]
+    pub labels: Vec<String>,
+}
+
+impl ServerConfig {
+    /// Parses TOML text and checks every pool.
+    pub fn parse(text: &str) -> Result<ServerConfig, Rejection> {
+        let config: ServerConfig =
+            toml::from_str(text).map_err(|e| Rejection::InvalidArgument(format!("config: {e}")))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &Path) -> Result<ServerConfig, Rejection> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Rejection::InvalidArgument(format!("reading config {}: {e}", path.display()))
+        })?;
+        ServerConfig::parse(&text)
+    }
+
+    /// Flags and env vars (already merged by clap) over the file.
+    pub fn apply(
+        &mut self,
+        nats: Option<String>,
+        http: Option<String>,
+        id: Option<String>,
+        prefix: Option<String>,
+    ) {
+        if let Some(n) = nats {
+            self.server.nats_url = n;
+        }
+        if let Some(h) = http {
+            self.server.http_addr = h;
+        }
+        if let Some(i) = id {
+            self.server.id = Some(i);
+        }
+        if let Some(p) = prefix {
+            self.server.subject_prefix = p;
+        }
+    }
+
+    /// Checks what serde cannot.
+    pub fn check(&self) -> Result<(), Rejection> {
+        crate::wire::Subjects::new(&self.server.subject_prefix)?;
+        let mut seen = std::collections::BTreeSet::new();
+        for pool in &self.pools {
+            let (name, _) = pool.to_core()?;
+            if !seen.insert(name.clone()) {
+                return Err(Rejection::InvalidArgument(format!(
+                    "config: pool {name} is listed twice"
+                )));
+            }
+        }
+        if self.server.worker_timeout.is_zero() || self.server.lease_ttl.is_zero() {
+            return Err(Rejection::InvalidArgument(
+                "config: worker_timeout and lease_ttl must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_example_parses() {
+        let text = r#"
+[server]
+nats_url = "nats://127.0.0.1:4222"
+http_addr = "127.0.0.1:7070"
+subject_prefix = "cronoq"
+worker_timeout = "5s"
+
+[[pools]]
+name = "inference"
+max_attempts = 3
+urgency_window = "60s"
+max_bypass = 32
+reservation_lead = "30s"
+on_miss = "skip"
+autoscale = { min = 0, max = 50 }
+
+[auth]
+required = true
+
+[[auth.tokens]]
+token_env = "CRONOQ_GPU_WORKER_TOKEN"
+role = "worker"
+pools = ["inference"]
+labels = ["gpu=a100", "zone=eu"]
+
+[[auth.nkeys]]
+public_key = "UABC"
+role = "worker"
+pools = ["inference"]
+labels = ["gpu=h100"]
+"#;
+        let c = ServerConfig::parse(text).unwrap();
+        assert_eq!(c.server.worker_timeout, Duration::from_secs(5));
+        let (name, pool) = c.pools[0].to_core().unwrap();
+        assert_eq!(name.as_str(), "inference");
+        assert_eq!(pool.autoscale_max, 50);
+        assert_eq!(pool.urgency_window, Millis(60_000));
+        assert!(c.auth.required);
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        for text in [
+            "[server]\nworker_timout = \"5s\"",
+            "[server]\nworker_timeout = \"soon\"",
+            "[[pools]]\nname = \"a.b\"",
+            "[[pools]]\nname = \"a\"\nmax_attempts = 0",
+            "[[pools]]\nname = \"a\"\n[[pools]]\nname = \"a\"",
+            "[[pools]]\nname = \"a\"\non_miss = \"later\"",
+            "[server]\nsubject_prefix = \"a.b\"",
+        ] {
+            let e = ServerConfig::parse(text).unwrap_err();
+            assert_eq!(e.code(), crate::core::ErrorCode::INVALID_ARGUMENT, "{text}");
+        }
+    }
+}

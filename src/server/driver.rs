@@ -1,0 +1,993 @@
+//! The leader's shell around the core: workers, leases, payloads and
+//! results. Synchronous and I/O-free like the core: it takes [`Input`]s
+//! with `now` and queues [`Output`]s (publishes, results to persist) that
+//! the async runner in `server/mod.rs` carries out.
+//!
+//! **One place for state changes.** Every change of scheduling state goes
+//! through [`Driver::apply`], which hands the event to the core and carries
+//! out the actions. That is where the HA work will make events durable
+//! (append to a log before acting) and fence them by epoch.
+//!
+//! Groups in the core are the sum of their workers: a group's capacity is
+//! the slots of its registered, non-draining workers. A `Start{group}` is
+//! leased to the worker of that group with the most free slots (ties: the
+//! smallest worker id). A worker silent for `worker_timeout` is removed:
+//! its capacity leaves the core first, then its attempts are reported
+//! lost, so they are retried elsewhere and never handed back to it.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::Bytes;
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::oneshot;
+
+use crate::core::{
+    Action, AttemptOutcome, Core, ErrorCode, Event, Labels, LeaderInfo, Millis, PoolConfig,
+    PoolName, Rejection, RevokeReason, Snapshot, TaskId, TaskState, WorkerInfo,
+};
+use crate::task::{AttemptRecord, Task, TaskStatus};
+use crate::wire::{
+    self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
+    Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, Subjects, TaskEvent,
+    WireError, PROTOCOL_VERSION,
+};
+
+/// Where a reply goes: a NATS reply subject, or a local caller (HTTP).
+pub(crate) enum Responder<T> {
+    /// Publish the encoded reply here (if the request had a reply subject).
+    Nats(Option<String>),
+    /// Hand the result to a local caller.
+    Local(oneshot::Sender<Result<T, WireError>>),
+}
+
+/// Something the driver must react to.
+pub(crate) enum Input {
+    /// A message of the submit stream, decoded (or refused) by the consumer.
+    Submitted {
+        seq: u64,
+        pool: PoolName,
+        task: Result<Task, WireError>,
+    },
+    Register(Register, Responder<RegisterReply>),
+    Heartbeat(Heartbeat, Responder<HeartbeatReply>),
+    Deregister(Deregister, Responder<Ack>),
+    Renew(Renew, Responder<RenewReply>),
+    Outcome(AttemptReport, Responder<Ack>),
+    Cancel(TaskId, Responder<Ack>),
+    /// A cancel for a task accepted by the stream but not consumed yet.
+    CancelOnArrival(TaskId),
+    GetTask(TaskId, Responder<Option<TaskStatus>>),
+    Snapshot(Responder<Snapshot>),
+}
+
+/// Something the runner must do.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Output {
+    /// Publish on core NATS.
+    Publish { subject: String, body: Bytes },
+    /// Store a finished task's result and drop its submission.
+    Persist { seq: u64, status: TaskStatus },
+}
+
+/// Timing and limits.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub server_id: String,
+    pub lease_ttl: Millis,
+    pub worker_timeout: Millis,
+    pub heartbeat_interval: Millis,
+    pub max_payload_bytes: usize,
+    pub retain_finished: usize,
+    pub pools: Vec<(PoolName, PoolConfig)>,
+}
+
+struct WorkerState {
+    pool: PoolName,
+    labels: Labels,
+    slots: u32,
+    draining: bool,
+    last_seen: Millis,
+    running: BTreeSet<(TaskId, u32)>,
+}
+
+struct LeaseState {
+    attempt: u32,
+    worker: String,
+    expires: Millis,
+}
+
+struct TaskInfo {
+    pool: PoolName,
+    payload: Bytes,
+    attempts: Vec<AttemptRecord>,
+    output: Option<Bytes>,
+    error: Option<String>,
+}
+
+/// The leader's state beside the core.
+pub(crate) struct Driver {
+    core: Core,
+    actions: Vec<Action>,
+    subjects: Subjects,
+    epoch: u64,
+    settings: Settings,
+    workers: BTreeMap<String, WorkerState>,
+    groups: FxHashMap<(PoolName, Labels), BTreeSet<String>>,
+    leases: FxHashMap<TaskId, LeaseState>,
+    tasks: FxHashMap<TaskId, TaskInfo>,
+    finished: FxHashMap<TaskId, TaskStatus>,
+    finished_order: VecDeque<TaskId>,
+    cancel_on_arrival: FxHashSet<TaskId>,
+    out: Vec<Output>,
+}
+
+fn stale(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::FAILED_PRECONDITION, message)
+}
+
+impl Driver {
+    pub(crate) fn new(subjects: Subjects, epoch: u64, settings: Settings, now: Millis) -> Driver {
+        let mut core = Core::new();
+        for (pool, config) in &settings.pools {
+            core.handle(
+                now,
+                Event::PoolConfigured {
+                    pool: pool.clone(),
+                    config: config.clone(),
+                },
+            )
+            .expect("pool settings were validated with the config");
+        }
+        Driver {
+            core,
+            actions: Vec::new(),
+            subjects,
+            epoch,
+            settings,
+            workers: BTreeMap::new(),
+            groups: FxHashMap::default(),
+            leases: FxHashMap::default(),
+            tasks: FxHashMap::default(),
+            finished: FxHashMap::default(),
+            finished_order: VecDeque::new(),
+            cancel_on_arrival: FxHashSet::default(),
+            out: Vec::new(),
+        }
+    }
+
+    /// Outputs queued so far, oldest first.
+    pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// When the runner must call [`Driver::housekeeping`] next at the latest.
+    pub(crate) fn next_wakeup(&self) -> Option<Millis> {
+        self.core.next_wakeup()
+    }
+
+    fn respond<T: serde::Serialize>(&mut self, to: Responder<T>, result: Result<T, WireError>) {
+        match to {
+            Responder::Nats(Some(subject)) => self.out.push(Output::Publish {
+                subject,
+                body: wire::encode_reply(&result).into(),
+            }),
+            Responder::Nats(None) => {}
+            Responder::Local(tx) => {
+                let _ = tx.send(result);
+            }
+        }
+    }
+
+    fn publish<T: serde::Serialize>(&mut self, subject: String, body: &T) {
+        self.out.push(Output::Publish {
+            subject,
+            body: wire::encode(body).into(),
+        });
+    }
+
+    /// The one place where scheduling state changes: the core applies the
+    /// event, then its actions are carried out.
+    fn apply(&mut self, now: Millis, event: Event) -> Result<(), Rejection> {
+        let mut actions = std::mem::take(&mut self.actions);
+        let result = self.core.handle_into(now, event, &mut actions);
+        for action in actions.drain(..) {
+            self.carry_out(now, action);
+        }
+        self.actions = actions;
+        result
+    }
+
+    pub(crate) fn handle(&mut self, now: Millis, input: Input) {
+        match input {
+            Input::Submitted { seq, pool, task } => self.submitted(now, seq, pool, task),
+            Input::Register(r, to) => {
+                let result = self.register(now, r);
+                self.respond(to, result);
+            }
+            Input::Heartbeat(h, to) => {
+                let result = self.heartbeat(now, h);
+                self.respond(to, result);
+            }
+            Input::Deregister(d, to) => {
+                let result = self.deregister(now, d);
+                self.respond(to, result);
+            }
+            Input::Renew(r, to) => {
+                let result = self.renew(now, r);
+                self.respond(to, result);
+            }
+            Input::Outcome(o, to) => {
+                let result = self.outcome(now, o);
+                self.respond(to, result);
+            }
+            Input::Cancel(id, to) => {
+                let result = self.cancel(now, id);
+                self.respond(to, result);
+            }
+            Input::CancelOnArrival(id) => {
+                if self.core.task(id).is_some() {
+                    let _ = self.cancel(now, id);
+                } else if !self.finished.contains_key(&id) {
+                    self.cancel_on_arrival.insert(id);
+                }
+            }
+            Input::GetTask(id, to) => {
+                let status = self.status(id);
+                self.respond(to, Ok(status));
+            }
+            Input::Snapshot(to) => {
+                let snap = self.snapshot(now);
+                self.respond(to, Ok(snap));
+            }
+        }
+    }
+
+    // ---- tasks ------------------------------------------------------------
+
+    fn submitted(&mut self, now: Millis, seq: u64, pool: PoolName, task: Result<Task, WireError>) {
+        let id = TaskId(seq);
+        if self.finished.contains_key(&id) || self.tasks.contains_key(&id) {
+            return; // a redelivery after a consumer restart
+        }
+        let spec = task.and_then(|t| {
+            let payload = t.payload().clone();
+            t.to_spec(id, self.settings.max_payload_bytes)
+                .map(|spec| (spec, payload))
+                .map_err(WireError::from)
+        });
+        let (spec, payload) = match spec {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::info!(task_id = %id, pool = %pool, error = %e, "submission refused");
+                self.record_finished(
+                    now,
+                    TaskStatus {
+                        id,
+                        pool,
+                        state: TaskState::Failed,
+                        reason: None,
+                        attempts: Vec::new(),
+                        output: None,
+                        output_base64: None,
+                        error: Some(format!("submission refused: {e}")),
+                        deadline_missed: false,
+                    },
+                    None,
+                );
+                return;
+            }
+        };
+        let fixed = spec.fixed_start.is_some();
+        self.tasks.insert(
+            id,
+            TaskInfo {
+                pool: spec.pool.clone(),
+                payload,
+                attempts: Vec::new(),
+                output: None,
+                error: None,
+            },
+        );
+        if let Err(e) = self.apply(now, Event::Submitted(spec)) {
+            tracing::warn!(task_id = %id, error = %e, "submission refused by the core");
+            self.tasks.remove(&id);
+            return;
+        }
+        tracing::debug!(task_id = %id, "task accepted");
+        if self.tasks.contains_key(&id) && self.core.task(id).is_some_and(|v| v.attempts == 0) {
+            let state = if fixed {
+                TaskState::Scheduled
+            } else {
+                TaskState::Queued
+            };
+            self.event(now, id, state, 0, None, None, None, None);
+        }
+        if self.cancel_on_arrival.remove(&id) {
+            let _ = self.cancel(now, id);
+        }
+    }
+
+    fn cancel(&mut self, now: Millis, id: TaskId) -> Result<Ack, WireError> {
+        if self.finished.contains_key(&id) {
+            return Err(Rejection::AlreadyFinished(id).into());
+        }
+        self.apply(now, Event::CancelRequested(id))?;
+        Ok(Ack::default())
+    }
+
+    /// A live or recently finished task; `None` if unknown here.
+    pub(crate) fn status(&self, id: TaskId) -> Option<TaskStatus> {
+        if let Some(done) = self.finished.get(&id) {
+            return Some(done.clone());
+        }
+        let view = self.core.task(id)?;
+        let info = self.tasks.get(&id);
+        Some(TaskStatus {
+            id,
+            pool: view.pool,
+            state: view.state,
+            reason: view.reason,
+            attempts: info.map(|i| i.attempts.clone()).unwrap_or_default(),
+            output: None,
+            output_base64: None,
+            error: info.and_then(|i| i.error.clone()),
+            deadline_missed: false,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn event(
+        &mut self,
+        now: Millis,
+        id: TaskId,
+        state: TaskState,
+        attempt: u32,
+        group: Option<Labels>,
+        worker: Option<String>,
+        output: Option<Bytes>,
+        error: Option<String>,
+    ) {
+        let subject = self.subjects.events(id);
+        self.publish(
+            subject,
+            &TaskEvent {
+                v: PROTOCOL_VERSION,
+                task_id: id,
+                state,
+                attempt,
+                group,
+                worker,
+                output,
+                error,
+                at: now,
+            },
+        );
+    }
+
+    fn record_finished(&mut self, now: Millis, status: TaskStatus, output: Option<Bytes>) {
+        let id = status.id;
+        self.event(
+            now,
+            id,
+            status.state,
+            status.attempts.len() as u32,
+            status.attempts.last().map(|a| a.group.clone()),
+            status.attempts.last().and_then(|a| a.worker.clone()),
+            output,
+            status.error.clone(),
+        );
+        self.out.push(Output::Persist {
+            seq: id.0,
+            status: status.clone(),
+        });
+        self.finished.insert(id, status);
+        self.finished_order.push_back(id);
+        while self.finished_order.len() > self.settings.retain_finished {
+            if let Some(old) = self.finished_order.pop_front() {
+                self.finished.remove(&old);
+            }
+        }
+    }
+
+    fn carry_out(&mut self, now: Millis, action: Action) {
+        match action {
+            Action::Start {
+                task,
+                attempt,
+                group,
+            } => {
+                let pool = self.core.group_pool(group).clone();
+                let labels = self.core.group_labels(group).clone();
+                let Some(worker_id) = self.pick_worker(&pool, &labels) else {
+                    // Cannot happen while group capacity is the sum of its
+                    // workers' free slots; stay safe if it does.
+                    tracing::error!(task_id = %task, pool = %pool, group = %labels, "no worker for a start; counting the attempt lost");
+                    let _ = self.apply(
+                        now,
+                        Event::AttemptEnded {
+                            task,
+                            attempt,
+                            outcome: AttemptOutcome::Lost,
+                        },
+                    );
+                    return;
+                };
+                let Some(info) = self.tasks.get_mut(&task) else {
+                    return;
+                };
+                info.attempts.push(AttemptRecord {
+                    attempt,
+                    group: labels.clone(),
+                    worker: Some(worker_id.clone()),
+                    started_at: now,
+                    ended_at: None,
+                    outcome: None,
+                    error: None,
+                });
+                let lease = Lease {
+                    v: PROTOCOL_VERSION,
+                    task_id: task,
+                    attempt,
+                    pool,
+                    group: labels.clone(),
+                    payload: info.payload.clone(),
+                    ttl: self.settings.lease_ttl,
+                    epoch: self.epoch,
+                };
+                if let Some(w) = self.workers.get_mut(&worker_id) {
+                    w.running.insert((task, attempt));
+                }
+                self.leases.insert(
+                    task,
+                    LeaseState {
+                        attempt,
+                        worker: worker_id.clone(),
+                        expires: now.plus(self.settings.lease_ttl),
+                    },
+                );
+                tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
+                self.publish(self.subjects.lease(&worker_id), &lease);
+                self.event(
+                    now,
+                    task,
+                    TaskState::Running,
+                    attempt,
+                    Some(labels),
+                    Some(worker_id),
+                    None,
+                    None,
+                );
+            }
+            Action::Revoke {
+                task,
+                attempt,
+                reason,
+                ..
+            } => {
+                if let Some(lease) = self.leases.get(&task) {
+                    if lease.attempt == attempt {
+                        let subject = self.subjects.revoke(&lease.worker);
+                        tracing::debug!(task_id = %task, attempt, worker_id = %lease.worker, ?reason, "attempt revoked");
+                        self.publish(
+                            subject,
+                            &Revoke {
+                                v: PROTOCOL_VERSION,
+                                task_id: task,
+                                attempt,
+                                epoch: self.epoch,
+                                reason,
+                            },
+                        );
+                    }
+                }
+            }
+            Action::RetryAt { task, attempt, at } => {
+                tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
+                let error = self.tasks.get(&task).and_then(|i| i.error.clone());
+                self.event(
+                    now,
+                    task,
+                    TaskState::Queued,
+                    attempt - 1,
+                    None,
+                    None,
+                    None,
+                    error,
+                );
+            }
+            Action::Finished {
+                task,
+                state,
+                attempts: _,
+                deadline_missed,
+            } => {
+                let Some(mut info) = self.tasks.remove(&task) else {
+                    return;
+                };
+                tracing::info!(task_id = %task, state = %state, attempts = info.attempts.len(), "task finished");
+                let output = if state == TaskState::Succeeded {
+                    info.output.take()
+                } else {
+                    None
+                };
+                let (output_text, output_base64) = crate::task::output_fields(output.as_deref());
+                let status = TaskStatus {
+                    id: task,
+                    pool: info.pool,
+                    state,
+                    reason: None,
+                    attempts: info.attempts,
+                    output: output_text,
+                    output_base64,
+                    error: info.error,
+                    deadline_missed,
+                };
+                self.record_finished(now, status, output);
+            }
+        }
+    }
+
+    // ---- workers ----------------------------------------------------------
+
+    fn pick_worker(&self, pool: &PoolName, labels: &Labels) -> Option<String> {
+        let members = self.groups.get(&(pool.clone(), labels.clone()))?;
+        members
+            .iter()
+            .filter_map(|id| {
+                let w = &self.workers[id];
+                let free = w.slots.saturating_sub(w.running.len() as u32);
+                (!w.draining && free > 0).then_some((std::cmp::Reverse(free), id))
+            })
+            .min()
+            .map(|(_, id)| id.clone())
+    }
+
+    /// Tells the core the group's capacity: the slots of its live,
+    /// non-draining workers.
+    fn sync_group(&mut self, now: Millis, pool: &PoolName, labels: &Labels) {
+        let slots = self
+            .groups
+            .get(&(pool.clone(), labels.clone()))
+            .map(|members| {
+                members
+                    .iter()
+                    .map(|id| &self.workers[id])
+                    .filter(|w| !w.draining)
+                    .map(|w| w.slots)
+                    .sum()
+            })
+            .unwrap_or(0);
+        self.apply(
+            now,
+            Event::CapacitySet {
+                pool: pool.clone(),
+                labels: labels.clone(),
+                slots,
+            },
+        )
+        .expect("validated labels");
+    }
+
+    fn register(&mut self, now: Millis, r: Register) -> Result<RegisterReply, WireError> {
+        wire::validate_worker_id(&r.worker_id)?;
+        r.labels.validate()?;
+        if r.slots == 0 || r.slots > 100_000 {
+            return Err(WireError::new(
+                ErrorCode::INVALID_ARGUMENT,
+                format!("slots must be between 1 and 100000, not {}", r.slots),
+            ));
+        }
+        if self.workers.contains_key(&r.worker_id) {
+            // The same id again: a restarted process. What the old one ran is lost.
+            self.remove_worker(now, &r.worker_id, "registered again");
+        }
+        tracing::info!(worker_id = %r.worker_id, pool = %r.pool, group = %r.labels, slots = r.slots, "worker registered");
+        self.groups
+            .entry((r.pool.clone(), r.labels.clone()))
+            .or_default()
+            .insert(r.worker_id.clone());
+        self.workers.insert(
+            r.worker_id,
+            WorkerState {
+                pool: r.pool.clone(),
+                labels: r.labels.clone(),
+                slots: r.slots,
+                draining: false,
+                last_seen: now,
+                running: BTreeSet::new(),
+            },
+        );
+        self.sync_group(now, &r.pool, &r.labels);
+        Ok(RegisterReply {
+            v: PROTOCOL_VERSION,
+            epoch: self.epoch,
+            heartbeat_interval: self.settings.heartbeat_interval,
+            worker_timeout: self.settings.worker_timeout,
+            lease_ttl: self.settings.lease_ttl,
+        })
+    }
+
+    fn heartbeat(&mut self, now: Millis, h: Heartbeat) -> Result<HeartbeatReply, WireError> {
+        let Some(w) = self.workers.get_mut(&h.worker_id) else {
+            return Ok(HeartbeatReply {
+                v: PROTOCOL_VERSION,
+                epoch: self.epoch,
+                registered: false,
+            });
+        };
+        w.last_seen = now;
+        let unknown: Vec<RunningAttempt> = h
+            .running
+            .iter()
+            .filter(|a| !w.running.contains(&(a.task_id, a.attempt)))
+            .copied()
+            .collect();
+        for a in unknown {
+            tracing::info!(worker_id = %h.worker_id, task_id = %a.task_id, attempt = a.attempt, "revoking an attempt this leader did not lease");
+            let subject = self.subjects.revoke(&h.worker_id);
+            self.publish(
+                subject,
+                &Revoke {
+                    v: PROTOCOL_VERSION,
+                    task_id: a.task_id,
+                    attempt: a.attempt,
+                    epoch: self.epoch,
+                    reason: RevokeReason::Cancelled,
+                },
+            );
+        }
+        Ok(HeartbeatReply {
+            v: PROTOCOL_VERSION,
+            epoch: self.epoch,
+            registered: true,
+        })
+    }
+
+    fn deregister(&mut self, now: Millis, d: Deregister) -> Result<Ack, WireError> {
+        let Some(w) = self.workers.get_mut(&d.worker_id) else {
+            return Ok(Ack::default());
+        };
+        w.last_seen = now;
+        if d.drain {
+            if !w.draining {
+                w.draining = true;
+                let (pool, labels) = (w.pool.clone(), w.labels.clone());
+                tracing::info!(worker_id = %d.worker_id, "worker draining");
+                self.sync_group(now, &pool, &labels);
+            }
+        } else {
+            self.remove_worker(now, &d.worker_id, "deregistered");
+        }
+        Ok(Ack::default())
+    }
+
+    /// Removes a worker: its capacity first, then its attempts are lost.
+    fn remove_worker(&mut self, now: Millis, worker_id: &str, why: &str) {
+        let Some(w) = self.workers.remove(worker_id) else {
+            return;
+        };
+        tracing::info!(worker_id = %worker_id, pool = %w.pool, group = %w.labels, running = w.running.len(), why, "worker removed");
+        let key = (w.pool.clone(), w.labels.clone());
+        if let Some(members) = self.groups.get_mut(&key) {
+            members.remove(worker_id);
+            if members.is_empty() {
+                self.groups.remove(&key);
+            }
+        }
+        self.sync_group(now, &w.pool, &w.labels);
+        for (task, attempt) in w.running {
+            self.leases.remove(&task);
+            self.end_attempt(now, task, attempt, "lost", None);
+            let _ = self.apply(
+                now,
+                Event::AttemptEnded {
+                    task,
+                    attempt,
+                    outcome: AttemptOutcome::Lost,
+                },
+            );
+        }
+    }
+
+    /// Checks a worker's claim on a lease.
+    fn check_lease(
+        &self,
+        worker_id: &str,
+        task: TaskId,
+        attempt: u32,
+        epoch: u64,
+    ) -> Result<(), WireError> {
+        if epoch != self.epoch {
+            return Err(stale(format!(
+                "lease of epoch {epoch} is stale (the leader's epoch is {})",
+                self.epoch
+            )));
+        }
+        match self.leases.get(&task) {
+            Some(l) if l.attempt == attempt && l.worker == worker_id => Ok(()),
+            _ => Err(stale(format!(
+                "attempt {attempt} of task {task} is not leased to {worker_id}"
+            ))),
+        }
+    }
+
+    fn renew(&mut self, now: Millis, r: Renew) -> Result<RenewReply, WireError> {
+        self.check_lease(&r.worker_id, r.task_id, r.attempt, r.epoch)?;
+        if let Some(l) = self.leases.get_mut(&r.task_id) {
+            l.expires = now.plus(self.settings.lease_ttl);
+        }
+        if let Some(w) = self.workers.get_mut(&r.worker_id) {
+            w.last_seen = now;
+        }
+        Ok(RenewReply {
+            v: PROTOCOL_VERSION,
+            ttl: self.settings.lease_ttl,
+        })
+    }
+
+    fn end_attempt(
+        &mut self,
+        now: Millis,
+        task: TaskId,
+        attempt: u32,
+        outcome: &str,
+        error: Option<String>,
+    ) {
+        if let Some(info) = self.tasks.get_mut(&task) {
+            if let Some(rec) = info
+                .attempts
+                .iter_mut()
+                .rev()
+                .find(|a| a.attempt == attempt)
+            {
+                rec.ended_at = Some(now);
+                rec.outcome = Some(outcome.to_string());
+                rec.error = error.clone();
+            }
+            if error.is_some() {
+                info.error = error;
+            }
+        }
+    }
+
+    fn outcome(&mut self, now: Millis, o: AttemptReport) -> Result<Ack, WireError> {
+        self.check_lease(&o.worker_id, o.task_id, o.attempt, o.epoch)?;
+        self.leases.remove(&o.task_id);
+        if let Some(w) = self.workers.get_mut(&o.worker_id) {
+            w.running.remove(&(o.task_id, o.attempt));
+            w.last_seen = now;
+        }
+        let outcome = match o.result {
+            AttemptResult::Succeeded { output } => {
+                if let Some(info) = self.tasks.get_mut(&o.task_id) {
+                    info.output = Some(output);
+                }
+                self.end_attempt(now, o.task_id, o.attempt, "succeeded", None);
+                AttemptOutcome::Succeeded
+            }
+            AttemptResult::Failed { error, retryable } => {
+                self.end_attempt(now, o.task_id, o.attempt, "failed", Some(error));
+                AttemptOutcome::Failed { retryable }
+            }
+            AttemptResult::Cancelled => {
+                self.end_attempt(now, o.task_id, o.attempt, "cancelled", None);
+                AttemptOutcome::Cancelled
+            }
+        };
+        self.apply(
+            now,
+            Event::AttemptEnded {
+                task: o.task_id,
+                attempt: o.attempt,
+                outcome,
+            },
+        )?;
+        Ok(Ack::default())
+    }
+
+    /// Timers of the core, expired leases, silent workers.
+    pub(crate) fn housekeeping(&mut self, now: Millis) {
+        let _ = self.apply(now, Event::Tick);
+        let expired: Vec<(TaskId, u32, String)> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.expires <= now)
+            .map(|(t, l)| (*t, l.attempt, l.worker.clone()))
+            .collect();
+        for (task, attempt, worker) in expired {
+            tracing::info!(task_id = %task, attempt, worker_id = %worker, "lease expired");
+            self.leases.remove(&task);
+            if let Some(w) = self.workers.get_mut(&worker) {
+                w.running.remove(&(task, attempt));
+            }
+            self.end_attempt(now, task, attempt, "lost", Some("lease expired".into()));
+            let _ = self.apply(
+                now,
+                Event::AttemptEnded {
+                    task,
+                    attempt,
+                    outcome: AttemptOutcome::Lost,
+                },
+            );
+        }
+        let silent: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| now.0.saturating_sub(w.last_seen.0) > self.settings.worker_timeout.0)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in silent {
+            self.remove_worker(now, &id, "silent past worker_timeout");
+        }
+    }
+
+    // ---- views ------------------------------------------------------------
+
+    pub(crate) fn snapshot(&self, _now: Millis) -> Snapshot {
+        let mut snap = self.core.snapshot();
+        snap.leader = Some(LeaderInfo {
+            id: self.settings.server_id.clone(),
+            epoch: self.epoch,
+        });
+        for pool in &mut snap.pools {
+            for group in &mut pool.groups {
+                group.workers = self
+                    .groups
+                    .get(&(pool.name.clone(), group.labels.clone()))
+                    .map_or(0, |m| m.len() as u32);
+            }
+        }
+        snap.workers = self
+            .workers
+            .iter()
+            .map(|(id, w)| WorkerInfo {
+                id: id.clone(),
+                pool: w.pool.clone(),
+                labels: w.labels.clone(),
+                slots: if w.draining { 0 } else { w.slots },
+                busy: w.running.len() as u32,
+                last_seen: w.last_seen,
+            })
+            .collect();
+        snap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings {
+            server_id: "s1".into(),
+            lease_ttl: Millis(10_000),
+            worker_timeout: Millis(5_000),
+            heartbeat_interval: Millis(1_000),
+            max_payload_bytes: 1024,
+            retain_finished: 100,
+            pools: Vec::new(),
+        }
+    }
+
+    fn driver() -> Driver {
+        Driver::new(Subjects::default(), 7, settings(), Millis(0))
+    }
+
+    fn register(d: &mut Driver, id: &str, labels: &str, slots: u32) {
+        let (tx, mut rx) = oneshot::channel();
+        d.handle(
+            Millis(0),
+            Input::Register(
+                Register {
+                    v: 1,
+                    worker_id: id.into(),
+                    pool: PoolName::new("p").unwrap(),
+                    labels: Labels::parse(labels).unwrap(),
+                    slots,
+                    credentials: None,
+                },
+                Responder::Local(tx),
+            ),
+        );
+        assert_eq!(rx.try_recv().unwrap().unwrap().epoch, 7);
+    }
+
+    fn submit(d: &mut Driver, now: u64, seq: u64, labels: &str) {
+        let mut task = Task::new("x").pool("p");
+        for item in labels.split(',').filter(|s| !s.is_empty()) {
+            task = task.label_text(item);
+        }
+        d.handle(
+            Millis(now),
+            Input::Submitted {
+                seq,
+                pool: PoolName::new("p").unwrap(),
+                task: Ok(task),
+            },
+        );
+    }
+
+    fn leases(d: &mut Driver) -> Vec<(String, Lease)> {
+        d.take_outputs()
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Publish { subject, body } if subject.ends_with(".lease") => {
+                    Some((subject, wire::decode::<Lease>(&body).unwrap()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn labeled_and_unlabeled_go_to_their_workers() {
+        let mut d = driver();
+        register(&mut d, "cpu", "", 1);
+        register(&mut d, "gpu", "gpu=a100", 1);
+        submit(&mut d, 1, 1, "");
+        submit(&mut d, 1, 2, "gpu=a100");
+        let l = leases(&mut d);
+        assert_eq!(l[0].0, "cronoq.worker.cpu.lease");
+        assert_eq!(l[1].0, "cronoq.worker.gpu.lease");
+        assert_eq!(l[1].1.epoch, 7);
+    }
+
+    #[test]
+    fn silent_worker_is_removed_and_its_attempt_retried_elsewhere() {
+        let mut d = driver();
+        register(&mut d, "a", "gpu=a100", 1);
+        submit(&mut d, 1, 1, "gpu=a100");
+        assert_eq!(leases(&mut d)[0].0, "cronoq.worker.a.lease");
+        register(&mut d, "b", "gpu=a100", 1);
+        // b heartbeats, a stays silent.
+        let (tx, _rx) = oneshot::channel();
+        d.handle(
+            Millis(5_000),
+            Input::Heartbeat(
+                Heartbeat {
+                    v: 1,
+                    worker_id: "b".into(),
+                    free_slots: 1,
+                    running: vec![],
+                },
+                Responder::Local(tx),
+            ),
+        );
+        d.housekeeping(Millis(6_000));
+        // The retry waits out its backoff, then goes to b.
+        d.housekeeping(Millis(60_000));
+        let l = leases(&mut d);
+        assert_eq!(l.len(), 1, "{l:?}");
+        assert_eq!(l[0].0, "cronoq.worker.b.lease");
+        assert_eq!(l[0].1.attempt, 2);
+        let snap = d.snapshot(Millis(60_000));
+        assert_eq!(snap.workers.len(), 1);
+        assert_eq!(snap.pools[0].groups[0].capacity, 1);
+    }
+
+    #[test]
+    fn stale_outcome_is_refused() {
+        let mut d = driver();
+        register(&mut d, "a", "", 1);
+        submit(&mut d, 1, 1, "");
+        let _ = leases(&mut d);
+        let (tx, mut rx) = oneshot::channel();
+        d.handle(
+            Millis(2),
+            Input::Outcome(
+                AttemptReport {
+                    v: 1,
+                    worker_id: "a".into(),
+                    task_id: TaskId(1),
+                    attempt: 1,
+                    epoch: 6,
+                    result: AttemptResult::Cancelled,
+                },
+                Responder::Local(tx),
+            ),
+        );
+        let err = rx.try_recv().unwrap().unwrap_err();
+        assert_eq!(err.code, ErrorCode::FAILED_PRECONDITION);
+        assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+    }
+}

@@ -1,0 +1,775 @@
+//! `cronoq server`: the NATS shell around the [`driver::Driver`].
+//!
+//! At start the server connects to NATS (retrying until it can), makes sure
+//! the JetStream objects exist — the submit stream (`P_SUBMIT`, capturing
+//! `P.submit.>`, file storage, 2-minute duplicate window), the results
+//! bucket (`P_RESULTS`) and the state bucket (`P_STATE`, holding the epoch
+//! counter, bumped by every start) — and then runs these tasks:
+//!
+//! * **consumer**: an ordered consumer reads the submit stream from its
+//!   first message. The stream holds exactly the accepted, unfinished tasks
+//!   (a finished task's result goes to the results bucket and its
+//!   submission is deleted), so a restarted server picks every accepted
+//!   task up again; a task id is its stream sequence number.
+//! * **api**: requests on `P.api.*` are decoded and handed to the driver,
+//!   which publishes the replies itself.
+//! * **driver**: owns the core and all leader state; one input at a time,
+//!   then carries out the outputs (publishes; results to the persister).
+//! * **persister**: writes results to the bucket, then deletes the
+//!   submission, many at once.
+//! * **http**: the HTTP API of SPEC §5 over [`LeaderApi`].
+//!
+//! One server at a time for now: leader election and fencing come with
+//! the HA work (every lease already carries the epoch).
+
+mod config;
+pub(crate) mod driver;
+
+pub use config::*;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, kv, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::{Api, ApiError, ApiFuture, Health};
+use crate::core::{ErrorCode, Millis, PoolName, Snapshot, TaskId, TaskState};
+use crate::task::{Task, TaskStatus};
+use crate::wire::{self, Subjects, WireError};
+use driver::{Driver, Input, Output, Responder, Settings};
+
+/// A server error, with a stable code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad configuration.
+    #[error("{0}")]
+    Config(#[from] crate::core::Rejection),
+    /// NATS or JetStream failed.
+    #[error("{context}: {source}")]
+    Nats {
+        /// What we were doing.
+        context: String,
+        /// What failed.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The HTTP listener failed.
+    #[error("http on {addr}: {source}")]
+    Http {
+        /// The address.
+        addr: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The configuration asks for something this build does not do yet.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl Error {
+    /// The stable code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Config(r) => r.code(),
+            Error::Nats { .. } => ErrorCode::UNAVAILABLE,
+            Error::Http { .. } => ErrorCode::UNAVAILABLE,
+            Error::Unsupported(_) => ErrorCode::FAILED_PRECONDITION,
+        }
+    }
+}
+
+fn nats_err<E: std::error::Error + Send + Sync + 'static>(
+    context: impl Into<String>,
+) -> impl FnOnce(E) -> Error {
+    let context = context.into();
+    move |e| Error::Nats {
+        context,
+        source: Box::new(e),
+    }
+}
+
+fn wall_now() -> Millis {
+    Millis(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    )
+}
+
+/// The default server id: host name and process id.
+pub fn default_server_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "cronoq".into());
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("{host}-{}", std::process::id())
+}
+
+/// What the HTTP API and NATS requests use to reach the leader.
+#[derive(Clone)]
+pub struct LeaderApi {
+    inner: Arc<LeaderInner>,
+}
+
+struct LeaderInner {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    subjects: Subjects,
+    inputs: mpsc::Sender<Input>,
+    results: kv::Store,
+    stream_name: String,
+    max_payload_bytes: usize,
+    driver_alive: AtomicBool,
+}
+
+fn unavailable(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::UNAVAILABLE, message)
+}
+
+impl LeaderApi {
+    async fn ask<T>(&self, make: impl FnOnce(Responder<T>) -> Input) -> Result<T, WireError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .inputs
+            .send(make(Responder::Local(tx)))
+            .await
+            .map_err(|_| unavailable("the server is shutting down"))?;
+        rx.await
+            .map_err(|_| unavailable("the server is shutting down"))?
+    }
+
+    async fn stream(&self) -> Result<stream::Stream, WireError> {
+        self.inner
+            .js
+            .get_stream(&self.inner.stream_name)
+            .await
+            .map_err(|e| unavailable(format!("submit stream: {e}")))
+    }
+
+    /// A finished task's result from the bucket.
+    async fn stored_result(&self, id: TaskId) -> Result<Option<TaskStatus>, WireError> {
+        match self.inner.results.get(id.to_string()).await {
+            Ok(Some(bytes)) => Ok(Some(wire::decode(&bytes)?)),
+            Ok(None) => Ok(None),
+            Err(e) => Err(unavailable(format!("results bucket: {e}"))),
+        }
+    }
+
+    /// Whether the stream holds the submission (accepted, maybe not yet
+    /// consumed), and its pool.
+    async fn accepted(&self, id: TaskId) -> Result<Option<PoolName>, WireError> {
+        let stream = self.stream().await?;
+        match stream.get_raw_message(id.0).await {
+            Ok(m) => Ok(Some(
+                self.inner
+                    .subjects
+                    .pool_of_submit(m.subject.as_str())
+                    .unwrap_or_default(),
+            )),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Submits through the stream: durable before the id is returned.
+    pub async fn submit(&self, task: Task) -> Result<TaskId, WireError> {
+        task.to_spec(TaskId(1), self.inner.max_payload_bytes)?;
+        let (subject, headers, body) = wire::submission(&self.inner.subjects, &task)?;
+        let ack = self
+            .inner
+            .js
+            .publish_with_headers(subject, headers, body)
+            .await
+            .map_err(|e| unavailable(format!("publishing the submission: {e}")))?
+            .await
+            .map_err(|e| unavailable(format!("submission not acknowledged: {e}")))?;
+        Ok(TaskId(ack.sequence))
+    }
+
+    /// A task's status: live or recent from the driver, older from the
+    /// results bucket, just-accepted from the stream.
+    pub async fn task(&self, id: TaskId) -> Result<TaskStatus, WireError> {
+        if let Some(status) = self.ask(|to| Input::GetTask(id, to)).await? {
+            return Ok(status);
+        }
+        if let Some(status) = self.stored_result(id).await? {
+            return Ok(status);
+        }
+        if let Some(pool) = self.accepted(id).await? {
+            return Ok(TaskStatus {
+                id,
+                pool,
+                state: TaskState::Queued,
+                reason: None,
+                attempts: Vec::new(),
+                output: None,
+                output_base64: None,
+                error: None,
+                deadline_missed: false,
+            });
+        }
+        Err(WireError::new(
+            ErrorCode::NOT_FOUND,
+            format!("task {id} not found"),
+        ))
+    }
+
+    /// Cancels a task (also one accepted but not consumed yet).
+    pub async fn cancel(&self, id: TaskId) -> Result<(), WireError> {
+        match self.ask(|to| Input::Cancel(id, to)).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == ErrorCode::NOT_FOUND => {
+                if self.stored_result(id).await?.is_some() {
+                    return Err(crate::core::Rejection::AlreadyFinished(id).into());
+                }
+                if self.accepted(id).await?.is_some() {
+                    self.inner
+                        .inputs
+                        .send(Input::CancelOnArrival(id))
+                        .await
+                        .map_err(|_| unavailable("the server is shutting down"))?;
+                    return Ok(());
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The snapshot.
+    pub async fn snapshot(&self) -> Result<Snapshot, WireError> {
+        self.ask(Input::Snapshot).await
+    }
+
+    fn health(&self) -> Health {
+        let connected = matches!(
+            self.inner.client.connection_state(),
+            async_nats::connection::State::Connected
+        );
+        let driving = self.inner.driver_alive.load(Ordering::Relaxed);
+        Health {
+            live: driving,
+            ready: connected && driving,
+            detail: match (connected, driving) {
+                (true, true) => "leader".into(),
+                (false, _) => "not connected to NATS".into(),
+                (_, false) => "driver stopped".into(),
+            },
+        }
+    }
+}
+
+impl Api for LeaderApi {
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
+        Box::pin(LeaderApi::submit(self, task))
+    }
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Box::pin(LeaderApi::task(self, id))
+    }
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
+        Box::pin(LeaderApi::cancel(self, id))
+    }
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(LeaderApi::snapshot(self))
+    }
+    fn health(&self) -> Health {
+        LeaderApi::health(self)
+    }
+}
+
+/// Connects to NATS, retrying every second until it works or `give_up`.
+pub async fn connect_nats(
+    url: &str,
+    name: &str,
+    give_up: Option<Duration>,
+) -> Result<async_nats::Client, Error> {
+    let started = tokio::time::Instant::now();
+    let mut logged = false;
+    loop {
+        match async_nats::ConnectOptions::new()
+            .name(name)
+            .max_reconnects(None)
+            .connect(url)
+            .await
+        {
+            Ok(client) => return Ok(client),
+            Err(e) => {
+                if give_up.is_some_and(|g| started.elapsed() >= g) {
+                    return Err(nats_err(format!("connecting to {url}"))(e));
+                }
+                if !logged {
+                    tracing::warn!(url, error = %e, "cannot reach nats yet; retrying");
+                    logged = true;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// A running server's handles, for embedding (tests, `cronoq dev`).
+pub struct Running {
+    /// The API the HTTP routes serve.
+    pub api: LeaderApi,
+    /// The HTTP address actually bound.
+    pub http_addr: std::net::SocketAddr,
+}
+
+/// Runs the server until `shutdown` resolves.
+pub async fn run(
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let (ready_tx, _ready_rx) = oneshot::channel();
+    serve(config, shutdown, ready_tx).await
+}
+
+/// Like [`run`], reporting the bound HTTP address once serving.
+pub async fn serve(
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ready: oneshot::Sender<Running>,
+) -> Result<(), Error> {
+    config.check()?;
+    if config.auth.required {
+        return Err(Error::Unsupported(
+            "auth.required = true is not enforced by this build yet; set required = false (dev only) or wait for the auth release".into(),
+        ));
+    }
+    let s = &config.server;
+    let subjects = Subjects::new(&s.subject_prefix)?;
+    let server_id = s.id.clone().unwrap_or_else(default_server_id);
+    let mut pools = Vec::new();
+    for p in &config.pools {
+        pools.push(p.to_core()?);
+    }
+
+    let client = connect_nats(&s.nats_url, &format!("cronoq-server {server_id}"), None).await?;
+    tracing::info!(url = %s.nats_url, server_id = %server_id, "connected to nats");
+    let js = jetstream::new(client.clone());
+    let submit_stream = js
+        .get_or_create_stream(stream::Config {
+            name: subjects.submit_stream(),
+            subjects: vec![subjects.submit_all()],
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            max_message_size: i32::try_from(s.max_payload_bytes + 64 * 1024).unwrap_or(i32::MAX),
+            ..Default::default()
+        })
+        .await
+        .map_err(nats_err("creating the submit stream"))?;
+    let results = match js.get_key_value(subjects.results_bucket()).await {
+        Ok(kv) => kv,
+        Err(_) => js
+            .create_key_value(kv::Config {
+                bucket: subjects.results_bucket(),
+                history: 1,
+                max_age: s.results_ttl,
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(nats_err("creating the results bucket"))?,
+    };
+    let epoch = next_epoch(&js, &subjects).await?;
+    tracing::info!(epoch, "leading");
+
+    let now = wall_now();
+    let worker_timeout = Millis::from_duration(s.worker_timeout);
+    let driver = Driver::new(
+        subjects.clone(),
+        epoch,
+        Settings {
+            server_id: server_id.clone(),
+            lease_ttl: Millis::from_duration(s.lease_ttl),
+            worker_timeout,
+            heartbeat_interval: Millis((worker_timeout.0 / 3).max(100)),
+            max_payload_bytes: s.max_payload_bytes,
+            retain_finished: 10_000,
+            pools,
+        },
+        now,
+    );
+    let (inputs, input_rx) = mpsc::channel(65_536);
+    let (persist_tx, persist_rx) = mpsc::unbounded_channel();
+    let api = LeaderApi {
+        inner: Arc::new(LeaderInner {
+            client: client.clone(),
+            js: js.clone(),
+            subjects: subjects.clone(),
+            inputs: inputs.clone(),
+            results: results.clone(),
+            stream_name: subjects.submit_stream(),
+            max_payload_bytes: s.max_payload_bytes,
+            driver_alive: AtomicBool::new(true),
+        }),
+    };
+
+    let startup_last = submit_stream
+        .get_info()
+        .await
+        .map_err(nats_err("reading the submit stream"))?
+        .state
+        .last_sequence;
+    let consumer = tokio::spawn(consume(
+        submit_stream.clone(),
+        subjects.clone(),
+        results.clone(),
+        startup_last,
+        inputs.clone(),
+    ));
+    let api_requests = tokio::spawn(serve_api(client.clone(), api.clone()));
+    let persister = tokio::spawn(persist(persist_rx, results, submit_stream));
+    let driver_task = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            drive(driver, input_rx, client_for(&api), persist_tx).await;
+            api.inner.driver_alive.store(false, Ordering::Relaxed);
+        })
+    };
+
+    let listener = tokio::net::TcpListener::bind(&s.http_addr)
+        .await
+        .map_err(|e| Error::Http {
+            addr: s.http_addr.clone(),
+            source: e,
+        })?;
+    let http_addr = listener.local_addr().map_err(|e| Error::Http {
+        addr: s.http_addr.clone(),
+        source: e,
+    })?;
+    tracing::info!(addr = %http_addr, "http api listening");
+    let router = crate::http::router(Arc::new(api.clone()));
+    let _ = ready.send(Running {
+        api: api.clone(),
+        http_addr,
+    });
+    let result = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| Error::Http {
+            addr: http_addr.to_string(),
+            source: e,
+        });
+    tracing::info!("shutting down");
+    consumer.abort();
+    api_requests.abort();
+    driver_task.abort();
+    persister.abort();
+    let _ = api.inner.client.flush().await;
+    result
+}
+
+fn client_for(api: &LeaderApi) -> async_nats::Client {
+    api.inner.client.clone()
+}
+
+/// Bumps the epoch counter in the state bucket (compare-and-set).
+async fn next_epoch(js: &jetstream::Context, subjects: &Subjects) -> Result<u64, Error> {
+    let bucket = format!(
+        "{}_STATE",
+        subjects.prefix().to_uppercase().replace('-', "_")
+    );
+    let state = match js.get_key_value(&bucket).await {
+        Ok(kv) => kv,
+        Err(_) => js
+            .create_key_value(kv::Config {
+                bucket: bucket.clone(),
+                history: 1,
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(nats_err("creating the state bucket"))?,
+    };
+    for _ in 0..100 {
+        let entry = state
+            .entry("epoch")
+            .await
+            .map_err(nats_err("reading the epoch"))?;
+        let (current, revision) = match &entry {
+            Some(e) => (
+                std::str::from_utf8(&e.value)
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0),
+                Some(e.revision),
+            ),
+            None => (0, None),
+        };
+        let next = current + 1;
+        let value = Bytes::from(next.to_string());
+        let written = match revision {
+            Some(r) => state.update("epoch", value, r).await.is_ok(),
+            None => state.create("epoch", value).await.is_ok(),
+        };
+        if written {
+            return Ok(next);
+        }
+    }
+    Err(Error::Nats {
+        context: "bumping the epoch".into(),
+        source: "too many concurrent writers".into(),
+    })
+}
+
+/// Reads the submit stream from its first message, forever; recreates the
+/// consumer after errors (a NATS restart) from the next sequence.
+async fn consume(
+    stream: stream::Stream,
+    subjects: Subjects,
+    results: kv::Store,
+    startup_last: u64,
+    inputs: mpsc::Sender<Input>,
+) {
+    let mut next_seq = 1u64;
+    loop {
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: next_seq,
+                },
+                ..Default::default()
+            })
+            .await;
+        let mut messages = match consumer {
+            Ok(c) => match c.messages().await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "submit consumer failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot create the submit consumer; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "submit consumer interrupted; resuming");
+                    break;
+                }
+            };
+            let (seq, published) = match message.info() {
+                Ok(info) => (info.stream_sequence, SystemTime::from(info.published)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "submission without metadata skipped");
+                    continue;
+                }
+            };
+            next_seq = seq + 1;
+            if seq <= startup_last {
+                // Finished before a restart, but not yet deleted: skip it.
+                if let Ok(Some(_)) = results.get(seq.to_string()).await {
+                    continue;
+                }
+            }
+            let m = &message.message;
+            let (pool, task) = wire::decode_submission(
+                &subjects,
+                m.subject.as_str(),
+                m.headers.as_ref(),
+                m.payload.clone(),
+                published,
+            );
+            if inputs
+                .send(Input::Submitted { seq, pool, task })
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Decodes `P.api.*` requests and hands them to the driver (hot paths) or
+/// to [`LeaderApi`] (lookups that may need JetStream).
+async fn serve_api(client: async_nats::Client, api: LeaderApi) {
+    let subject = api.inner.subjects.api("*");
+    let mut requests = match client.subscribe(subject.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(subject, error = %e, "cannot subscribe to api requests");
+            return;
+        }
+    };
+    while let Some(msg) = requests.next().await {
+        let verb = msg
+            .subject
+            .as_str()
+            .rsplit('.')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        let reply = msg.reply.as_ref().map(|r| r.to_string());
+        macro_rules! to {
+            () => {
+                Responder::Nats(reply.clone())
+            };
+        }
+        let body = &msg.payload;
+        let input = match verb.as_str() {
+            "register" => wire::decode(body).map(|r| Input::Register(r, to!())),
+            "heartbeat" => wire::decode(body).map(|h| Input::Heartbeat(h, to!())),
+            "deregister" => wire::decode(body).map(|d| Input::Deregister(d, to!())),
+            "renew" => wire::decode(body).map(|r| Input::Renew(r, to!())),
+            "outcome" => wire::decode(body).map(|o| Input::Outcome(o, to!())),
+            "snapshot" => Ok(Input::Snapshot(to!())),
+            "task" | "cancel" => {
+                let api = api.clone();
+                let client = client.clone();
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let reply_body: Bytes = if verb == "task" {
+                        let result = match wire::decode::<wire::GetTask>(&body) {
+                            Ok(g) => api.task(g.task_id).await,
+                            Err(e) => Err(e),
+                        };
+                        wire::encode_reply(&result).into()
+                    } else {
+                        let result = match wire::decode::<wire::Cancel>(&body) {
+                            Ok(c) => api.cancel(c.task_id).await.map(|_| wire::Ack::default()),
+                            Err(e) => Err(e),
+                        };
+                        wire::encode_reply(&result).into()
+                    };
+                    if let Some(reply) = reply {
+                        let _ = client.publish(reply, reply_body).await;
+                    }
+                });
+                continue;
+            }
+            other => Err(WireError::new(
+                ErrorCode::NOT_FOUND,
+                format!("unknown api verb {other:?}"),
+            )),
+        };
+        match input {
+            Ok(input) => {
+                if api.inner.inputs.send(input).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                if let Some(reply) = reply {
+                    let body: Bytes = wire::encode_reply::<wire::Ack>(&Err(e)).into();
+                    let _ = client.publish(reply, body).await;
+                }
+            }
+        }
+    }
+}
+
+/// The driver loop: one input at a time (then whatever else is queued),
+/// housekeeping at least every 100 ms, outputs carried out in order.
+async fn drive(
+    mut driver: Driver,
+    mut inputs: mpsc::Receiver<Input>,
+    client: async_nats::Client,
+    persist: mpsc::UnboundedSender<(u64, TaskStatus)>,
+) {
+    let housekeeping_every = Millis(100);
+    let mut last_housekeeping = wall_now();
+    loop {
+        let now = wall_now();
+        let due = driver
+            .next_wakeup()
+            .map_or(last_housekeeping.plus(housekeeping_every), |w| {
+                w.min(last_housekeeping.plus(housekeeping_every))
+            });
+        let wait = Duration::from_millis(due.0.saturating_sub(now.0));
+        tokio::select! {
+            input = inputs.recv() => {
+                let Some(input) = input else { return };
+                driver.handle(wall_now(), input);
+                for _ in 0..1024 {
+                    match inputs.try_recv() {
+                        Ok(input) => driver.handle(wall_now(), input),
+                        Err(_) => break,
+                    }
+                }
+            }
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let now = wall_now();
+        if now >= last_housekeeping.plus(housekeeping_every)
+            || driver.next_wakeup().is_some_and(|w| w <= now)
+        {
+            driver.housekeeping(now);
+            last_housekeeping = now;
+        }
+        for output in driver.take_outputs() {
+            match output {
+                Output::Publish { subject, body } => {
+                    if let Err(e) = client.publish(subject, body).await {
+                        tracing::warn!(error = %e, "publish failed");
+                    }
+                }
+                Output::Persist { seq, status } => {
+                    let _ = persist.send((seq, status));
+                }
+            }
+        }
+    }
+}
+
+/// Stores finished tasks' results, then deletes their submissions (up to
+/// 64 at once); retries while NATS is away.
+async fn persist(
+    rx: mpsc::UnboundedReceiver<(u64, TaskStatus)>,
+    results: kv::Store,
+    stream: stream::Stream,
+) {
+    let items = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    items
+        .for_each_concurrent(64, |(seq, status)| {
+            let results = results.clone();
+            let stream = stream.clone();
+            async move {
+                let body: Bytes = wire::encode(&status).into();
+                let mut delay = Duration::from_millis(100);
+                loop {
+                    match results.put(seq.to_string(), body.clone()).await {
+                        Ok(_) => break,
+                        Err(e) => {
+                            tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(5));
+                        }
+                    }
+                }
+                if let Err(e) = stream.delete_message(seq).await {
+                    tracing::debug!(task_id = seq, error = %e, "deleting a finished submission failed");
+                }
+            }
+        })
+        .await;
+}
+
+/// The error a client gets when nothing answers.
+pub fn no_server(subject: &str) -> ApiError {
+    unavailable(format!("no cronoq server is answering on {subject}"))
+}

@@ -1,0 +1,449 @@
+//! Message bodies. Each is a MessagePack map with the protocol version `v`.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::core::{Backoff, ErrorCode, Labels, Millis, PoolName, RevokeReason, TaskId, TaskState};
+use crate::task::Task;
+
+fn v() -> u16 {
+    super::PROTOCOL_VERSION
+}
+
+/// An error reply: a stable code and a human message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, thiserror::Error)]
+#[error("{message} [{code}]")]
+pub struct WireError {
+    /// One of the stable codes of `proto-schemas/error-codes.md`.
+    pub code: ErrorCode,
+    /// What went wrong, for people; never branch on it.
+    pub message: String,
+}
+
+impl WireError {
+    /// An error with a code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> WireError {
+        WireError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Every reply: `{"ok": body}` or `{"error": {"code", "message"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply<T> {
+    /// Success.
+    Ok(T),
+    /// Refusal or failure.
+    Error(WireError),
+}
+
+/// A MessagePack submission to `P.submit.<pool>` (the pool is the subject's
+/// last token). Times are ms since the Unix epoch, spans in ms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Submit {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// Labels the running group must carry.
+    #[serde(default)]
+    pub labels: Labels,
+    /// The payload, as MessagePack bin.
+    #[schemars(with = "Vec<u8>")]
+    pub payload: Bytes,
+    /// Higher runs first.
+    #[serde(default)]
+    pub priority: i32,
+    /// Urgency deadline; never cancels.
+    #[serde(default)]
+    pub deadline: Option<Millis>,
+    /// Fixed start.
+    #[serde(default)]
+    pub start_at: Option<Millis>,
+    /// How late a fixed start may still start.
+    #[serde(default)]
+    pub tolerance: Option<Millis>,
+    /// Declared run time (lets the task backfill reserved slots).
+    #[serde(default)]
+    pub est_runtime: Option<Millis>,
+    /// Attempts in all; the pool's default when absent.
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// Backoff between attempts.
+    #[serde(default)]
+    pub backoff: Option<Backoff>,
+    /// Longest run of one attempt; past it the attempt counts as lost.
+    #[serde(default)]
+    pub attempt_timeout: Option<Millis>,
+    /// De-duplicates resubmissions (also sent as `Nats-Msg-Id`).
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+fn millis_of(t: std::time::SystemTime) -> Millis {
+    Millis::from_duration(t.duration_since(UNIX_EPOCH).unwrap_or_default())
+}
+
+impl Submit {
+    /// The wire form of a [`Task`] (its pool goes in the subject).
+    pub fn from_task(task: &Task) -> Submit {
+        Submit {
+            v: v(),
+            labels: task.labels.clone(),
+            payload: task.payload.clone(),
+            priority: task.priority,
+            deadline: task.deadline.map(millis_of),
+            start_at: task.start_at.map(millis_of),
+            tolerance: task.start_at.map(|_| Millis::from_duration(task.tolerance)),
+            est_runtime: task.est_runtime.map(Millis::from_duration),
+            max_attempts: task.max_attempts,
+            backoff: task.backoff.map(|(initial, max)| Backoff {
+                initial: Millis::from_duration(initial),
+                max: Millis::from_duration(max),
+            }),
+            attempt_timeout: task.attempt_timeout.map(Millis::from_duration),
+            idempotency_key: task.idempotency_key.clone(),
+        }
+    }
+
+    /// Back to a [`Task`] for `pool`.
+    pub fn into_task(self, pool: &PoolName) -> Task {
+        let at = |m: Millis| UNIX_EPOCH + Duration::from_millis(m.0);
+        let mut task = Task::new(self.payload)
+            .pool(pool.as_str())
+            .labels(&self.labels)
+            .priority(self.priority);
+        if let Some(d) = self.deadline {
+            task = task.deadline(at(d));
+        }
+        if let Some(s) = self.start_at {
+            task = task.start_at(at(s), self.tolerance.unwrap_or_default().to_duration());
+        }
+        if let Some(e) = self.est_runtime {
+            task = task.est_runtime(e.to_duration());
+        }
+        if let Some(n) = self.max_attempts {
+            task = task.max_attempts(n);
+        }
+        if let Some(b) = self.backoff {
+            task = task.backoff(b.initial.to_duration(), b.max.to_duration());
+        }
+        if let Some(t) = self.attempt_timeout {
+            task = task.attempt_timeout(t.to_duration());
+        }
+        if let Some(k) = self.idempotency_key {
+            task = task.idempotency_key(k);
+        }
+        task
+    }
+}
+
+/// What a worker presents to prove who it is. Checked by the auth layer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Credentials {
+    /// A bearer token (compared in constant time, never logged).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// An nkey public key (`U…`).
+    #[serde(default)]
+    pub nkey: Option<String>,
+    /// The nkey's signature over the registration's identity fields.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<u8>>")]
+    pub signature: Option<Bytes>,
+    /// When the signature was made (ms since the epoch).
+    #[serde(default)]
+    pub signed_at: Option<Millis>,
+}
+
+/// A worker joins a pool (request on `P.api.register`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Register {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// Unique worker id (one subject token).
+    pub worker_id: String,
+    /// The pool it serves.
+    pub pool: PoolName,
+    /// Its labels: it joins the group with exactly these.
+    #[serde(default)]
+    pub labels: Labels,
+    /// Attempts it runs at once.
+    pub slots: u32,
+    /// Its credentials, if auth is on.
+    #[serde(default)]
+    pub credentials: Option<Credentials>,
+}
+
+/// The leader accepted a registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RegisterReply {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The leader's epoch; leases of other epochs are ignored.
+    pub epoch: u64,
+    /// How often to heartbeat.
+    pub heartbeat_interval: Millis,
+    /// Silence after which the leader removes the worker.
+    pub worker_timeout: Millis,
+    /// A lease not renewed within this is lost.
+    pub lease_ttl: Millis,
+}
+
+/// An attempt a worker is running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RunningAttempt {
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt.
+    pub attempt: u32,
+}
+
+/// A worker is alive (request on `P.api.heartbeat`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Heartbeat {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The worker.
+    pub worker_id: String,
+    /// Slots not running anything.
+    pub free_slots: u32,
+    /// What it runs.
+    #[serde(default)]
+    pub running: Vec<RunningAttempt>,
+}
+
+/// The leader's answer to a heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HeartbeatReply {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The leader's epoch.
+    pub epoch: u64,
+    /// False: the leader does not know this worker (it was removed, or a
+    /// new leader took over): register again.
+    pub registered: bool,
+}
+
+/// A worker leaves (request on `P.api.deregister`).
+///
+/// With `drain` the leader stops leasing to it but lets its running
+/// attempts finish; without, the worker is removed at once and whatever
+/// it still runs counts as lost (and is retried elsewhere).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Deregister {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The worker.
+    pub worker_id: String,
+    /// Stop new leases only; the final deregister follows.
+    #[serde(default)]
+    pub drain: bool,
+}
+
+/// A bare acknowledgement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Ack {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+}
+
+impl Default for Ack {
+    fn default() -> Self {
+        Ack { v: v() }
+    }
+}
+
+/// Run this attempt (leader → `P.worker.<id>.lease`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Lease {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt, from 1.
+    pub attempt: u32,
+    /// The pool.
+    pub pool: PoolName,
+    /// The group (the worker's labels).
+    pub group: Labels,
+    /// The payload.
+    #[schemars(with = "Vec<u8>")]
+    pub payload: Bytes,
+    /// Renew before this runs out.
+    pub ttl: Millis,
+    /// The leader's epoch.
+    pub epoch: u64,
+}
+
+/// Keep my lease (request on `P.api.renew`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Renew {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The worker.
+    pub worker_id: String,
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt.
+    pub attempt: u32,
+    /// The epoch of the lease.
+    pub epoch: u64,
+}
+
+/// A renewed lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RenewReply {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The lease now runs this much longer.
+    pub ttl: Millis,
+}
+
+/// How an attempt ended, as the worker saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptResult {
+    /// The handler returned output.
+    Succeeded {
+        /// The output.
+        #[schemars(with = "Vec<u8>")]
+        output: Bytes,
+    },
+    /// The handler failed.
+    Failed {
+        /// The error.
+        error: String,
+        /// Whether another attempt may help.
+        retryable: bool,
+    },
+    /// The worker stopped it after a revoke.
+    Cancelled,
+}
+
+/// An attempt ended (request on `P.api.outcome`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AttemptReport {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The worker.
+    pub worker_id: String,
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt.
+    pub attempt: u32,
+    /// The epoch of the lease.
+    pub epoch: u64,
+    /// How it ended.
+    pub result: AttemptResult,
+}
+
+/// Stop this attempt (leader → `P.worker.<id>.revoke`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Revoke {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt.
+    pub attempt: u32,
+    /// The leader's epoch.
+    pub epoch: u64,
+    /// Why.
+    pub reason: RevokeReason,
+}
+
+/// Cancel a task (request on `P.api.cancel`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Cancel {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+}
+
+/// Ask for a task's status (request on `P.api.task`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GetTask {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+}
+
+/// Ask for the snapshot (request on `P.api.snapshot`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GetSnapshot {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+}
+
+impl Default for GetSnapshot {
+    fn default() -> Self {
+        GetSnapshot { v: v() }
+    }
+}
+
+/// Something happened to a task (leader → `P.events.<task_id>`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskEvent {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// Its state now.
+    pub state: TaskState,
+    /// The attempt concerned (0 before the first).
+    pub attempt: u32,
+    /// The group of the attempt.
+    #[serde(default)]
+    pub group: Option<Labels>,
+    /// The worker of the attempt.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// Output, when succeeded.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<u8>>")]
+    pub output: Option<Bytes>,
+    /// Error of a failed attempt.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// When, ms since the epoch.
+    pub at: Millis,
+}
+
+/// A submission that the leader could not accept is answered on this
+/// event subject too, so a waiting client learns of it.
+pub fn rejected_event(task_id: TaskId, error: &WireError, at: Millis) -> TaskEvent {
+    TaskEvent {
+        v: v(),
+        task_id,
+        state: TaskState::Failed,
+        attempt: 0,
+        group: None,
+        worker: None,
+        output: None,
+        error: Some(format!("rejected: {error}")),
+        at,
+    }
+}

@@ -1,0 +1,130 @@
+//! The wire: every message cronoq components exchange over NATS, their
+//! subjects, and how they are encoded. The only module that knows
+//! MessagePack.
+//!
+//! Bodies are MessagePack maps (`rmp_serde::to_vec_named`), so a reader
+//! ignores fields it does not know and defaults fields it misses; every
+//! message carries the protocol version `v`. Replies are
+//! [`Reply::Ok`] or [`Reply::Error`] with a stable [`ErrorCode`].
+//! `proto-schemas/` holds the AsyncAPI document and JSON Schemas generated
+//! from these types (`cargo run -- schemas proto-schemas`, checked by a
+//! test).
+
+mod headers;
+mod messages;
+mod schema;
+pub mod schemas;
+mod subjects;
+
+pub use headers::*;
+pub use messages::*;
+pub use subjects::*;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::core::{ErrorCode, Rejection};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// `Content-Type` of a MessagePack [`Submit`] body; a submission without it
+/// is a plain publish (raw body = payload, options in `Cronoq-*` headers).
+pub const SUBMIT_CONTENT_TYPE: &str = "application/vnd.cronoq.submit+msgpack";
+
+/// Encodes a message as a MessagePack map.
+pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
+    rmp_serde::to_vec_named(message).expect("wire messages always serialize")
+}
+
+/// Decodes a MessagePack message; a malformed body is `INVALID_ARGUMENT`.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    rmp_serde::from_slice(body).map_err(|e| WireError {
+        code: ErrorCode::INVALID_ARGUMENT,
+        message: format!("malformed message: {e}"),
+    })
+}
+
+/// Encodes a reply.
+pub fn encode_reply<T: Serialize>(reply: &Result<T, WireError>) -> Vec<u8> {
+    match reply {
+        Ok(body) => encode(&Reply::Ok(body)),
+        Err(e) => encode(&Reply::<&T>::Error(e.clone())),
+    }
+}
+
+/// Decodes a reply into a result.
+pub fn decode_reply<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    match decode::<Reply<T>>(body)? {
+        Reply::Ok(t) => Ok(t),
+        Reply::Error(e) => Err(e),
+    }
+}
+
+impl From<Rejection> for WireError {
+    fn from(r: Rejection) -> WireError {
+        WireError {
+            code: r.code(),
+            message: r.to_string(),
+        }
+    }
+}
+
+/// The subject, headers and body of a MessagePack submission of `task`
+/// (`Nats-Msg-Id` = its idempotency key, so JetStream de-duplicates).
+/// The task must have been validated (`Task::to_spec`) first.
+pub fn submission(
+    subjects: &Subjects,
+    task: &crate::task::Task,
+) -> Result<(String, async_nats::HeaderMap, bytes::Bytes), Rejection> {
+    let pool = crate::core::PoolName::new(task.pool_name())?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
+    if let Some(key) = task.key() {
+        headers.insert("Nats-Msg-Id", key);
+    }
+    let body = encode(&Submit::from_task(task));
+    Ok((subjects.submit(&pool), headers, body.into()))
+}
+
+/// Decodes a message of the submit stream: MessagePack when its
+/// `Content-Type` says so, else a plain publish (raw payload, `Cronoq-*`
+/// headers, relative times counted from `published`).
+pub fn decode_submission(
+    subjects: &Subjects,
+    subject: &str,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: bytes::Bytes,
+    published: std::time::SystemTime,
+) -> (crate::core::PoolName, Result<crate::task::Task, WireError>) {
+    let pool = match subjects.pool_of_submit(subject) {
+        Ok(p) => p,
+        Err(e) => return (crate::core::PoolName::default(), Err(e.into())),
+    };
+    let is_msgpack = headers
+        .and_then(|h| h.get("Content-Type"))
+        .is_some_and(|v| v.as_str() == SUBMIT_CONTENT_TYPE);
+    let task = if is_msgpack {
+        decode::<Submit>(&payload).map(|s| s.into_task(&pool))
+    } else {
+        let pairs: Vec<(String, String)> = headers
+            .map(|h| {
+                h.iter()
+                    .flat_map(|(name, values)| {
+                        values
+                            .iter()
+                            .map(move |v| (name.to_string(), v.as_str().to_string()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        task_from_headers(
+            &pool,
+            payload,
+            pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            published,
+        )
+        .map_err(WireError::from)
+    };
+    (pool, task)
+}

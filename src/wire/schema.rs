@@ -1,0 +1,262 @@
+//! JSON Schema descriptions of the core's data types, so the wire messages
+//! can derive theirs (`schemars`); kept here so the core stays serde-only.
+//!
+//! Scalars get hand-written schemas. The structs of the snapshot and of a
+//! task's status (bodies of `P.api.snapshot`, `P.api.task` and the HTTP
+//! API) delegate to private mirror structs that derive `JsonSchema` with
+//! the same serde field names and attributes; `tests/proto_schemas.rs`
+//! validates real values against the result, so a mirror that drifts from
+//! its type fails there.
+
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+
+use crate::core::{
+    Autoscale, Backoff, Demand, ErrorCode, GroupSnapshot, Labels, LeaderInfo, Millis, PoolName,
+    PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason, WorkerInfo,
+};
+use crate::task::{AttemptRecord, TaskStatus};
+
+macro_rules! plain_schema {
+    ($ty:ty, $name:literal, $($schema:tt)+) => {
+        impl JsonSchema for $ty {
+            fn schema_name() -> Cow<'static, str> {
+                Cow::Borrowed($name)
+            }
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                json_schema!($($schema)+)
+            }
+        }
+    };
+}
+
+plain_schema!(Millis, "Millis", {
+    "type": "integer", "minimum": 0,
+    "description": "milliseconds: an instant since the Unix epoch, or a span"
+});
+plain_schema!(TaskId, "TaskId", {
+    "type": "integer", "minimum": 1,
+    "description": "a task id: the submit stream sequence of its submission"
+});
+plain_schema!(PoolName, "PoolName", {
+    "type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "description": "a pool name"
+});
+plain_schema!(ErrorCode, "ErrorCode", {
+    "type": "string",
+    "description": "a stable error code; see error-codes.md (unknown codes must be accepted)",
+    "examples": ["INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED", "NOT_FOUND",
+        "ALREADY_EXISTS", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "UNAVAILABLE", "INTERNAL"]
+});
+plain_schema!(Labels, "Labels", {
+    "type": "object",
+    "description": "name=value labels as a map",
+    "propertyNames": { "pattern": "^[A-Za-z0-9_./-]{1,64}$" },
+    "additionalProperties": { "type": "string", "pattern": "^[A-Za-z0-9_.:/-]{1,64}$" }
+});
+plain_schema!(TaskState, "TaskState", {
+    "type": "string",
+    "enum": ["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "missed"]
+});
+plain_schema!(RevokeReason, "RevokeReason", {
+    "type": "string", "enum": ["cancelled", "timeout"]
+});
+plain_schema!(WaitReason, "WaitReason", {
+    "type": "string",
+    "description": "why a task that is not running waits",
+    "enum": ["no_group_matches", "groups_full", "held_for_reservation", "backoff", "scheduled"]
+});
+
+impl JsonSchema for Backoff {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("Backoff")
+    }
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let millis = generator.subschema_for::<Millis>();
+        json_schema!({
+            "type": "object",
+            "description": "exponential backoff: initial * 2^(attempt-1), capped at max",
+            "properties": { "initial": millis, "max": millis },
+            "required": ["initial", "max"]
+        })
+    }
+}
+
+/// `impl JsonSchema for $ty` that names the schema `$name` and takes its
+/// body from the mirror struct `$mirror`.
+macro_rules! mirrored_schema {
+    ($ty:ty, $mirror:ty, $name:literal) => {
+        impl JsonSchema for $ty {
+            fn schema_name() -> Cow<'static, str> {
+                Cow::Borrowed($name)
+            }
+            fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+                <$mirror>::json_schema(generator)
+            }
+        }
+    };
+}
+
+// The mirrors: same field names, types and serde attributes as the real
+// structs (nested types are the real ones, so each mirror copies only its
+// own fields); doc comments become the schema descriptions. Never built.
+
+mirrored_schema!(Snapshot, SnapshotSchema, "Snapshot");
+/// The whole scheduler at one instant (`GET /v1/snapshot`, `P.api.snapshot`).
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct SnapshotSchema {
+    /// The leader, in distributed mode.
+    leader: Option<LeaderInfo>,
+    /// Every pool, by name.
+    pools: Vec<PoolSnapshot>,
+    /// Remote workers, in distributed mode.
+    workers: Vec<WorkerInfo>,
+}
+
+mirrored_schema!(LeaderInfo, LeaderInfoSchema, "LeaderInfo");
+/// Who leads, in distributed mode.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct LeaderInfoSchema {
+    /// The leader's server id.
+    id: String,
+    /// Its leadership epoch.
+    epoch: u64,
+}
+
+mirrored_schema!(WorkerInfo, WorkerInfoSchema, "WorkerInfo");
+/// One remote worker.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct WorkerInfoSchema {
+    /// Worker id.
+    id: String,
+    /// Its pool.
+    pool: PoolName,
+    /// Its labels.
+    labels: Labels,
+    /// Its slots.
+    slots: u32,
+    /// Slots running attempts.
+    busy: u32,
+    /// Last heartbeat, ms since the Unix epoch.
+    last_seen: Millis,
+}
+
+mirrored_schema!(PoolSnapshot, PoolSnapshotSchema, "PoolSnapshot");
+/// One pool.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct PoolSnapshotSchema {
+    /// Pool name.
+    name: PoolName,
+    /// Sum of its groups' capacity.
+    capacity: u64,
+    /// Slots running attempts.
+    busy: u64,
+    /// Tasks waiting for a slot (including fixed-start tasks past `start_at`).
+    waiting: u64,
+    /// Fixed-start tasks whose `start_at` is in the future.
+    scheduled: u64,
+    /// Slots held back for due reservations.
+    reserved: u64,
+    /// Tasks that finished after their deadline, since start.
+    deadline_missed: u64,
+    /// The autoscaling signal (SPEC §2 rule 10).
+    autoscale: Autoscale,
+    /// Waiting tasks per required label set.
+    demand: Vec<Demand>,
+    /// Groups with capacity or running attempts, least specialized first.
+    groups: Vec<GroupSnapshot>,
+}
+
+mirrored_schema!(Autoscale, AutoscaleSchema, "Autoscale");
+/// `desired = clamp(busy + waiting + due reservations not yet started, min, max)`.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct AutoscaleSchema {
+    /// Slots the pool should have.
+    desired: u64,
+    /// Configured lower bound.
+    min: u64,
+    /// Configured upper bound.
+    max: u64,
+}
+
+mirrored_schema!(Demand, DemandSchema, "Demand");
+/// Waiting demand for one required label set.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct DemandSchema {
+    /// The required labels (empty: any group).
+    labels: Labels,
+    /// Tasks waiting with exactly these requirements.
+    waiting: u64,
+}
+
+mirrored_schema!(GroupSnapshot, GroupSnapshotSchema, "GroupSnapshot");
+/// One label group of a pool.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct GroupSnapshotSchema {
+    /// The group's exact label set.
+    labels: Labels,
+    /// Slots.
+    capacity: u32,
+    /// Slots running attempts.
+    busy: u32,
+    /// Remote workers in the group (0 in embedded mode).
+    workers: u32,
+}
+
+mirrored_schema!(TaskStatus, TaskStatusSchema, "TaskStatus");
+/// A task as `GET /v1/tasks/{id}` and `P.api.task` show it.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct TaskStatusSchema {
+    /// The task.
+    id: TaskId,
+    /// Its pool.
+    pool: PoolName,
+    /// Its state.
+    state: TaskState,
+    /// Why it waits, while it does.
+    reason: Option<WaitReason>,
+    /// Attempts so far.
+    attempts: Vec<AttemptRecord>,
+    /// Output, once succeeded (lossy UTF-8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output: Option<String>,
+    /// The same output, exact: standard base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output_base64: Option<String>,
+    /// Error of the last failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    /// It finished after its deadline.
+    deadline_missed: bool,
+}
+
+mirrored_schema!(AttemptRecord, AttemptRecordSchema, "AttemptRecord");
+/// How one attempt went.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct AttemptRecordSchema {
+    /// 1-based.
+    attempt: u32,
+    /// The group that ran it.
+    group: Labels,
+    /// The worker that ran it (distributed mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    worker: Option<String>,
+    /// When it started, ms since the Unix epoch.
+    started_at: Millis,
+    /// When it ended.
+    ended_at: Option<Millis>,
+    /// `succeeded`, `failed`, `lost` or `cancelled`, once ended.
+    outcome: Option<String>,
+    /// The error, for a failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}

@@ -1,0 +1,1058 @@
+//! The contents of `proto-schemas/`, generated from the wire types: one
+//! JSON Schema (draft-07) per message body and reply, the AsyncAPI 3.0
+//! document of every subject, `error-codes.md` and a README.
+//!
+//! Nothing here reads or writes files: [`generate`] returns paths and
+//! texts, and `tests/proto_schemas.rs` compares them with the checked-in
+//! files (or writes them with `UPDATE_SCHEMAS=1`). The output is
+//! deterministic: object keys sorted, lists in a fixed order, every file
+//! ending in a newline. What cannot be derived from the types (what a
+//! subject is for, what each header and error code means) is written
+//! here, beside the tables that make a new header or code fail loudly
+//! until it is documented.
+
+use std::fmt::Write as _;
+
+use schemars::generate::SchemaSettings;
+use schemars::JsonSchema;
+use serde_json::{json, Map, Value};
+
+use super::{
+    Ack, AttemptReport, Cancel, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease,
+    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, Submit, Subjects, TaskEvent,
+    WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
+};
+use crate::core::{ErrorCode, Snapshot};
+use crate::task::TaskStatus;
+
+/// Where the generated files live, relative to the crate root.
+pub const DIR: &str = "proto-schemas";
+
+/// A note at the top of every generated schema.
+const GENERATED: &str = "Generated from the Rust types by cronoq::wire::schemas; do not edit. \
+                         Regenerate: UPDATE_SCHEMAS=1 cargo test --test proto_schemas";
+
+/// One body with a JSON Schema file of its own.
+struct Body {
+    /// The file stem and AsyncAPI message name.
+    name: &'static str,
+    /// Where it travels, for the README.
+    used_on: &'static str,
+    /// Its root schema.
+    schema: fn() -> Value,
+}
+
+fn root_schema<T: JsonSchema>() -> Value {
+    SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<T>()
+        .to_value()
+}
+
+macro_rules! body {
+    ($ty:ty, $used_on:literal) => {
+        Body {
+            name: stringify!($ty),
+            used_on: $used_on,
+            schema: root_schema::<$ty>,
+        }
+    };
+}
+
+macro_rules! reply {
+    ($ty:ty, $used_on:literal) => {
+        Body {
+            name: concat!("Reply_", stringify!($ty)),
+            used_on: $used_on,
+            schema: || {
+                let mut schema = root_schema::<Reply<$ty>>();
+                schema["title"] = Value::from(concat!("Reply<", stringify!($ty), ">"));
+                schema
+            },
+        }
+    };
+}
+
+/// Every body, in the order of the subject table (`subjects.rs`), then
+/// the replies and the bodies shared with HTTP.
+fn bodies() -> Vec<Body> {
+    vec![
+        body!(Submit, "`P.submit.<pool>` (MessagePack form)"),
+        body!(Register, "request on `P.api.register`"),
+        body!(RegisterReply, "inside `Reply_RegisterReply`"),
+        body!(Heartbeat, "request on `P.api.heartbeat`"),
+        body!(HeartbeatReply, "inside `Reply_HeartbeatReply`"),
+        body!(Deregister, "request on `P.api.deregister`"),
+        body!(Ack, "inside `Reply_Ack`"),
+        body!(Renew, "request on `P.api.renew`"),
+        body!(RenewReply, "inside `Reply_RenewReply`"),
+        body!(AttemptReport, "request on `P.api.outcome`"),
+        body!(Cancel, "request on `P.api.cancel`"),
+        body!(GetTask, "request on `P.api.task`"),
+        body!(GetSnapshot, "request on `P.api.snapshot`"),
+        body!(Lease, "leader → `P.worker.<worker_id>.lease`"),
+        body!(Revoke, "leader → `P.worker.<worker_id>.revoke`"),
+        body!(TaskEvent, "leader → `P.events.<task_id>`"),
+        body!(
+            WireError,
+            "the `error` of every reply; the HTTP error body (JSON)"
+        ),
+        reply!(RegisterReply, "reply to `P.api.register`"),
+        reply!(HeartbeatReply, "reply to `P.api.heartbeat`"),
+        reply!(
+            Ack,
+            "reply to `P.api.deregister`, `P.api.outcome`, `P.api.cancel`, and to any request the leader cannot decode"
+        ),
+        reply!(RenewReply, "reply to `P.api.renew`"),
+        reply!(TaskStatus, "reply to `P.api.task`"),
+        reply!(Snapshot, "reply to `P.api.snapshot`"),
+        body!(
+            TaskStatus,
+            "`GET /v1/tasks/{id}` (JSON); values of the results bucket (MessagePack)"
+        ),
+        body!(Snapshot, "`GET /v1/snapshot` (JSON)"),
+    ]
+}
+
+/// The files of `proto-schemas/` for subjects under `prefix` (the default
+/// of the AsyncAPI `{prefix}` parameter and the base of the JetStream
+/// names), as `(path relative to the crate root, content)`, sorted by path.
+///
+/// # Panics
+///
+/// If `prefix` is not a valid subject prefix, or a `Cronoq-*` header or
+/// error code has no documentation here.
+///
+/// ```
+/// let files = cronoq::wire::schemas::generate("cronoq");
+/// assert!(files.iter().any(|(path, _)| path == "proto-schemas/asyncapi.yaml"));
+/// assert!(files.iter().all(|(_, text)| text.ends_with('\n')));
+/// ```
+pub fn generate(prefix: &str) -> Vec<(String, String)> {
+    let subjects = Subjects::new(prefix).expect("a valid subject prefix");
+    let bodies = bodies();
+    let mut files = Vec::new();
+    for body in &bodies {
+        let mut schema = (body.schema)();
+        if let Some(map) = schema.as_object_mut() {
+            map.insert("$comment".into(), GENERATED.into());
+        }
+        let text = serde_json::to_string_pretty(&sorted(&schema)).expect("json");
+        files.push((
+            format!("{DIR}/schemas/{}.json", body.name),
+            format!("{text}\n"),
+        ));
+    }
+    files.push((format!("{DIR}/asyncapi.yaml"), asyncapi_yaml(&subjects)));
+    files.push((format!("{DIR}/error-codes.md"), error_codes_md()));
+    files.push((format!("{DIR}/README.md"), readme_md(&bodies)));
+    files.sort();
+    files
+}
+
+/// `value` with every object's keys in sorted order, whatever the map
+/// type of `serde_json` (its `preserve_order` feature may be on).
+fn sorted(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&map[k])))
+                    .collect::<Map<String, Value>>(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
+// ---- AsyncAPI -------------------------------------------------------------
+
+/// A request the leader answers on `P.api.<verb>`.
+struct Request {
+    verb: &'static str,
+    /// Operation id.
+    operation: &'static str,
+    request: &'static str,
+    reply: &'static str,
+    /// `worker` or `client`.
+    tag: &'static str,
+    summary: &'static str,
+    description: &'static str,
+}
+
+const REQUESTS: [Request; 8] = [
+    Request {
+        verb: "register",
+        operation: "register",
+        request: "Register",
+        reply: "Reply_RegisterReply",
+        tag: "worker",
+        summary: "A worker joins a pool with its labels and slots.",
+        description: "The leader adds the worker's slots to the group of exactly its labels and \
+            answers with its epoch and timings, or refuses with a stable code \
+            (`INVALID_ARGUMENT` for a bad worker id, labels or slot count). Registering an id \
+            that is already known replaces it: whatever the old registration ran counts as lost.",
+    },
+    Request {
+        verb: "heartbeat",
+        operation: "heartbeat",
+        request: "Heartbeat",
+        reply: "Reply_HeartbeatReply",
+        tag: "worker",
+        summary: "A worker is alive; it lists what it runs.",
+        description: "A worker silent for `worker_timeout` is removed: its slots leave the group \
+            and its attempts are lost (and retried elsewhere). `registered: false` in the reply \
+            means the leader does not know the worker (removed, or a new leader): register \
+            again. A running attempt the leader did not lease is revoked on \
+            `P.worker.<worker_id>.revoke`.",
+    },
+    Request {
+        verb: "deregister",
+        operation: "deregister",
+        request: "Deregister",
+        reply: "Reply_Ack",
+        tag: "worker",
+        summary: "A worker leaves, at once or after draining.",
+        description: "With `drain` the leader stops leasing to the worker and lets its attempts \
+            finish; without, the worker is removed at once and what it still runs is lost. An \
+            unknown worker is acknowledged too.",
+    },
+    Request {
+        verb: "renew",
+        operation: "renew",
+        request: "Renew",
+        reply: "Reply_RenewReply",
+        tag: "worker",
+        summary: "A worker keeps the lease of an attempt it runs.",
+        description: "A lease not renewed within its `ttl` is lost. `FAILED_PRECONDITION` means \
+            the lease is not the leader's current one (another epoch, worker or attempt): the \
+            worker must stop that attempt.",
+    },
+    Request {
+        verb: "outcome",
+        operation: "reportOutcome",
+        request: "AttemptReport",
+        reply: "Reply_Ack",
+        tag: "worker",
+        summary: "A worker reports how an attempt ended.",
+        description: "Accepted only for the current lease (else `FAILED_PRECONDITION`). A failed \
+            or lost attempt is retried with backoff until `max_attempts`.",
+    },
+    Request {
+        verb: "cancel",
+        operation: "cancel",
+        request: "Cancel",
+        reply: "Reply_Ack",
+        tag: "client",
+        summary: "A client cancels a task.",
+        description: "A waiting task is removed at once; a running one is revoked and ends \
+            `cancelled`. A task accepted by the submit stream but not consumed yet is cancelled \
+            on arrival. `NOT_FOUND` for an unknown id, `FAILED_PRECONDITION` for a finished task.",
+    },
+    Request {
+        verb: "task",
+        operation: "getTask",
+        request: "GetTask",
+        reply: "Reply_TaskStatus",
+        tag: "client",
+        summary: "A client asks for a task's status.",
+        description: "Live and recently finished tasks come from the leader, older ones from the \
+            results bucket, just-accepted ones from the submit stream (`queued`); anything else is \
+            `NOT_FOUND`.",
+    },
+    Request {
+        verb: "snapshot",
+        operation: "getSnapshot",
+        request: "GetSnapshot",
+        reply: "Reply_Snapshot",
+        tag: "client",
+        summary: "A client asks for the snapshot: pools, groups, demand, workers.",
+        description: "The leader does not read the request body; clients send `GetSnapshot`.",
+    },
+];
+
+/// What each plain-publish header means, with an example value.
+const HEADER_DOCS: [(&str, &str, &str); 9] = [
+    (
+        "Cronoq-Labels",
+        "Labels the running group must carry: comma-separated `name=value`.",
+        "gpu=a100,zone=eu",
+    ),
+    (
+        "Cronoq-Priority",
+        "Priority, an i32 (default 0); higher runs first.",
+        "5",
+    ),
+    (
+        "Cronoq-Deadline",
+        "Urgency deadline (never cancels): RFC 3339, or a duration counted from the stream's \
+         timestamp of the message.",
+        "2026-12-02T16:00:00Z",
+    ),
+    (
+        "Cronoq-Start-At",
+        "Fixed start: RFC 3339, or a duration counted from the stream's timestamp.",
+        "10m",
+    ),
+    (
+        "Cronoq-Tolerance",
+        "How late a fixed start may still start (with `Cronoq-Start-At`).",
+        "30s",
+    ),
+    (
+        "Cronoq-Est-Runtime",
+        "Declared run time; lets the task use slots held for a later reservation.",
+        "5m",
+    ),
+    (
+        "Cronoq-Max-Attempts",
+        "Attempts in all, an integer of at least 1 (default: the pool's).",
+        "3",
+    ),
+    (
+        "Cronoq-Attempt-Timeout",
+        "Longest run of one attempt; past it the attempt counts as lost.",
+        "1h",
+    ),
+    (
+        "Cronoq-Idempotency-Key",
+        "The task's idempotency key. Only `Nats-Msg-Id` makes JetStream drop a resubmission: \
+         send the key there too.",
+        "order-1234",
+    ),
+];
+
+const NATS_MSG_ID: &str = "JetStream de-duplication: a second message with the same id within the \
+    stream's duplicate window (2 minutes) is not stored again, and its acknowledgement carries \
+    the first one's sequence, that is the same task id.";
+
+fn channel_ref(channel: &str) -> Value {
+    json!({ "$ref": format!("#/channels/{channel}") })
+}
+
+fn channel_message_ref(channel: &str, message: &str) -> Value {
+    json!({ "$ref": format!("#/channels/{channel}/messages/{message}") })
+}
+
+fn message_ref(message: &str) -> Value {
+    json!({ "$ref": format!("#/components/messages/{message}") })
+}
+
+fn payload_ref(name: &str) -> Value {
+    json!({ "$ref": format!("./schemas/{name}.json") })
+}
+
+/// The JetStream names, for descriptions.
+struct JetStream {
+    stream: String,
+    results: String,
+    state: String,
+}
+
+impl JetStream {
+    fn of(subjects: &Subjects) -> JetStream {
+        JetStream {
+            stream: subjects.submit_stream(),
+            results: subjects.results_bucket(),
+            // As the server names it (server/mod.rs, `next_epoch`).
+            state: format!(
+                "{}_STATE",
+                subjects.prefix().to_uppercase().replace('-', "_")
+            ),
+        }
+    }
+}
+
+fn asyncapi(subjects: &Subjects) -> Value {
+    let js = JetStream::of(subjects);
+    let prefix = subjects.prefix();
+    let bodies = bodies();
+    let summary_of = |name: &str| -> String {
+        let body = bodies.iter().find(|b| b.name == name).expect("a known body");
+        let schema = (body.schema)();
+        schema["description"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let param_prefix = json!({
+        "default": prefix,
+        "description": "The subject prefix of the installation (`server.subject_prefix`): one \
+            NATS token of letters, digits, `_` and `-`.",
+        "examples": [prefix],
+    });
+    let param_pool = json!({
+        "description": "A pool name: 1-64 letters, digits, `_` and `-`.",
+        "examples": ["default", "inference"],
+    });
+    let param_worker = json!({
+        "description": "A worker id: 1-64 letters, digits, `_` and `-`.",
+        "examples": ["gpu-node-7"],
+    });
+    let param_task = json!({
+        "description": "A task id: the decimal sequence number of its submission in the submit \
+            stream.",
+        "examples": ["42"],
+    });
+
+    let mut channels = Map::new();
+    let mut operations = Map::new();
+    let mut messages = Map::new();
+
+    // Submit: two forms on one subject.
+    channels.insert(
+        "submit".into(),
+        json!({
+            "address": "{prefix}.submit.{pool}",
+            "title": "Submissions",
+            "description": format!(
+                "Submissions to one pool. Every subject `{prefix}.submit.>` is captured by the \
+                JetStream stream `{stream}` (file storage, 2-minute duplicate window), so an \
+                accepted task is durable before the publisher's acknowledgement arrives; the \
+                task id is the message's stream sequence. Publish through JetStream to learn the \
+                id; a plain core-NATS publish is stored too, without an answer.\n\n\
+                Two forms: `Submit`, a MessagePack body marked by `Content-Type: \
+                {SUBMIT_CONTENT_TYPE}`; or `PlainSubmit`, any other body, taken as the raw payload \
+                with options in `Cronoq-*` headers. A submission the leader refuses (bad labels, \
+                an oversized payload, a bad header) ends as a `failed` task whose error starts \
+                with `submission refused:`, announced on `{prefix}.events.<task_id>`.",
+                stream = js.stream,
+            ),
+            "parameters": { "prefix": param_prefix, "pool": param_pool },
+            "messages": {
+                "Submit": message_ref("Submit"),
+                "PlainSubmit": message_ref("PlainSubmit"),
+            },
+        }),
+    );
+    operations.insert(
+        "submit".into(),
+        json!({
+            "action": "receive",
+            "channel": channel_ref("submit"),
+            "title": "Accept submissions",
+            "summary": "A client submits a task; the leader consumes it from the submit stream.",
+            "description": format!(
+                "The leader reads `{}` from its first message with an ordered consumer, so a \
+                restarted or new leader picks every accepted, unfinished task up again. When a \
+                task finishes its status goes to the results bucket and its submission is deleted \
+                from the stream.",
+                js.stream
+            ),
+            "tags": [{ "name": "client" }],
+            "messages": [
+                channel_message_ref("submit", "Submit"),
+                channel_message_ref("submit", "PlainSubmit"),
+            ],
+        }),
+    );
+    messages.insert(
+        "Submit".into(),
+        json!({
+            "name": "Submit",
+            "title": "Submit (MessagePack)",
+            "summary": summary_of("Submit"),
+            "contentType": SUBMIT_CONTENT_TYPE,
+            "headers": {
+                "type": "object",
+                "properties": {
+                    "Content-Type": {
+                        "type": "string",
+                        "const": SUBMIT_CONTENT_TYPE,
+                        "description": "Marks the body as a MessagePack `Submit`.",
+                    },
+                    "Nats-Msg-Id": {
+                        "type": "string",
+                        "description": format!(
+                            "The idempotency key (cronoq's clients send it when the task has \
+                            one). {NATS_MSG_ID}"
+                        ),
+                    },
+                },
+                "required": ["Content-Type"],
+            },
+            "payload": payload_ref("Submit"),
+        }),
+    );
+    let mut header_props = Map::new();
+    for name in SUBMIT_HEADERS {
+        let (_, description, example) = HEADER_DOCS
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .unwrap_or_else(|| panic!("header {name} has no documentation in wire/schemas.rs"));
+        header_props.insert(
+            name.to_string(),
+            json!({ "type": "string", "description": description, "examples": [example] }),
+        );
+    }
+    header_props.insert(
+        "Nats-Msg-Id".into(),
+        json!({ "type": "string", "description": NATS_MSG_ID }),
+    );
+    messages.insert(
+        "PlainSubmit".into(),
+        json!({
+            "name": "PlainSubmit",
+            "title": "Submit (plain publish)",
+            "summary": "A submission from any NATS client: the body is the payload, options are \
+                headers.",
+            "description": format!(
+                "Any message on the subject without `Content-Type: {SUBMIT_CONTENT_TYPE}`. \
+                Header names are matched without regard to case; an unknown `Cronoq-*` header \
+                refuses the submission, so a typo does not pass silently. Other headers are \
+                ignored. Example: `nats pub {prefix}.submit.inference -H 'Cronoq-Labels: \
+                gpu=a100' 'resize 42.png'`."
+            ),
+            "contentType": "application/octet-stream",
+            "headers": { "type": "object", "properties": header_props },
+            "payload": {
+                "type": "string",
+                "format": "binary",
+                "description": "The task payload, as is.",
+            },
+        }),
+    );
+
+    // Requests on P.api.<verb>.
+    for r in &REQUESTS {
+        let reply_channel = format!("{}Reply", r.verb);
+        channels.insert(
+            r.verb.into(),
+            json!({
+                "address": format!("{{prefix}}.api.{}", r.verb),
+                "title": format!("{}.api.{}", prefix, r.verb),
+                "description": format!(
+                    "Requests to the leader (core NATS request/reply). {}",
+                    r.description
+                ),
+                "parameters": { "prefix": param_prefix },
+                "messages": { r.request: message_ref(r.request) },
+            }),
+        );
+        channels.insert(
+            reply_channel.clone(),
+            json!({
+                "address": null,
+                "title": format!("Reply to {}.api.{}", prefix, r.verb),
+                "description": "The requester's reply subject (its NATS inbox).",
+                "messages": { r.reply: message_ref(r.reply) },
+            }),
+        );
+        operations.insert(
+            r.operation.into(),
+            json!({
+                "action": "receive",
+                "channel": channel_ref(r.verb),
+                "summary": r.summary,
+                "tags": [{ "name": r.tag }],
+                "messages": [channel_message_ref(r.verb, r.request)],
+                "reply": {
+                    "channel": channel_ref(&reply_channel),
+                    "messages": [channel_message_ref(&reply_channel, r.reply)],
+                },
+            }),
+        );
+        messages.insert(
+            r.request.into(),
+            json!({
+                "name": r.request,
+                "title": r.request,
+                "summary": summary_of(r.request),
+                "payload": payload_ref(r.request),
+            }),
+        );
+        if !messages.contains_key(r.reply) {
+            let inner = r.reply.trim_start_matches("Reply_");
+            messages.insert(
+                r.reply.into(),
+                json!({
+                    "name": r.reply,
+                    "title": format!("Reply<{inner}>"),
+                    "summary": format!(
+                        "`{{\"ok\": {inner}}}`, or `{{\"error\": {{\"code\", \"message\"}}}}` \
+                        with a stable code (error-codes.md)."
+                    ),
+                    "payload": payload_ref(r.reply),
+                }),
+            );
+        }
+    }
+
+    // Leader → worker, leader → anyone.
+    let pushes = [
+        (
+            "lease",
+            "{prefix}.worker.{worker_id}.lease",
+            "Lease",
+            "worker",
+            "The leader hands an attempt to a worker.",
+            "Sent to the worker of the attempt's group with the most free slots. The worker runs \
+             it, renews it on `P.api.renew` before `ttl` runs out and reports on \
+             `P.api.outcome`. A lease of another epoch than the leader's current one is ignored.",
+        ),
+        (
+            "revoke",
+            "{prefix}.worker.{worker_id}.revoke",
+            "Revoke",
+            "worker",
+            "The leader tells a worker to stop an attempt.",
+            "Sent when the task is cancelled, the attempt ran past its timeout, or a heartbeat \
+             lists an attempt the leader did not lease. The worker stops the attempt and reports \
+             it `cancelled`.",
+        ),
+        (
+            "events",
+            "{prefix}.events.{task_id}",
+            "TaskEvent",
+            "client",
+            "The leader announces a task's state changes.",
+            "Published (core NATS, not stored) when a task is queued or scheduled, when an \
+             attempt starts, and when the task finishes, with its output or error. A waiting \
+             client subscribes before it looks the task up, and looks again now and then in \
+             case it missed an event.",
+        ),
+    ];
+    for (channel, address, message, tag, summary, description) in pushes {
+        let mut parameters = Map::new();
+        parameters.insert("prefix".into(), param_prefix.clone());
+        if address.contains("{worker_id}") {
+            parameters.insert("worker_id".into(), param_worker.clone());
+        }
+        if address.contains("{task_id}") {
+            parameters.insert("task_id".into(), param_task.clone());
+        }
+        channels.insert(
+            channel.into(),
+            json!({
+                "address": address,
+                "description": description,
+                "parameters": parameters,
+                "messages": { message: message_ref(message) },
+            }),
+        );
+        operations.insert(
+            channel.into(),
+            json!({
+                "action": "send",
+                "channel": channel_ref(channel),
+                "summary": summary,
+                "tags": [{ "name": tag }],
+                "messages": [channel_message_ref(channel, message)],
+            }),
+        );
+        messages.insert(
+            message.into(),
+            json!({
+                "name": message,
+                "title": message,
+                "summary": summary_of(message),
+                "payload": payload_ref(message),
+            }),
+        );
+    }
+
+    let description = format!(
+        "The subjects and messages between cronoq's leader (`cronoq server`), its workers and \
+        its clients over NATS. Operations are written from the **leader's** side: `receive` is \
+        what the leader takes in, `send` what it publishes; a worker or client does the \
+        opposite.\n\n\
+        **Encoding.** Bodies are MessagePack maps with field names (`rmp_serde::to_vec_named`), \
+        described by the JSON Schemas in `schemas/`: a MessagePack `bin` (payload, output) is an \
+        array of byte values there, `nil` is `null`, enums are externally tagged \
+        (`{{\"failed\": {{…}}}}` or `\"cancelled\"`). Every message carries the protocol version \
+        `v` (now {PROTOCOL_VERSION}). A reader ignores fields it does not know and defaults \
+        fields it misses, so fields may be added without a new version. Every reply is \
+        `{{\"ok\": body}}` or `{{\"error\": {{\"code\", \"message\"}}}}`; the codes are in \
+        `error-codes.md`, and a reader must accept codes it does not know.\n\n\
+        **JetStream.** The server creates these at start (names for prefix `{prefix}`: the \
+        prefix upper-cased, `-` as `_`):\n\n\
+        | name | kind | holds |\n\
+        |---|---|---|\n\
+        | `{stream}` | stream on `{prefix}.submit.>` | accepted, unfinished submissions; file \
+        storage, 2-minute duplicate window (`Nats-Msg-Id`); a task id is its sequence |\n\
+        | `{results}` | key-value bucket | a finished task's `TaskStatus` (MessagePack, \
+        `schemas/TaskStatus.json`) under its decimal id, for `results_ttl`; history 1 |\n\
+        | `{state}` | key-value bucket | `epoch`: the leadership epoch as decimal text, bumped \
+        (compare-and-set) by every server start |\n\n\
+        **Epochs.** Each leadership has an epoch, carried by `RegisterReply`, `HeartbeatReply`, \
+        `Lease`, `Renew`, `AttemptReport` and `Revoke`; a renewal or report under another epoch \
+        than the leader's is refused with `FAILED_PRECONDITION`.",
+        stream = js.stream,
+        results = js.results,
+        state = js.state,
+    );
+
+    json!({
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "cronoq",
+            "version": PROTOCOL_VERSION.to_string(),
+            "description": description,
+            "license": { "name": "Apache-2.0" },
+            "tags": [
+                { "name": "client", "description": "Used by clients: submit, look up, cancel, wait." },
+                { "name": "worker", "description": "Used by remote workers." },
+            ],
+        },
+        "defaultContentType": "application/msgpack",
+        "servers": {
+            "nats": {
+                "host": "localhost:4222",
+                "protocol": "nats",
+                "description": "Any NATS server with JetStream enabled; the address is the \
+                    deployment's (`--nats`).",
+            },
+        },
+        "channels": channels,
+        "operations": operations,
+        "components": { "messages": messages },
+    })
+}
+
+fn asyncapi_yaml(subjects: &Subjects) -> String {
+    let document = sorted(&asyncapi(subjects));
+    let mut out = String::from("# ");
+    out.push_str(GENERATED);
+    out.push('\n');
+    // The usual order at the top; sorted keys below it.
+    for key in [
+        "asyncapi",
+        "info",
+        "defaultContentType",
+        "servers",
+        "channels",
+        "operations",
+        "components",
+    ] {
+        let mut one = Map::new();
+        one.insert(key.into(), document[key].clone());
+        yaml_value(&mut out, &Value::Object(one), 0);
+    }
+    out
+}
+
+// ---- a small YAML emitter -------------------------------------------------
+//
+// Block style for maps and lists; strings double-quoted as JSON (a JSON
+// string is a valid YAML double-quoted scalar), or as literal blocks when
+// they span lines and need no escaping. No anchors, tags or plain strings,
+// so nothing is read back as another type.
+
+/// Appends `value` (a map or list) at `indent` spaces, line by line.
+fn yaml_value(out: &mut String, value: &Value, indent: usize) {
+    let pad = " ".repeat(indent);
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map {
+                let _ = write!(out, "{pad}{}:", yaml_key(key));
+                yaml_item(out, item, indent);
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                if is_block(item) {
+                    // The item's first line, indented by two, starts with `- `.
+                    let mut nested = String::new();
+                    yaml_value(&mut nested, item, indent + 2);
+                    let _ = write!(out, "{pad}- {}", &nested[indent + 2..]);
+                } else {
+                    let _ = write!(out, "{pad}-");
+                    yaml_item(out, item, indent);
+                }
+            }
+        }
+        scalar => {
+            let _ = writeln!(out, "{pad}{}", yaml_scalar(scalar, indent));
+        }
+    }
+}
+
+/// Appends what follows `key:` or `-`: a nested block or ` scalar`.
+fn yaml_item(out: &mut String, item: &Value, indent: usize) {
+    if is_block(item) {
+        out.push('\n');
+        yaml_value(out, item, indent + 2);
+    } else {
+        let _ = writeln!(out, " {}", yaml_scalar(item, indent + 2));
+    }
+}
+
+fn is_block(value: &Value) -> bool {
+    match value {
+        Value::Object(map) => !map.is_empty(),
+        Value::Array(items) => !items.is_empty(),
+        _ => false,
+    }
+}
+
+fn yaml_key(key: &str) -> String {
+    let plain = key
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '$' || c == '_')
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '$' | '_' | '-' | '.'))
+        && !matches!(
+            key.to_ascii_lowercase().as_str(),
+            "y" | "n" | "yes" | "no" | "on" | "off" | "true" | "false" | "null"
+        );
+    if plain {
+        key.to_string()
+    } else {
+        serde_json::to_string(key).expect("json")
+    }
+}
+
+/// A scalar or an empty map or list; multi-line text as a literal block
+/// whose lines are indented by `indent`.
+fn yaml_scalar(value: &Value, indent: usize) -> String {
+    match value {
+        Value::String(text) if literal_ok(text) => {
+            let (chomp, body) = match text.strip_suffix('\n') {
+                Some(body) => ("", body),
+                None => ("-", text.as_str()),
+            };
+            let pad = " ".repeat(indent);
+            let mut block = format!("|{chomp}");
+            for line in body.split('\n') {
+                block.push('\n');
+                if !line.is_empty() {
+                    block.push_str(&pad);
+                    block.push_str(line);
+                }
+            }
+            block
+        }
+        Value::Object(_) => "{}".into(),
+        Value::Array(_) => "[]".into(),
+        other => serde_json::to_string(other).expect("json"),
+    }
+}
+
+/// Whether `text` can be a literal block: several lines, no control
+/// characters, no leading or trailing blanks that a block would change.
+fn literal_ok(text: &str) -> bool {
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    body.contains('\n')
+        && !body.starts_with([' ', '\n'])
+        && !body.ends_with('\n')
+        && !text.chars().any(|c| c.is_control() && c != '\n')
+        && body.split('\n').all(|line| !line.ends_with(' '))
+}
+
+// ---- error-codes.md -------------------------------------------------------
+
+/// Per code: HTTP status (`crate::http::status_of`, checked by
+/// `tests/proto_schemas.rs`; not called here, since `wire` sits below
+/// `http`), meaning, and when cronoq returns it.
+const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
+    (
+        "INVALID_ARGUMENT",
+        400,
+        "Bad Request",
+        "The request is malformed: a bad name, label, duration, size or body. Sending it again \
+         unchanged fails again.",
+        "A body that does not decode as its message (`malformed message: …`); a pool name, \
+         label, worker id or subject prefix outside the allowed characters or 64-character \
+         limit; a bad `Cronoq-*` header value or an unknown `Cronoq-*` header; a payload above \
+         the server's `max_payload_bytes`; `Register.slots` outside 1–100000; over HTTP, \
+         malformed JSON, an unknown field or a task id that is not a number. A submission \
+         refused after the submit stream stored it becomes a `failed` task (error `submission \
+         refused: …`). A worker refused with it at registration stops.",
+    ),
+    (
+        "UNAUTHENTICATED",
+        401,
+        "Unauthorized",
+        "No credentials, or credentials that cannot be verified.",
+        "Reserved for worker registration under `auth.required`; this build refuses to start \
+         with `auth.required = true`, so it does not return the code yet. A worker refused with \
+         it stops.",
+    ),
+    (
+        "PERMISSION_DENIED",
+        403,
+        "Forbidden",
+        "The credentials are valid but do not allow this (a pool or label the credential does \
+         not grant).",
+        "Reserved for worker registration under `auth.required`, like `UNAUTHENTICATED`. A \
+         worker refused with it stops.",
+    ),
+    (
+        "NOT_FOUND",
+        404,
+        "Not Found",
+        "No such task, route or API verb.",
+        "`P.api.task`, `P.api.cancel` and their HTTP routes for an id that is neither live, in \
+         the results bucket (kept for `results_ttl`) nor in the submit stream; a request on \
+         `P.api.<verb>` with an unknown verb; an unknown HTTP route or method. A client waiting \
+         for a task it just submitted tolerates it for a few seconds.",
+    ),
+    (
+        "ALREADY_EXISTS",
+        409,
+        "Conflict",
+        "The thing exists already.",
+        "The scheduler core refuses a second task with an id it knows. Clients do not normally \
+         see it: the leader skips redelivered submissions, and JetStream absorbs a resubmission \
+         with the same `Nats-Msg-Id` (answering with the first task's id).",
+    ),
+    (
+        "RESOURCE_EXHAUSTED",
+        429,
+        "Too Many Requests",
+        "A server-side limit was hit (too many waiting tasks, a quota); retry later, with \
+         backoff.",
+        "Reserved: no limit of this build returns it yet (an oversized payload is \
+         `INVALID_ARGUMENT`).",
+    ),
+    (
+        "FAILED_PRECONDITION",
+        409,
+        "Conflict",
+        "The request is well formed but the current state does not allow it.",
+        "Cancelling a task that has finished; `P.api.renew` or `P.api.outcome` for an attempt \
+         whose lease is not the leader's current one (another epoch, worker or attempt: the \
+         worker drops the attempt); an embedded scheduler with no executor for the task's pool; \
+         a submit subject captured by a stream other than the submit stream (checked by the \
+         client); a server option this build does not support.",
+    ),
+    (
+        "UNAVAILABLE",
+        503,
+        "Service Unavailable",
+        "Try again later: no leader answering, NATS unreachable, the server shutting down.",
+        "No server answers a request on `P.api.*` in time; JetStream does not acknowledge a \
+         submission; the submit stream or results bucket cannot be read; the leader's driver \
+         has stopped; `/healthz` or `/readyz` when not live or not ready. Clients and workers \
+         retry it.",
+    ),
+    (
+        "INTERNAL",
+        500,
+        "Internal Server Error",
+        "A bug or an unexpected failure; the details are in the log, not in the message.",
+        "A reply that cannot be decoded (client and worker side). Over HTTP, a code this version \
+         does not know (from a newer server) is answered with 500 too.",
+    ),
+];
+
+fn error_codes_md() -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "<!-- {GENERATED} -->\n");
+    out.push_str(
+        "# Error codes\n\n\
+         Wire and HTTP share one set of stable codes. Over NATS an error is the reply \
+         `{\"error\": {\"code\": \"…\", \"message\": \"…\"}}` (MessagePack, \
+         `schemas/WireError.json`); over HTTP it is the JSON body \
+         `{\"code\": \"…\", \"message\": \"…\"}` with the status below. Branch on the code, \
+         never on the message, and accept codes this list does not have yet (a newer server \
+         may send them): treat an unknown code like `INTERNAL`.\n\n\
+         | code | HTTP status | meaning |\n\
+         |---|---|---|\n",
+    );
+    let docs = |code: &ErrorCode| {
+        CODE_DOCS
+            .iter()
+            .find(|d| d.0 == code.as_str())
+            .unwrap_or_else(|| panic!("error code {code} has no documentation in wire/schemas.rs"))
+    };
+    for code in ErrorCode::ALL {
+        let (name, status, reason, meaning, _) = docs(&code);
+        let _ = writeln!(out, "| `{name}` | {status} {reason} | {meaning} |");
+    }
+    out.push_str("\n## When cronoq returns each code\n");
+    for code in ErrorCode::ALL {
+        let (name, _, _, _, when) = docs(&code);
+        let _ = write!(out, "\n### `{name}`\n\n{when}\n");
+    }
+    out
+}
+
+// ---- README.md ------------------------------------------------------------
+
+fn readme_md(bodies: &[Body]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "<!-- {GENERATED} -->\n");
+    out.push_str(
+        "# proto-schemas\n\n\
+         The contract of cronoq's wire protocol, generated from the Rust types of \
+         `src/wire/` (and the core types they carry), so it cannot drift from the code.\n\n\
+         | file | what |\n\
+         |---|---|\n\
+         | `asyncapi.yaml` | AsyncAPI 3.0 document: every NATS subject, who publishes what, \
+         request/reply pairs, the plain-publish headers of a submission, the JetStream stream \
+         and buckets |\n\
+         | `schemas/*.json` | a JSON Schema (draft-07) per message body and reply, below |\n\
+         | `error-codes.md` | every stable error code: meaning, HTTP status, when it is returned |\n\n\
+         Bodies travel as MessagePack maps with field names; the schemas describe them in \
+         JSON terms: a MessagePack `bin` (payload, output, signature) is an array of byte \
+         values, `nil` is `null`, times are integer milliseconds since the Unix epoch and \
+         spans integer milliseconds. `TaskStatus`, `Snapshot` and `WireError` are also the \
+         JSON bodies of the HTTP API. `P.` stands for the subject prefix (`cronoq` by \
+         default).\n\n\
+         | schema | body of |\n\
+         |---|---|\n",
+    );
+    for body in bodies {
+        let _ = writeln!(
+            out,
+            "| [`{name}`](schemas/{name}.json) | {} |",
+            body.used_on,
+            name = body.name
+        );
+    }
+    out.push_str(
+        "\n## Regenerating\n\n\
+         ```sh\n\
+         cargo test --test proto_schemas                    # fails if a file here is stale\n\
+         UPDATE_SCHEMAS=1 cargo test --test proto_schemas   # rewrites them\n\
+         ```\n\n\
+         Do not edit these files by hand: change the types (doc comments become \
+         descriptions) or the texts in `src/wire/schemas.rs`, then regenerate and commit the \
+         result. The same test validates sample values of every type against its schema.\n",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yaml(value: Value) -> String {
+        let mut out = String::new();
+        yaml_value(&mut out, &value, 0);
+        out
+    }
+
+    #[test]
+    fn yaml_blocks_and_scalars() {
+        let text = yaml(json!({
+            "a": {"b": [1, "two", {"c": null, "d": true}], "e": {}, "f": []},
+            "on": "x: y # z",
+            "g": "line one\nline two\n\nline four",
+        }));
+        let want = "a:\n  b:\n    - 1\n    - \"two\"\n    - c: null\n      d: true\n  e: {}\n  f: []\n\
+                    \"on\": \"x: y # z\"\n\
+                    g: |-\n  line one\n  line two\n\n  line four\n";
+        // Key order follows the map; compare line sets to stay independent of it.
+        let mut got: Vec<&str> = text.lines().collect();
+        let mut expected: Vec<&str> = want.lines().collect();
+        got.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(got, expected, "{text}");
+    }
+
+    #[test]
+    fn awkward_strings_are_quoted() {
+        for text in [" leading\nspace", "tab\tinside\nx", "trailing \nspace", "one line"] {
+            assert!(!literal_ok(text), "{text:?}");
+        }
+        assert!(literal_ok("two\nlines\n"));
+        assert_eq!(yaml_scalar(&json!("a\nb\n"), 2), "|\n  a\n  b");
+    }
+}

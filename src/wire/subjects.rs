@@ -1,0 +1,151 @@
+//! Subject names under a configurable prefix (default `cronoq`), and the
+//! JetStream stream and bucket names derived from it.
+//!
+//! | subject | direction | body |
+//! |---|---|---|
+//! | `P.submit.<pool>` | client → stream | [`super::Submit`] or raw payload + `Cronoq-*` headers |
+//! | `P.api.register` | worker → leader (request) | [`super::Register`] → [`super::RegisterReply`] |
+//! | `P.api.heartbeat` | worker → leader (request) | [`super::Heartbeat`] → [`super::HeartbeatReply`] |
+//! | `P.api.deregister` | worker → leader (request) | [`super::Deregister`] → [`super::Ack`] |
+//! | `P.api.renew` | worker → leader (request) | [`super::Renew`] → [`super::RenewReply`] |
+//! | `P.api.outcome` | worker → leader (request) | [`super::AttemptReport`] → [`super::Ack`] |
+//! | `P.api.cancel` | client → leader (request) | [`super::Cancel`] → [`super::Ack`] |
+//! | `P.api.task` | client → leader (request) | [`super::GetTask`] → `TaskStatus` |
+//! | `P.api.snapshot` | client → leader (request) | [`super::GetSnapshot`] → `Snapshot` |
+//! | `P.worker.<id>.lease` | leader → worker | [`super::Lease`] |
+//! | `P.worker.<id>.revoke` | leader → worker | [`super::Revoke`] |
+//! | `P.events.<task_id>` | leader → anyone | [`super::TaskEvent`] |
+
+use crate::core::{PoolName, Rejection, TaskId};
+
+/// The subjects of one cronoq installation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subjects {
+    prefix: String,
+}
+
+impl Default for Subjects {
+    fn default() -> Self {
+        Subjects {
+            prefix: "cronoq".into(),
+        }
+    }
+}
+
+impl Subjects {
+    /// Subjects under `prefix`: one NATS token of `A-Z a-z 0-9 _ -`.
+    pub fn new(prefix: &str) -> Result<Subjects, Rejection> {
+        if prefix.is_empty()
+            || prefix.len() > 32
+            || !prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(Rejection::InvalidArgument(format!(
+                "subject prefix {prefix:?} must be 1-32 characters of letters, digits, '_' and '-'"
+            )));
+        }
+        Ok(Subjects {
+            prefix: prefix.to_string(),
+        })
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Where submissions to `pool` go.
+    pub fn submit(&self, pool: &PoolName) -> String {
+        format!("{}.submit.{}", self.prefix, pool)
+    }
+
+    /// Every submission subject (captured by the submit stream).
+    pub fn submit_all(&self) -> String {
+        format!("{}.submit.>", self.prefix)
+    }
+
+    /// The pool named by a submission subject.
+    pub fn pool_of_submit(&self, subject: &str) -> Result<PoolName, Rejection> {
+        let rest = subject
+            .strip_prefix(&self.prefix)
+            .and_then(|s| s.strip_prefix(".submit."))
+            .ok_or_else(|| {
+                Rejection::InvalidArgument(format!("{subject} is not a submit subject"))
+            })?;
+        PoolName::new(rest)
+    }
+
+    /// A leader API subject: `register`, `heartbeat`, …
+    pub fn api(&self, verb: &str) -> String {
+        format!("{}.api.{}", self.prefix, verb)
+    }
+
+    /// Leases for one worker.
+    pub fn lease(&self, worker_id: &str) -> String {
+        format!("{}.worker.{}.lease", self.prefix, worker_id)
+    }
+
+    /// Revocations for one worker.
+    pub fn revoke(&self, worker_id: &str) -> String {
+        format!("{}.worker.{}.revoke", self.prefix, worker_id)
+    }
+
+    /// Everything addressed to one worker.
+    pub fn worker_all(&self, worker_id: &str) -> String {
+        format!("{}.worker.{}.>", self.prefix, worker_id)
+    }
+
+    /// Lifecycle events of one task.
+    pub fn events(&self, task: TaskId) -> String {
+        format!("{}.events.{}", self.prefix, task)
+    }
+
+    /// Lifecycle events of every task.
+    pub fn events_all(&self) -> String {
+        format!("{}.events.>", self.prefix)
+    }
+
+    /// The JetStream stream that holds accepted, unfinished submissions.
+    pub fn submit_stream(&self) -> String {
+        format!("{}_SUBMIT", self.prefix.to_uppercase().replace('-', "_"))
+    }
+
+    /// The JetStream key-value bucket that keeps finished tasks' results.
+    pub fn results_bucket(&self) -> String {
+        format!("{}_RESULTS", self.prefix.to_uppercase().replace('-', "_"))
+    }
+}
+
+/// A worker id: 1–64 characters of `A-Z a-z 0-9 _ -` (one subject token).
+pub fn validate_worker_id(id: &str) -> Result<(), Rejection> {
+    if id.is_empty()
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(Rejection::InvalidArgument(format!(
+            "worker id {id:?} must be 1-64 characters of letters, digits, '_' and '-'"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_under_prefix() {
+        let s = Subjects::new("cq").unwrap();
+        let pool = PoolName::new("gpu-pool").unwrap();
+        assert_eq!(s.submit(&pool), "cq.submit.gpu-pool");
+        assert_eq!(s.pool_of_submit("cq.submit.gpu-pool").unwrap(), pool);
+        assert!(s.pool_of_submit("cq.submit.a.b").is_err());
+        assert_eq!(s.lease("w1"), "cq.worker.w1.lease");
+        assert_eq!(s.submit_stream(), "CQ_SUBMIT");
+        assert!(Subjects::new("a.b").is_err());
+        assert!(validate_worker_id("w.1").is_err());
+    }
+}

@@ -1,0 +1,895 @@
+//! One run of a worker: connect, subscribe, register, then one loop that
+//! owns all state (the current epoch, the running attempts) and reacts to
+//! leases, revokes, heartbeat ticks, finished attempts and the stop
+//! signal; each attempt runs as its own tokio task that renews its lease
+//! and reports its outcome.
+//!
+//! Registration and heartbeats are awaited inside the loop on purpose:
+//! while they are in flight, leases wait in the subscription's buffer, so
+//! a lease that the leader sends right after accepting a registration is
+//! never checked against the epoch of the registration before.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures_util::future::{AbortHandle, Abortable};
+use futures_util::{FutureExt, StreamExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::identity::credentials;
+use super::{Error, Handler, Validated, WorkerOptions};
+use crate::core::{ErrorCode, Labels, Millis, PoolName, TaskId};
+use crate::task::TaskContext;
+use crate::wire::{
+    self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
+    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, RunningAttempt, Subjects, WireError,
+    PROTOCOL_VERSION,
+};
+
+/// How far the worker has been told to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum StopLevel {
+    /// Keep going.
+    Run,
+    /// Stop taking leases, let running attempts finish within the grace.
+    Drain,
+    /// Abort what runs and leave.
+    Now,
+}
+
+/// SIGTERM and SIGINT as one stream.
+pub(super) struct Signals {
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(super) fn install() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                terminate: signal(SignalKind::terminate())?,
+                interrupt: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    pub(super) async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Backoff between registration attempts and outcome report retries.
+const RETRY_INITIAL: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Floors against a leader that sends zero spans.
+const MIN_HEARTBEAT: Duration = Duration::from_millis(50);
+const MIN_RENEW_PERIOD: Duration = Duration::from_millis(20);
+
+/// Why a request got no usable answer.
+#[derive(Debug)]
+enum CallError {
+    /// No answer: timeout, no responders, connection trouble. Retry.
+    Transport(String),
+    /// The leader answered with an error.
+    Remote(WireError),
+    /// The answer could not be read.
+    Malformed(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Transport(e) => write!(f, "{e}"),
+            CallError::Remote(e) => write!(f, "{e}"),
+            CallError::Malformed(e) => write!(f, "unreadable reply: {e}"),
+        }
+    }
+}
+
+impl CallError {
+    /// No answer, or the leader is not ready: asking again may work.
+    fn is_retryable(&self) -> bool {
+        match self {
+            CallError::Transport(_) => true,
+            CallError::Remote(e) => e.code == ErrorCode::UNAVAILABLE,
+            CallError::Malformed(_) => false,
+        }
+    }
+
+    /// The leader no longer knows the attempt (or knows a newer one).
+    fn is_stale(&self) -> bool {
+        matches!(self, CallError::Remote(e)
+            if e.code == ErrorCode::FAILED_PRECONDITION || e.code == ErrorCode::NOT_FOUND)
+    }
+}
+
+/// What every request needs; shared by the loop and the attempt tasks.
+struct Link {
+    client: async_nats::Client,
+    subjects: Subjects,
+    worker_id: String,
+    request_timeout: Duration,
+}
+
+impl Link {
+    async fn call<Q: Serialize, A: DeserializeOwned>(
+        &self,
+        verb: &str,
+        body: &Q,
+        timeout: Duration,
+    ) -> Result<A, CallError> {
+        let request = async_nats::Request::new()
+            .payload(Bytes::from(wire::encode(body)))
+            .timeout(Some(timeout));
+        let message = self
+            .client
+            .send_request(self.subjects.api(verb), request)
+            .await
+            .map_err(|e| CallError::Transport(e.to_string()))?;
+        match wire::decode::<Reply<A>>(&message.payload) {
+            Ok(Reply::Ok(a)) => Ok(a),
+            Ok(Reply::Error(e)) => Err(CallError::Remote(e)),
+            Err(e) => Err(CallError::Malformed(e.message)),
+        }
+    }
+}
+
+/// Why an attempt was stopped from outside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopReason {
+    /// The leader revoked it: report `cancelled`.
+    Revoked,
+    /// The grace period ran out: report nothing (the final deregister
+    /// makes the leader count it lost).
+    Shutdown,
+}
+
+/// The loop's record of one attempt it runs.
+struct Running {
+    epoch: u64,
+    stop: Arc<Mutex<Option<StopReason>>>,
+    abort: AbortHandle,
+    join: JoinHandle<()>,
+}
+
+impl Running {
+    fn stop(&self, reason: StopReason) {
+        let mut stop = self.stop.lock().unwrap_or_else(|e| e.into_inner());
+        stop.get_or_insert(reason);
+        drop(stop);
+        self.abort.abort();
+    }
+}
+
+type AttemptKey = (TaskId, u32);
+
+struct Session {
+    link: Arc<Link>,
+    handler: Handler,
+    pool: PoolName,
+    labels: Labels,
+    slots: u32,
+    token: Option<String>,
+    signer: Option<Arc<nkeys::KeyPair>>,
+    grace: Duration,
+    epoch: u64,
+    heartbeat_interval: Duration,
+    running: HashMap<AttemptKey, Running>,
+    finished_tx: mpsc::UnboundedSender<AttemptKey>,
+}
+
+/// Runs the worker until it is stopped or fails.
+pub(super) async fn run(
+    options: WorkerOptions,
+    worker_id: String,
+    handler: Handler,
+    validated: Validated,
+    mut stop: watch::Receiver<StopLevel>,
+) -> Result<(), Error> {
+    let Validated {
+        pool,
+        subjects,
+        signer,
+    } = validated;
+    let client = connect(&options, &worker_id).await?;
+    let own = subjects.worker_all(&worker_id);
+    let mut inbox = client
+        .subscribe(own.clone())
+        .await
+        .map_err(|source| Error::Subscribe {
+            subject: own.clone(),
+            source,
+        })?;
+    let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
+    let mut session = Session {
+        link: Arc::new(Link {
+            client,
+            subjects,
+            worker_id,
+            request_timeout: options.request_timeout,
+        }),
+        handler,
+        pool,
+        labels: options.labels.clone(),
+        slots: options.slots,
+        token: options.token.clone(),
+        signer,
+        grace: options.grace,
+        epoch: 0,
+        heartbeat_interval: Duration::ZERO,
+        running: HashMap::new(),
+        finished_tx,
+    };
+
+    match session.register(&mut stop).await? {
+        Some(reply) => session.accept(reply),
+        None => {
+            tracing::info!(worker_id = %session.link.worker_id, "stopped before registering");
+            return Ok(());
+        }
+    }
+
+    let mut heartbeat = session.heartbeat_timer();
+    let mut drain_until: Option<Instant> = None;
+    let mut stop_open = true;
+    loop {
+        // Read the level here rather than only on change: a registration
+        // that waited for the stop signal has already marked it seen.
+        let level = *stop.borrow_and_update();
+        if level == StopLevel::Now {
+            break;
+        }
+        if level == StopLevel::Drain && drain_until.is_none() {
+            tracing::info!(
+                worker_id = %session.link.worker_id,
+                running = session.running.len(),
+                grace_ms = session.grace.as_millis() as u64,
+                "draining"
+            );
+            drain_until = Some(Instant::now() + session.grace);
+            session.deregister(true).await;
+        }
+        if drain_until.is_some() && session.running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            biased;
+            changed = stop.changed(), if stop_open => {
+                stop_open = changed.is_ok();
+            }
+            () = sleep_until_opt(drain_until) => {
+                tracing::warn!(
+                    worker_id = %session.link.worker_id,
+                    running = session.running.len(),
+                    "grace period over, aborting attempts"
+                );
+                break;
+            }
+            Some(key) = finished_rx.recv() => {
+                session.running.remove(&key);
+            }
+            message = inbox.next() => {
+                let Some(message) = message else {
+                    session.abort_all().await;
+                    return Err(Error::SubscriptionClosed(own));
+                };
+                session.on_message(message, drain_until.is_some());
+            }
+            _ = heartbeat.tick() => {
+                let before = session.heartbeat_interval;
+                if let Err(e) = session.heartbeat(&mut stop, drain_until.is_some()).await {
+                    session.abort_all().await;
+                    return Err(e);
+                }
+                if session.heartbeat_interval != before {
+                    heartbeat = session.heartbeat_timer();
+                }
+            }
+        }
+    }
+
+    session.abort_all().await;
+    session.deregister(false).await;
+    tracing::info!(worker_id = %session.link.worker_id, "worker stopped");
+    Ok(())
+}
+
+async fn connect(options: &WorkerOptions, worker_id: &str) -> Result<async_nats::Client, Error> {
+    let id = worker_id.to_string();
+    async_nats::ConnectOptions::new()
+        .name(format!("cronoq-worker {worker_id}"))
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .request_timeout(Some(options.request_timeout))
+        .event_callback(move |event| {
+            let id = id.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        tracing::info!(worker_id = %id, "connected to nats")
+                    }
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!(worker_id = %id, "disconnected from nats")
+                    }
+                    other => tracing::debug!(worker_id = %id, event = %other, "nats event"),
+                }
+            }
+        })
+        .connect(options.url.as_str())
+        .await
+        .map_err(|source| Error::Connect {
+            url: options.url.clone(),
+            source,
+        })
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Session {
+    fn heartbeat_timer(&self) -> tokio::time::Interval {
+        let period = self.heartbeat_interval.max(MIN_HEARTBEAT);
+        let mut timer = tokio::time::interval_at(Instant::now() + period, period);
+        timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        timer
+    }
+
+    fn accept(&mut self, reply: RegisterReply) {
+        self.epoch = reply.epoch;
+        self.heartbeat_interval = reply.heartbeat_interval.to_duration().max(MIN_HEARTBEAT);
+        tracing::info!(
+            worker_id = %self.link.worker_id,
+            pool = %self.pool,
+            group = %self.labels,
+            slots = self.slots,
+            epoch = reply.epoch,
+            heartbeat_ms = reply.heartbeat_interval.0,
+            lease_ttl_ms = reply.lease_ttl.0,
+            "registered"
+        );
+    }
+
+    /// Registers, retrying while no leader answers. `None`: told to stop
+    /// first.
+    async fn register(
+        &mut self,
+        stop: &mut watch::Receiver<StopLevel>,
+    ) -> Result<Option<RegisterReply>, Error> {
+        let mut backoff = RETRY_INITIAL;
+        loop {
+            let register = Register {
+                v: PROTOCOL_VERSION,
+                worker_id: self.link.worker_id.clone(),
+                pool: self.pool.clone(),
+                labels: self.labels.clone(),
+                slots: self.slots,
+                credentials: credentials(
+                    self.token.as_deref(),
+                    self.signer.as_ref(),
+                    &self.link.worker_id,
+                    &self.pool,
+                    &self.labels,
+                    SystemTime::now(),
+                )?,
+            };
+            let call = self.link.call::<_, RegisterReply>(
+                "register",
+                &register,
+                self.link.request_timeout,
+            );
+            let result = tokio::select! {
+                result = call => result,
+                () = stopped(stop) => return Ok(None),
+            };
+            match result {
+                Ok(reply) => return Ok(Some(reply)),
+                Err(CallError::Remote(e))
+                    if [
+                        ErrorCode::INVALID_ARGUMENT,
+                        ErrorCode::UNAUTHENTICATED,
+                        ErrorCode::PERMISSION_DENIED,
+                    ]
+                    .contains(&e.code) =>
+                {
+                    return Err(Error::Refused(e));
+                }
+                Err(CallError::Malformed(e)) => return Err(Error::Protocol(e)),
+                Err(CallError::Remote(e)) if e.code != ErrorCode::UNAVAILABLE => {
+                    tracing::warn!(
+                        worker_id = %self.link.worker_id,
+                        error = %e,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "registration refused, retrying"
+                    );
+                }
+                Err(e) => {
+                    tracing::info!(
+                        worker_id = %self.link.worker_id,
+                        error = %e,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "no leader yet, retrying registration"
+                    );
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = stopped(stop) => return Ok(None),
+            }
+            backoff = (backoff * 2).min(RETRY_MAX);
+        }
+    }
+
+    async fn heartbeat(
+        &mut self,
+        stop: &mut watch::Receiver<StopLevel>,
+        draining: bool,
+    ) -> Result<(), Error> {
+        let running: Vec<RunningAttempt> = self
+            .running
+            .keys()
+            .map(|&(task_id, attempt)| RunningAttempt { task_id, attempt })
+            .collect();
+        let heartbeat = Heartbeat {
+            v: PROTOCOL_VERSION,
+            worker_id: self.link.worker_id.clone(),
+            free_slots: self.free_slots(),
+            running,
+        };
+        let timeout = self.link.request_timeout.min(self.heartbeat_interval);
+        match self
+            .link
+            .call::<_, HeartbeatReply>("heartbeat", &heartbeat, timeout)
+            .await
+        {
+            Ok(reply) if reply.registered => {
+                if reply.epoch > self.epoch {
+                    tracing::info!(
+                        worker_id = %self.link.worker_id,
+                        epoch = reply.epoch,
+                        previous_epoch = self.epoch,
+                        "leader epoch moved"
+                    );
+                    self.epoch = reply.epoch;
+                }
+            }
+            Ok(reply) if draining => {
+                tracing::info!(
+                    worker_id = %self.link.worker_id,
+                    epoch = reply.epoch,
+                    "leader forgot this worker while draining"
+                );
+            }
+            Ok(reply) => {
+                tracing::info!(
+                    worker_id = %self.link.worker_id,
+                    epoch = reply.epoch,
+                    running = self.running.len(),
+                    "leader does not know this worker, registering again"
+                );
+                // `None`: told to stop while re-registering; the loop sees
+                // the stop signal next.
+                if let Some(reply) = self.register(stop).await? {
+                    self.accept(reply);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(worker_id = %self.link.worker_id, error = %e, "heartbeat failed");
+            }
+        }
+        Ok(())
+    }
+
+    async fn deregister(&self, drain: bool) {
+        let body = Deregister {
+            v: PROTOCOL_VERSION,
+            worker_id: self.link.worker_id.clone(),
+            drain,
+        };
+        match self
+            .link
+            .call::<_, Ack>("deregister", &body, self.link.request_timeout)
+            .await
+        {
+            Ok(_) => tracing::info!(
+                worker_id = %self.link.worker_id,
+                drain,
+                running = self.running.len(),
+                "deregistered"
+            ),
+            Err(e) => tracing::warn!(
+                worker_id = %self.link.worker_id,
+                drain,
+                error = %e,
+                "deregister failed"
+            ),
+        }
+    }
+
+    fn free_slots(&self) -> u32 {
+        let busy = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
+        self.slots.saturating_sub(busy)
+    }
+
+    fn on_message(&mut self, message: async_nats::Message, draining: bool) {
+        let subject = message.subject.as_str();
+        if subject == self.link.subjects.lease(&self.link.worker_id) {
+            match wire::decode::<Lease>(&message.payload) {
+                Ok(lease) => self.on_lease(lease, draining),
+                Err(e) => tracing::warn!(
+                    worker_id = %self.link.worker_id,
+                    error = %e,
+                    "unreadable lease ignored"
+                ),
+            }
+        } else if subject == self.link.subjects.revoke(&self.link.worker_id) {
+            match wire::decode::<Revoke>(&message.payload) {
+                Ok(revoke) => self.on_revoke(revoke),
+                Err(e) => tracing::warn!(
+                    worker_id = %self.link.worker_id,
+                    error = %e,
+                    "unreadable revoke ignored"
+                ),
+            }
+        } else {
+            tracing::debug!(worker_id = %self.link.worker_id, subject, "message ignored");
+        }
+    }
+
+    fn on_lease(&mut self, lease: Lease, draining: bool) {
+        let key = (lease.task_id, lease.attempt);
+        if lease.epoch != self.epoch {
+            tracing::warn!(
+                worker_id = %self.link.worker_id,
+                task_id = %lease.task_id,
+                attempt = lease.attempt,
+                lease_epoch = lease.epoch,
+                epoch = self.epoch,
+                "lease of another epoch ignored"
+            );
+            return;
+        }
+        if draining {
+            tracing::info!(
+                worker_id = %self.link.worker_id,
+                task_id = %lease.task_id,
+                attempt = lease.attempt,
+                "lease ignored while draining"
+            );
+            return;
+        }
+        if self.running.contains_key(&key) {
+            tracing::debug!(
+                worker_id = %self.link.worker_id,
+                task_id = %lease.task_id,
+                attempt = lease.attempt,
+                "duplicate lease ignored"
+            );
+            return;
+        }
+        if self.free_slots() == 0 {
+            // The leader counts slots; run it rather than lose it.
+            tracing::warn!(
+                worker_id = %self.link.worker_id,
+                task_id = %lease.task_id,
+                attempt = lease.attempt,
+                slots = self.slots,
+                "lease beyond free slots"
+            );
+        }
+        tracing::info!(
+            worker_id = %self.link.worker_id,
+            task_id = %lease.task_id,
+            attempt = lease.attempt,
+            pool = %lease.pool,
+            group = %lease.group,
+            epoch = lease.epoch,
+            "attempt started"
+        );
+        let (abort, registration) = AbortHandle::new_pair();
+        let stop = Arc::new(Mutex::new(None));
+        let attempt = Attempt {
+            link: self.link.clone(),
+            handler: self.handler.clone(),
+            stop: stop.clone(),
+            finished: self.finished_tx.clone(),
+        };
+        let epoch = lease.epoch;
+        let join = tokio::spawn(attempt.run(lease, registration));
+        self.running.insert(
+            key,
+            Running {
+                epoch,
+                stop,
+                abort,
+                join,
+            },
+        );
+    }
+
+    fn on_revoke(&mut self, revoke: Revoke) {
+        let key = (revoke.task_id, revoke.attempt);
+        let Some(running) = self.running.get(&key) else {
+            tracing::debug!(
+                worker_id = %self.link.worker_id,
+                task_id = %revoke.task_id,
+                attempt = revoke.attempt,
+                "revoke of an attempt not running ignored"
+            );
+            return;
+        };
+        if revoke.epoch < running.epoch {
+            tracing::warn!(
+                worker_id = %self.link.worker_id,
+                task_id = %revoke.task_id,
+                attempt = revoke.attempt,
+                revoke_epoch = revoke.epoch,
+                epoch = running.epoch,
+                "revoke from an older epoch ignored"
+            );
+            return;
+        }
+        tracing::info!(
+            worker_id = %self.link.worker_id,
+            task_id = %revoke.task_id,
+            attempt = revoke.attempt,
+            reason = ?revoke.reason,
+            "attempt revoked"
+        );
+        running.stop(StopReason::Revoked);
+    }
+
+    /// Aborts every attempt (handler and any pending report) and waits for
+    /// their tasks to end.
+    async fn abort_all(&mut self) {
+        let running: Vec<Running> = self.running.drain().map(|(_, r)| r).collect();
+        for r in &running {
+            r.stop(StopReason::Shutdown);
+            r.join.abort();
+        }
+        for r in running {
+            let _ = r.join.await;
+        }
+    }
+}
+
+/// Completes once the stop level reaches at least [`StopLevel::Drain`].
+async fn stopped(stop: &mut watch::Receiver<StopLevel>) {
+    if stop.wait_for(|l| *l >= StopLevel::Drain).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// One attempt's task: run the handler, renew meanwhile, report.
+struct Attempt {
+    link: Arc<Link>,
+    handler: Handler,
+    stop: Arc<Mutex<Option<StopReason>>>,
+    finished: mpsc::UnboundedSender<AttemptKey>,
+}
+
+impl Attempt {
+    async fn run(self, lease: Lease, registration: futures_util::future::AbortRegistration) {
+        let key = (lease.task_id, lease.attempt);
+        let ctx = TaskContext {
+            task_id: lease.task_id,
+            attempt: lease.attempt,
+            pool: lease.pool.clone(),
+            group: lease.group.clone(),
+        };
+        let handler = self.handler.clone();
+        let payload = lease.payload.clone();
+        let work = AssertUnwindSafe(async move { handler(ctx, payload).await }).catch_unwind();
+        let mut work = Box::pin(Abortable::new(work, registration));
+        let ended = tokio::select! {
+            ended = &mut work => Some(ended),
+            () = self.renew_until_lost(&lease) => None,
+        };
+        // Dropping the handler's future now kills what it owns (a child
+        // process) before the report goes out.
+        drop(work);
+        let result = match ended {
+            None => None,
+            Some(Ok(Ok(Ok(output)))) => Some(AttemptResult::Succeeded { output }),
+            Some(Ok(Ok(Err(e)))) => Some(AttemptResult::Failed {
+                error: e.message().to_string(),
+                retryable: e.is_retryable(),
+            }),
+            Some(Ok(Err(panic))) => Some(AttemptResult::Failed {
+                error: format!("handler panicked: {}", panic_message(&panic)),
+                retryable: true,
+            }),
+            Some(Err(_aborted)) => {
+                let reason = *self.stop.lock().unwrap_or_else(|e| e.into_inner());
+                match reason {
+                    Some(StopReason::Revoked) => Some(AttemptResult::Cancelled),
+                    Some(StopReason::Shutdown) | None => None,
+                }
+            }
+        };
+        if let Some(AttemptResult::Failed { error, retryable }) = &result {
+            tracing::warn!(
+                worker_id = %self.link.worker_id,
+                task_id = %lease.task_id,
+                attempt = lease.attempt,
+                retryable,
+                error = %error,
+                "attempt failed"
+            );
+        }
+        if let Some(result) = result {
+            self.report(&lease, result).await;
+        }
+        let _ = self.finished.send(key);
+    }
+
+    /// Renews every ttl/3; returns only once the leader says the lease is
+    /// gone.
+    async fn renew_until_lost(&self, lease: &Lease) {
+        let renew = Renew {
+            v: PROTOCOL_VERSION,
+            worker_id: self.link.worker_id.clone(),
+            task_id: lease.task_id,
+            attempt: lease.attempt,
+            epoch: lease.epoch,
+        };
+        let mut period = renew_period(lease.ttl);
+        let mut next = Instant::now() + period;
+        loop {
+            tokio::time::sleep_until(next).await;
+            next = Instant::now() + period;
+            let timeout = self.link.request_timeout.min(period);
+            match self
+                .link
+                .call::<_, RenewReply>("renew", &renew, timeout)
+                .await
+            {
+                Ok(reply) => {
+                    period = renew_period(reply.ttl);
+                    next = Instant::now() + period;
+                }
+                Err(e) if e.is_stale() => {
+                    tracing::warn!(
+                        worker_id = %self.link.worker_id,
+                        task_id = %lease.task_id,
+                        attempt = lease.attempt,
+                        error = %e,
+                        "lease lost, attempt stopped"
+                    );
+                    return;
+                }
+                Err(e) => tracing::warn!(
+                    worker_id = %self.link.worker_id,
+                    task_id = %lease.task_id,
+                    attempt = lease.attempt,
+                    error = %e,
+                    "lease renewal failed"
+                ),
+            }
+        }
+    }
+
+    /// Reports the outcome until the leader acknowledges it or calls it
+    /// stale.
+    async fn report(&self, lease: &Lease, mut result: AttemptResult) {
+        if let AttemptResult::Succeeded { output } = &result {
+            // An output NATS cannot carry would be retried forever.
+            let limit = self.link.client.server_info().max_payload;
+            if limit > 0 && output.len() + 1024 > limit {
+                result = AttemptResult::Failed {
+                    error: format!(
+                        "output of {} bytes is above the NATS message limit of {limit} bytes",
+                        output.len()
+                    ),
+                    retryable: false,
+                };
+            }
+        }
+        let outcome = outcome_name(&result);
+        let report = AttemptReport {
+            v: PROTOCOL_VERSION,
+            worker_id: self.link.worker_id.clone(),
+            task_id: lease.task_id,
+            attempt: lease.attempt,
+            epoch: lease.epoch,
+            result,
+        };
+        let mut backoff = RETRY_INITIAL;
+        loop {
+            match self
+                .link
+                .call::<_, Ack>("outcome", &report, self.link.request_timeout)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(
+                        worker_id = %self.link.worker_id,
+                        task_id = %lease.task_id,
+                        attempt = lease.attempt,
+                        outcome,
+                        "attempt finished"
+                    );
+                    return;
+                }
+                Err(e) if e.is_stale() => {
+                    tracing::warn!(
+                        worker_id = %self.link.worker_id,
+                        task_id = %lease.task_id,
+                        attempt = lease.attempt,
+                        outcome,
+                        error = %e,
+                        "stale outcome dropped"
+                    );
+                    return;
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(
+                        worker_id = %self.link.worker_id,
+                        task_id = %lease.task_id,
+                        attempt = lease.attempt,
+                        error = %e,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "outcome report failed, retrying"
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(
+                        worker_id = %self.link.worker_id,
+                        task_id = %lease.task_id,
+                        attempt = lease.attempt,
+                        outcome,
+                        error = %e,
+                        "outcome refused"
+                    );
+                    return;
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(RETRY_MAX);
+        }
+    }
+}
+
+fn renew_period(ttl: Millis) -> Duration {
+    (ttl.to_duration() / 3).max(MIN_RENEW_PERIOD)
+}
+
+fn outcome_name(result: &AttemptResult) -> &'static str {
+    match result {
+        AttemptResult::Succeeded { .. } => "succeeded",
+        AttemptResult::Failed { .. } => "failed",
+        AttemptResult::Cancelled => "cancelled",
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-text panic".to_string()
+    }
+}

@@ -1,0 +1,514 @@
+//! Distributed mode end to end, with real processes only: a `nats-server`
+//! with JetStream, a `cronoq server` and `cronoq worker … -- sh -c …`
+//! processes (see `procs`), driven through the Rust client, the `cronoq`
+//! CLI and plain NATS publishes. Covers placement across workers (SPEC §2
+//! rules 1–3, 5, 6, 8), worker death, the CLI's exit codes, plain-publish
+//! submissions and their de-duplication, and a NATS restart mid-run.
+//!
+//! No test sleeps to wait for something: every wait polls with a deadline
+//! (`procs::eventually`), and a command that must stay busy holds its slot
+//! until the test releases it (`procs::hold`, `Cluster::release`).
+
+mod procs;
+
+use std::collections::BTreeMap;
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use cronoq::core::{ErrorCode, Labels, TaskId, TaskState};
+use cronoq::Task;
+use procs::{describe, eventually, hold, run_cli, Cluster};
+
+fn labels(text: &str) -> Labels {
+    Labels::parse(text).expect("valid labels")
+}
+
+/// The worker that ran the task's attempt `n` (1-based).
+fn worker_of(status: &cronoq::TaskStatus, n: usize) -> String {
+    status.attempts[n - 1]
+        .worker
+        .clone()
+        .unwrap_or_else(|| panic!("attempt {n} has no worker: {}", describe(status)))
+}
+
+/// The id in the `task N` line that `submit --wait` prints on stderr.
+fn task_id_in(stderr: &str) -> TaskId {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("task ")?.split_whitespace().next()?.parse().ok())
+        .map(TaskId)
+        .unwrap_or_else(|| panic!("no `task N` line in stderr: {stderr:?}"))
+}
+
+#[tokio::test]
+async fn unlabeled_tasks_prefer_the_unlabeled_worker_and_labeled_ones_run_only_where_labels_are() {
+    let c = Cluster::start(&[("cpu", "", 1), ("gpu", "gpu=a100,zone=eu", 1)]).await;
+
+    // Both free: an unlabeled task goes to the least specialized group,
+    // every time, so the gpu worker stays free for gpu work.
+    for i in 0..3 {
+        let id = c.submit_payload(&format!("plain{i}"), "").await;
+        assert_eq!(c.succeeded(id).await, format!("plain{i} on [] by cpu"));
+    }
+
+    // A labeled task runs where its labels are; the worker may carry more.
+    let train = c.submit_payload("train", "gpu=a100").await;
+    assert_eq!(
+        c.succeeded(train).await,
+        "train on [gpu=a100,zone=eu] by gpu"
+    );
+    let status = c.status(train).await;
+    assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    assert_eq!(status.attempts[0].group, labels("gpu=a100,zone=eu"));
+    assert_eq!(worker_of(&status, 1), "gpu");
+
+    // With the unlabeled worker busy, an unlabeled task may use the gpu
+    // worker's free slot (it matches every group).
+    let long = c.submit_payload(&hold("long", "go"), "").await;
+    assert_eq!(worker_of(&c.running(long).await, 1), "cpu");
+    let spill = c.submit_payload("spill", "").await;
+    assert_eq!(
+        c.succeeded(spill).await,
+        "spill on [gpu=a100,zone=eu] by gpu"
+    );
+    c.release("go");
+    assert_eq!(c.succeeded(long).await, "long on [] by cpu");
+}
+
+#[tokio::test]
+async fn a_waiting_task_never_blocks_the_pool() {
+    let c = Cluster::start(&[("cpu", "", 1), ("gpu", "gpu=a100", 1)]).await;
+    let first = c.submit_payload(&hold("gpu1", "go"), "gpu=a100").await;
+    assert_eq!(worker_of(&c.running(first).await, 1), "gpu");
+
+    // The only a100 slot is busy: the next a100 task waits…
+    let second = c.submit_payload("gpu2", "gpu=a100").await;
+    c.waiting(second, "groups_full").await;
+
+    // …without holding anything: later unlabeled tasks run meanwhile.
+    for i in 0..3 {
+        let id = c.submit_payload(&format!("cpu{i}"), "").await;
+        assert_eq!(c.succeeded(id).await, format!("cpu{i} on [] by cpu"));
+    }
+
+    // The free unlabeled slot never tempted the a100 task.
+    let status = c.status(second).await;
+    assert_eq!(status.state, TaskState::Queued, "{}", describe(&status));
+    assert!(status.attempts.is_empty(), "{}", describe(&status));
+    let snap = c.client.snapshot().await.expect("snapshot");
+    let pool = &snap.pools[0];
+    assert_eq!(pool.waiting, 1, "{}", snap.to_table());
+    assert!(
+        pool.demand
+            .iter()
+            .any(|d| d.labels == labels("gpu=a100") && d.waiting == 1),
+        "{}",
+        snap.to_table()
+    );
+
+    c.release("go");
+    assert_eq!(c.succeeded(first).await, "gpu1 on [gpu=a100] by gpu");
+    assert_eq!(c.succeeded(second).await, "gpu2 on [gpu=a100] by gpu");
+}
+
+#[tokio::test]
+async fn a_task_for_labels_nobody_has_waits_until_a_matching_worker_connects() {
+    let mut c = Cluster::start(&[("cpu", "", 1)]).await;
+    let render = c.submit_payload("render", "gpu=h100").await;
+    c.waiting(render, "no_group_matches").await;
+
+    // `cronoq task` says why it waits.
+    let url = c.nats_url();
+    let id = render.to_string();
+    let text = c.cli(&["task", "--nats", &url, &id]).await;
+    assert_eq!(text.code, Some(0), "{text:?}");
+    assert!(
+        text.stdout.contains("state queued (no_group_matches)"),
+        "{text:?}"
+    );
+    let json = c.cli(&["task", "--nats", &url, "--json", &id]).await;
+    assert_eq!(json.code, Some(0), "{json:?}");
+    let value: serde_json::Value = serde_json::from_str(&json.stdout).expect("task json");
+    assert_eq!(value["state"], "queued", "{value}");
+    assert_eq!(value["reason"], "no_group_matches", "{value}");
+
+    // Other work flows past it, and it shows as demand for its labels.
+    let other = c.submit_payload("other", "").await;
+    assert_eq!(c.succeeded(other).await, "other on [] by cpu");
+    c.snapshot_until("h100 demand in the snapshot", |s| {
+        s.pools[0]
+            .demand
+            .iter()
+            .any(|d| d.labels == labels("gpu=h100") && d.waiting == 1)
+    })
+    .await;
+    assert_eq!(
+        c.status(render).await.state,
+        TaskState::Queued,
+        "never dropped"
+    );
+
+    // A matching worker connects: it runs there.
+    c.add_worker("h100", "gpu=h100", 1).await;
+    assert_eq!(c.succeeded(render).await, "render on [gpu=h100] by h100");
+}
+
+#[tokio::test]
+async fn waiters_start_in_submission_order() {
+    let c = Cluster::start(&[("solo", "", 1)]).await;
+    let blocker = c.submit_payload(&hold("blocker", "go"), "").await;
+    c.running(blocker).await;
+
+    let mut waiters = Vec::new();
+    for i in 1..=5 {
+        waiters.push(c.submit_payload(&format!("w{i}"), "").await);
+    }
+    for &id in &waiters {
+        c.waiting(id, "groups_full").await;
+    }
+
+    c.release("go");
+    c.succeeded(blocker).await;
+    let mut started = Vec::new();
+    for (i, &id) in waiters.iter().enumerate() {
+        assert_eq!(c.succeeded(id).await, format!("w{} on [] by solo", i + 1));
+        started.push(c.status(id).await.attempts[0].started_at);
+    }
+    assert_eq!(
+        c.run_names(),
+        ["blocker", "w1", "w2", "w3", "w4", "w5"],
+        "commands ran out of submission order"
+    );
+    assert!(
+        started.windows(2).all(|w| w[0] <= w[1]),
+        "attempts started out of order: {started:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_task_is_replaced_by_another_matching_worker() {
+    let mut c = Cluster::start(&[("cpu", "", 1), ("gpu-a", "gpu=a100", 1), ("gpu-b", "gpu=a100", 1)])
+        .await;
+    let victim = c.submit_payload(&hold("victim", "go"), "gpu=a100").await;
+    let first = worker_of(&c.running(victim).await, 1);
+    assert!(first.starts_with("gpu-"), "ran on {first}");
+    let other = if first == "gpu-a" { "gpu-b" } else { "gpu-a" };
+    // Mid-task: the command has started.
+    eventually("the command to start", || async {
+        let runs = c.runs();
+        if runs.iter().any(|r| r.name == "victim" && r.worker == first) {
+            Ok(())
+        } else {
+            Err(format!("{runs:?}"))
+        }
+    })
+    .await;
+
+    c.kill_worker(&first);
+
+    // Attempt 1 is lost; attempt 2 runs on the other a100 worker (never on
+    // the free unlabeled one).
+    let status = c
+        .task_until(victim, "attempt 2 running", |s| {
+            s.state == TaskState::Running && s.attempts.len() == 2
+        })
+        .await;
+    assert_eq!(status.attempts[0].outcome.as_deref(), Some("lost"));
+    assert_eq!(worker_of(&status, 1), first);
+    assert_eq!(status.attempts[1].attempt, 2);
+    assert_eq!(worker_of(&status, 2), other);
+    assert_eq!(status.attempts[1].group, labels("gpu=a100"));
+
+    // The dead worker's slot has left the snapshot.
+    let snap = c
+        .snapshot_until("the dead worker to leave the snapshot", |s| {
+            !s.workers.iter().any(|w| w.id == first)
+        })
+        .await;
+    let group = snap.pools[0]
+        .groups
+        .iter()
+        .find(|g| g.labels == labels("gpu=a100"))
+        .expect("the a100 group");
+    assert_eq!(
+        (group.capacity, group.busy, group.workers),
+        (1, 1, 1),
+        "{}",
+        snap.to_table()
+    );
+    assert_eq!(snap.pools[0].capacity, 2, "{}", snap.to_table());
+
+    c.release("go");
+    assert_eq!(
+        c.succeeded(victim).await,
+        format!("victim on [gpu=a100] by {other}")
+    );
+    let status = c.status(victim).await;
+    let outcomes: Vec<_> = status
+        .attempts
+        .iter()
+        .map(|a| (a.attempt, a.worker.clone().unwrap(), a.outcome.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (1, first.clone(), "lost".to_string()),
+            (2, other.to_string(), "succeeded".to_string())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn cli_submit_wait_prints_the_output_and_exits_with_the_outcome() {
+    let c = Cluster::start(&[("cpu", "", 1)]).await;
+    let url = c.nats_url();
+
+    // With --wait, stdout is the output alone; the id goes to stderr.
+    let ok = c.cli(&["submit", "--nats", &url, "--wait", "hello"]).await;
+    assert_eq!(ok.code, Some(0), "{ok:?}");
+    assert_eq!(ok.stdout, "hello on [] by cpu", "{ok:?}");
+    let id = task_id_in(&ok.stderr);
+    assert_eq!(c.status(id).await.state, TaskState::Succeeded);
+
+    // The payload may come from stdin.
+    let piped = run_cli(&["submit", "--nats", &url, "--wait", "-"], Some("piped")).await;
+    assert_eq!(piped.code, Some(0), "{piped:?}");
+    assert_eq!(piped.stdout, "piped on [] by cpu", "{piped:?}");
+
+    let failed = c
+        .cli(&[
+            "submit",
+            "--nats",
+            &url,
+            "--max-attempts",
+            "1",
+            "--wait",
+            "boom fail",
+        ])
+        .await;
+    assert_eq!(failed.code, Some(1), "{failed:?}");
+    assert!(
+        failed.stderr.contains("failed") && failed.stderr.contains("boom failed on purpose"),
+        "{failed:?}"
+    );
+    assert!(failed.stdout.is_empty(), "{failed:?}");
+    let status = c.status(task_id_in(&failed.stderr)).await;
+    assert_eq!(status.state, TaskState::Failed, "{}", describe(&status));
+    assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    let boom_runs = c.runs().into_iter().filter(|r| r.name == "boom").count();
+    assert_eq!(boom_runs, 1, "max attempts 1 means one run");
+}
+
+#[tokio::test]
+async fn a_plain_nats_publish_with_headers_runs_with_those_options() {
+    let c = Cluster::start(&[("cpu", "", 1), ("gpu", "gpu=a100", 1)]).await;
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let js = jetstream::new(nats.clone());
+    let subject = "cronoq.submit.default";
+
+    // Hold the only a100 slot and queue a priority-0 a100 task behind it.
+    let blocker = c.submit_payload(&hold("blocker", "go"), "gpu=a100").await;
+    c.running(blocker).await;
+    let normal = c.submit_payload("normal", "gpu=a100").await;
+    c.waiting(normal, "groups_full").await;
+
+    // Raw body = payload; options in headers; the PubAck names the task.
+    let mut headers = HeaderMap::new();
+    headers.insert("Cronoq-Labels", "gpu=a100");
+    headers.insert("Cronoq-Priority", "5");
+    let ack = js
+        .publish_with_headers(subject, headers, "urgent".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("puback");
+    let urgent = TaskId(ack.sequence);
+    c.waiting(urgent, "groups_full").await;
+
+    c.release("go");
+    assert_eq!(c.succeeded(urgent).await, "urgent on [gpu=a100] by gpu");
+    assert_eq!(c.succeeded(normal).await, "normal on [gpu=a100] by gpu");
+    assert_eq!(
+        c.run_names(),
+        ["blocker", "urgent", "normal"],
+        "priority 5 goes before priority 0"
+    );
+
+    // A core NATS publish (no ack) is captured by the stream as well.
+    let mut headers = HeaderMap::new();
+    headers.insert("Cronoq-Labels", "gpu=a100");
+    nats.publish_with_headers(subject, headers, "fire".into())
+        .await
+        .expect("publish");
+    nats.flush().await.expect("flush");
+    let fire = eventually("the plain publish to run", || async {
+        let runs = c.runs();
+        runs.iter()
+            .find(|r| r.name == "fire")
+            .map(|r| TaskId(r.task))
+            .ok_or_else(|| format!("{runs:?}"))
+    })
+    .await;
+    assert_eq!(c.succeeded(fire).await, "fire on [gpu=a100] by gpu");
+
+    // A bad header: the stream accepts anything, the server refuses it and
+    // nothing runs.
+    let mut headers = HeaderMap::new();
+    headers.insert("Cronoq-Priority", "high");
+    let ack = js
+        .publish_with_headers(subject, headers, "typo".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("puback");
+    let typo = c.finished(TaskId(ack.sequence)).await;
+    assert_eq!(typo.state, TaskState::Failed, "{}", describe(&typo));
+    assert!(
+        typo.error
+            .as_deref()
+            .is_some_and(|e| e.contains("submission refused") && e.contains("Cronoq-Priority")),
+        "{}",
+        describe(&typo)
+    );
+    assert!(typo.attempts.is_empty(), "{}", describe(&typo));
+    assert!(!c.run_names().contains(&"typo".to_string()));
+}
+
+#[tokio::test]
+async fn a_duplicate_nats_msg_id_is_accepted_once() {
+    let c = Cluster::start(&[("cpu", "", 1)]).await;
+    let js = jetstream::new(async_nats::connect(c.nats_url()).await.expect("nats"));
+    let publish = |key: &'static str, payload: &'static str| {
+        let js = js.clone();
+        async move {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Msg-Id", key);
+            js.publish_with_headers("cronoq.submit.default", headers, payload.into())
+                .await
+                .expect("publish")
+                .await
+                .expect("puback")
+        }
+    };
+
+    let first = publish("job-42", "once").await;
+    let second = publish("job-42", "once").await;
+    assert!(!first.duplicate);
+    assert!(second.duplicate, "{second:?}");
+    assert_eq!(first.sequence, second.sequence, "same stream sequence");
+    let once = TaskId(first.sequence);
+    assert_eq!(c.succeeded(once).await, "once on [] by cpu");
+
+    // The client's idempotency key is the same mechanism.
+    let a = c
+        .submit(Task::new("keyed").idempotency_key("key-7"))
+        .await;
+    let b = c
+        .submit(Task::new("keyed").idempotency_key("key-7"))
+        .await;
+    assert_eq!(a, b);
+    assert_eq!(c.succeeded(a).await, "keyed on [] by cpu");
+
+    // Within the duplicate window, even a finished task is not run again.
+    let again = publish("job-42", "once").await;
+    assert!(again.duplicate, "{again:?}");
+    assert_eq!(again.sequence, once.0);
+    assert_eq!(c.status(once).await.state, TaskState::Succeeded);
+
+    // Anything run twice would have run before this (one slot, in order).
+    let sentinel = c.submit_payload("sentinel", "").await;
+    c.succeeded(sentinel).await;
+    assert_eq!(c.run_names(), ["once", "keyed", "sentinel"]);
+}
+
+#[tokio::test]
+async fn a_nats_restart_mid_run_loses_no_accepted_task() {
+    const BEFORE: usize = 6;
+    let mut c = Cluster::start(&[("w1", "", 2)]).await;
+    let mut ids = Vec::new();
+    for i in 0..BEFORE {
+        ids.push(c.submit_payload(&hold(&format!("r{i}"), "go"), "").await);
+    }
+    // Two run, the rest wait.
+    c.snapshot_until("2 busy and 4 waiting", |s| {
+        s.pools
+            .first()
+            .is_some_and(|p| p.busy == 2 && p.waiting == (BEFORE as u64 - 2))
+    })
+    .await;
+
+    c.nats.restart();
+
+    // Accepted tasks survive, new ones are accepted once NATS is back.
+    for i in 0..2 {
+        let task = Task::new(format!("after{i}"));
+        let id = eventually("a submission after the restart", || async {
+            c.client
+                .submit(task.clone())
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        ids.push(id);
+    }
+    c.release("go");
+
+    let mut succeeded_attempts = BTreeMap::new();
+    for &id in &ids {
+        c.succeeded(id).await;
+        let status = c.status(id).await;
+        let ok = status
+            .attempts
+            .iter()
+            .filter(|a| a.outcome.as_deref() == Some("succeeded"))
+            .count();
+        succeeded_attempts.insert(id.0, ok);
+    }
+    assert!(
+        succeeded_attempts.values().all(|&n| n == 1),
+        "each task succeeds exactly once: {succeeded_attempts:?}"
+    );
+    let runs = c.runs();
+    let mut names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), BEFORE + 2, "every task ran: {runs:?}");
+    // No attempt was delivered twice.
+    let mut attempts: Vec<(u64, u32)> = runs.iter().map(|r| (r.task, r.attempt)).collect();
+    attempts.sort();
+    let before = attempts.len();
+    attempts.dedup();
+    assert_eq!(attempts.len(), before, "an attempt ran twice: {runs:?}");
+}
+
+#[tokio::test]
+async fn malformed_labels_are_refused_and_nothing_is_submitted() {
+    let c = Cluster::start(&[("cpu", "", 1)]).await;
+    let url = c.nats_url();
+    for bad in ["gpu", "=a100", "gpu=a 100", "gpu=a100=x"] {
+        let out = c
+            .cli(&["submit", "--nats", &url, "--label", bad, "--wait", "x"])
+            .await;
+        assert_eq!(out.code, Some(2), "--label {bad:?}: {out:?}");
+        assert!(
+            out.stderr.starts_with("error: ") && out.stderr.contains("[INVALID_ARGUMENT]"),
+            "--label {bad:?}: {out:?}"
+        );
+        assert!(out.stdout.is_empty(), "--label {bad:?}: {out:?}");
+    }
+    let e = c
+        .client
+        .submit(Task::new("x").label_text("gpu"))
+        .await
+        .expect_err("a malformed label is refused");
+    assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT, "{e}");
+
+    let js = jetstream::new(async_nats::connect(&url).await.expect("nats"));
+    let mut stream = js.get_stream("CRONOQ_SUBMIT").await.expect("submit stream");
+    let state = stream.info().await.expect("stream info").state.clone();
+    assert_eq!((state.messages, state.last_sequence), (0, 0), "{state:?}");
+    // So the first good task is task 1.
+    let id = c.submit_payload("good", "").await;
+    assert_eq!(id, TaskId(1));
+    assert_eq!(c.succeeded(id).await, "good on [] by cpu");
+}

@@ -1,0 +1,824 @@
+//! `proto-schemas/` against the types it is generated from.
+//!
+//! * The checked-in files must equal what `cronoq::wire::schemas::generate`
+//!   makes now; `UPDATE_SCHEMAS=1 cargo test --test proto_schemas` rewrites
+//!   them (and removes files no longer generated).
+//! * Sample values of every body, serialized with serde_json, validate
+//!   against their schema made strict (no unknown properties), and every
+//!   property of every schema is set by some sample: a hand-written or
+//!   mirrored schema (`src/wire/schema.rs`) cannot drift from its type.
+//! * The AsyncAPI document names exactly the subjects `Subjects` makes, the
+//!   schema files it references exist, and every `Cronoq-*` header and
+//!   error code is documented with the status `http::status_of` gives.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use cronoq::core::{
+    Autoscale, Backoff, Core, Demand, ErrorCode, Event, GroupSnapshot, Labels, LeaderInfo, Millis,
+    PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason, WorkerInfo,
+};
+use cronoq::task::{AttemptRecord, TaskStatus};
+use cronoq::wire::{
+    self, Ack, AttemptReport, AttemptResult, Cancel, Credentials, Deregister, GetSnapshot,
+    GetTask, Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew, RenewReply, Reply,
+    Revoke, RunningAttempt, Submit, Subjects, TaskEvent, WireError, PROTOCOL_VERSION,
+};
+use cronoq::Task;
+
+const PREFIX: &str = "cronoq";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn generated() -> BTreeMap<String, String> {
+    wire::schemas::generate(PREFIX).into_iter().collect()
+}
+
+/// Every file under `dir`, relative to the crate root.
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else if let Ok(rel) = path.strip_prefix(root()) {
+            out.push(rel.to_string_lossy().replace('\\', "/"));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The first line where `have` and `want` differ, for the failure message.
+fn first_difference(have: &str, want: &str) -> String {
+    let (mut have_lines, mut want_lines) = (have.lines(), want.lines());
+    let mut n = 1;
+    loop {
+        match (have_lines.next(), want_lines.next()) {
+            (Some(h), Some(w)) if h == w => n += 1,
+            (None, None) => return "only line endings differ".into(),
+            (h, w) => {
+                return format!(
+                    "line {n}:\n      checked in: {}\n      generated:  {}",
+                    h.unwrap_or("<end of file>"),
+                    w.unwrap_or("<end of file>")
+                )
+            }
+        }
+    }
+}
+
+#[test]
+fn checked_in_files_match_the_types() {
+    let files = generated();
+    let dir = root().join(wire::schemas::DIR);
+    let stale: Vec<String> = files_under(&dir)
+        .into_iter()
+        .filter(|path| !files.contains_key(path))
+        .collect();
+    let update = std::env::var("UPDATE_SCHEMAS").is_ok_and(|v| !v.is_empty() && v != "0");
+    if update {
+        for (path, text) in &files {
+            let path: PathBuf = root().join(path);
+            std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                std::fs::write(&path, text).expect("write a schema file");
+                eprintln!("wrote {}", path.display());
+            }
+        }
+        for path in &stale {
+            std::fs::remove_file(root().join(path)).expect("remove a stale file");
+            eprintln!("removed {path}");
+        }
+        return;
+    }
+    let mut problems = Vec::new();
+    for (path, want) in &files {
+        match std::fs::read_to_string(root().join(path)) {
+            Ok(have) if have == *want => {}
+            Ok(have) => problems.push(format!(
+                "  {path} differs from the types, first at {}",
+                first_difference(&have, want)
+            )),
+            Err(_) => problems.push(format!("  {path} is missing")),
+        }
+    }
+    for path in &stale {
+        problems.push(format!("  {path} is not generated any more"));
+    }
+    assert!(
+        problems.is_empty(),
+        "proto-schemas/ is out of date with the wire types:\n{}\n\
+         regenerate it and review the diff:\n  \
+         UPDATE_SCHEMAS=1 cargo test --test proto_schemas && git diff proto-schemas/",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn generation_is_deterministic() {
+    let a = wire::schemas::generate(PREFIX);
+    let b = wire::schemas::generate(PREFIX);
+    assert_eq!(a, b);
+    let mut paths: Vec<&String> = a.iter().map(|(p, _)| p).collect();
+    let before = paths.clone();
+    paths.sort();
+    paths.dedup();
+    assert_eq!(paths, before, "paths are sorted and unique");
+    for (path, text) in &a {
+        assert!(text.ends_with('\n') && !text.ends_with("\n\n"), "{path}");
+        assert!(!text.contains('\r') && !text.contains('\t'), "{path}");
+        assert!(
+            text.lines().all(|l| !l.ends_with(' ')),
+            "{path} has trailing blanks"
+        );
+    }
+}
+
+// ---- samples -----------------------------------------------------------
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().copied().collect()
+}
+
+fn pool(name: &str) -> PoolName {
+    PoolName::new(name).unwrap()
+}
+
+fn wire_error() -> WireError {
+    WireError::new(ErrorCode::PERMISSION_DENIED, "worker may not claim gpu=h100")
+}
+
+fn submits() -> Vec<Submit> {
+    let full = Submit {
+        v: PROTOCOL_VERSION,
+        labels: labels(&[("gpu", "a100"), ("zone", "eu")]),
+        payload: Bytes::from_static(&[0, 1, 255]),
+        priority: -3,
+        deadline: Some(Millis(1_800_000_000_000)),
+        start_at: Some(Millis(1_800_000_060_000)),
+        tolerance: Some(Millis(30_000)),
+        est_runtime: Some(Millis(5_000)),
+        max_attempts: Some(3),
+        backoff: Some(Backoff {
+            initial: Millis(100),
+            max: Millis(10_000),
+        }),
+        attempt_timeout: Some(Millis(60_000)),
+        idempotency_key: Some("order-1234".into()),
+    };
+    vec![full, Submit::from_task(&Task::new("resize 42.png"))]
+}
+
+fn registers() -> Vec<Register> {
+    let bare = Register {
+        v: PROTOCOL_VERSION,
+        worker_id: "gpu-node-7".into(),
+        pool: pool("inference"),
+        labels: labels(&[("gpu", "a100")]),
+        slots: 2,
+        credentials: None,
+    };
+    let signed = Register {
+        credentials: Some(Credentials {
+            token: Some("secret".into()),
+            nkey: Some("UABC".into()),
+            signature: Some(Bytes::from_static(b"sig")),
+            signed_at: Some(Millis(1_800_000_000_000)),
+        }),
+        labels: Labels::new(),
+        ..bare.clone()
+    };
+    vec![bare, signed, {
+        let mut r = registers_minimal();
+        r.credentials = Some(Credentials::default());
+        r
+    }]
+}
+
+fn registers_minimal() -> Register {
+    Register {
+        v: PROTOCOL_VERSION,
+        worker_id: "w".into(),
+        pool: PoolName::default(),
+        labels: Labels::new(),
+        slots: 1,
+        credentials: None,
+    }
+}
+
+fn register_reply() -> RegisterReply {
+    RegisterReply {
+        v: PROTOCOL_VERSION,
+        epoch: 7,
+        heartbeat_interval: Millis(1_000),
+        worker_timeout: Millis(3_000),
+        lease_ttl: Millis(10_000),
+    }
+}
+
+fn heartbeats() -> Vec<Heartbeat> {
+    vec![
+        Heartbeat {
+            v: PROTOCOL_VERSION,
+            worker_id: "gpu-node-7".into(),
+            free_slots: 1,
+            running: vec![RunningAttempt {
+                task_id: TaskId(42),
+                attempt: 2,
+            }],
+        },
+        Heartbeat {
+            v: PROTOCOL_VERSION,
+            worker_id: "w".into(),
+            free_slots: 0,
+            running: Vec::new(),
+        },
+    ]
+}
+
+fn heartbeat_reply() -> HeartbeatReply {
+    HeartbeatReply {
+        v: PROTOCOL_VERSION,
+        epoch: 7,
+        registered: false,
+    }
+}
+
+fn deregisters() -> Vec<Deregister> {
+    [true, false]
+        .map(|drain| Deregister {
+            v: PROTOCOL_VERSION,
+            worker_id: "gpu-node-7".into(),
+            drain,
+        })
+        .to_vec()
+}
+
+fn lease() -> Lease {
+    Lease {
+        v: PROTOCOL_VERSION,
+        task_id: TaskId(42),
+        attempt: 1,
+        pool: pool("inference"),
+        group: labels(&[("gpu", "a100")]),
+        payload: Bytes::from_static(b"\x00payload\xff"),
+        ttl: Millis(10_000),
+        epoch: 7,
+    }
+}
+
+fn renew() -> Renew {
+    Renew {
+        v: PROTOCOL_VERSION,
+        worker_id: "gpu-node-7".into(),
+        task_id: TaskId(42),
+        attempt: 1,
+        epoch: 7,
+    }
+}
+
+fn renew_reply() -> RenewReply {
+    RenewReply {
+        v: PROTOCOL_VERSION,
+        ttl: Millis(10_000),
+    }
+}
+
+fn reports() -> Vec<AttemptReport> {
+    [
+        AttemptResult::Succeeded {
+            output: Bytes::from_static(&[0, 255]),
+        },
+        AttemptResult::Failed {
+            error: "disk full".into(),
+            retryable: true,
+        },
+        AttemptResult::Cancelled,
+    ]
+    .into_iter()
+    .map(|result| AttemptReport {
+        v: PROTOCOL_VERSION,
+        worker_id: "gpu-node-7".into(),
+        task_id: TaskId(42),
+        attempt: 1,
+        epoch: 7,
+        result,
+    })
+    .collect()
+}
+
+fn revokes() -> Vec<Revoke> {
+    [RevokeReason::Cancelled, RevokeReason::Timeout]
+        .into_iter()
+        .map(|reason| Revoke {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId(42),
+            attempt: 1,
+            epoch: 7,
+            reason,
+        })
+        .collect()
+}
+
+fn task_events() -> Vec<TaskEvent> {
+    vec![
+        TaskEvent {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId(42),
+            state: TaskState::Succeeded,
+            attempt: 1,
+            group: Some(labels(&[("gpu", "a100")])),
+            worker: Some("gpu-node-7".into()),
+            output: Some(Bytes::from_static(b"done")),
+            error: Some("an earlier attempt failed".into()),
+            at: Millis(1_800_000_000_000),
+        },
+        wire::rejected_event(TaskId(43), &wire_error(), Millis(1)),
+    ]
+}
+
+fn task_statuses() -> Vec<TaskStatus> {
+    let (output, output_base64) = cronoq::task::output_fields(Some(&b"\xffok"[..]));
+    let full = TaskStatus {
+        id: TaskId(42),
+        pool: pool("inference"),
+        state: TaskState::Succeeded,
+        reason: Some(WaitReason::Backoff),
+        attempts: vec![
+            AttemptRecord {
+                attempt: 1,
+                group: labels(&[("gpu", "a100")]),
+                worker: Some("gpu-node-7".into()),
+                started_at: Millis(1_000),
+                ended_at: Some(Millis(2_000)),
+                outcome: Some("failed".into()),
+                error: Some("disk full".into()),
+            },
+            AttemptRecord {
+                attempt: 2,
+                group: Labels::new(),
+                worker: None,
+                started_at: Millis(3_000),
+                ended_at: None,
+                outcome: None,
+                error: None,
+            },
+        ],
+        output,
+        output_base64,
+        error: Some("disk full".into()),
+        deadline_missed: true,
+    };
+    let mut statuses = vec![full];
+    for reason in [
+        WaitReason::NoGroupMatches,
+        WaitReason::GroupsFull,
+        WaitReason::HeldForReservation,
+        WaitReason::Scheduled,
+    ] {
+        statuses.push(TaskStatus {
+            id: TaskId(43),
+            pool: PoolName::default(),
+            state: TaskState::Queued,
+            reason: Some(reason),
+            attempts: Vec::new(),
+            output: None,
+            output_base64: None,
+            error: None,
+            deadline_missed: false,
+        });
+    }
+    statuses
+}
+
+/// A snapshot built by hand (every field, so a new field fails to compile
+/// here) and one from a real core with groups and waiting demand.
+fn snapshots() -> Vec<Snapshot> {
+    let by_hand = Snapshot {
+        leader: Some(LeaderInfo {
+            id: "server-1".into(),
+            epoch: 7,
+        }),
+        pools: vec![PoolSnapshot {
+            name: pool("inference"),
+            capacity: 4,
+            busy: 1,
+            waiting: 2,
+            scheduled: 1,
+            reserved: 1,
+            deadline_missed: 0,
+            autoscale: Autoscale {
+                desired: 4,
+                min: 0,
+                max: u64::from(u32::MAX),
+            },
+            demand: vec![Demand {
+                labels: labels(&[("gpu", "h100")]),
+                waiting: 2,
+            }],
+            groups: vec![GroupSnapshot {
+                labels: labels(&[("gpu", "a100")]),
+                capacity: 4,
+                busy: 1,
+                workers: 2,
+            }],
+        }],
+        workers: vec![WorkerInfo {
+            id: "gpu-node-7".into(),
+            pool: pool("inference"),
+            labels: labels(&[("gpu", "a100")]),
+            slots: 2,
+            busy: 1,
+            last_seen: Millis(1_800_000_000_000),
+        }],
+    };
+    let mut core = Core::new();
+    let p = pool("inference");
+    core.handle(
+        Millis(0),
+        Event::CapacitySet {
+            pool: p.clone(),
+            labels: labels(&[("gpu", "a100")]),
+            slots: 1,
+        },
+    )
+    .unwrap();
+    for (id, gpu) in [(1, "a100"), (2, "a100"), (3, "h100")] {
+        let spec = Task::new("x")
+            .pool("inference")
+            .label("gpu", gpu)
+            .to_spec(TaskId(id), usize::MAX)
+            .unwrap();
+        core.handle(Millis(0), Event::Submitted(spec)).unwrap();
+    }
+    let from_core = core.snapshot();
+    assert!(!from_core.pools[0].demand.is_empty() && !from_core.pools[0].groups.is_empty());
+    vec![by_hand, from_core, Snapshot::default()]
+}
+
+/// `(schema name, samples as JSON)` for every generated schema file.
+fn samples() -> BTreeMap<String, Vec<Value>> {
+    fn each<T: Serialize>(items: impl IntoIterator<Item = T>) -> Vec<Value> {
+        items
+            .into_iter()
+            .map(|t| serde_json::to_value(&t).unwrap())
+            .collect()
+    }
+    fn replies<T: Serialize + Clone>(items: &[T]) -> Vec<Value> {
+        let mut out = each(items.iter().cloned().map(Reply::Ok));
+        out.extend(each(ErrorCode::ALL.map(|code| {
+            Reply::<T>::Error(WireError::new(code, "something went wrong"))
+        })));
+        out
+    }
+    let mut all = BTreeMap::new();
+    let mut add = |name: &str, values: Vec<Value>| {
+        assert!(all.insert(name.to_string(), values).is_none(), "{name}");
+    };
+    add("Submit", each(submits()));
+    add("Register", each(registers()));
+    add("RegisterReply", each([register_reply()]));
+    add("Heartbeat", each(heartbeats()));
+    add("HeartbeatReply", each([heartbeat_reply()]));
+    add("Deregister", each(deregisters()));
+    add("Ack", each([Ack::default()]));
+    add("Renew", each([renew()]));
+    add("RenewReply", each([renew_reply()]));
+    add("AttemptReport", each(reports()));
+    add(
+        "Cancel",
+        each([Cancel {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId(42),
+        }]),
+    );
+    add(
+        "GetTask",
+        each([GetTask {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId(42),
+        }]),
+    );
+    add("GetSnapshot", each([GetSnapshot::default()]));
+    add("Lease", each([lease()]));
+    add("Revoke", each(revokes()));
+    add("TaskEvent", each(task_events()));
+    add(
+        "WireError",
+        each(ErrorCode::ALL.map(|code| WireError::new(code, "message"))),
+    );
+    add("Reply_RegisterReply", replies(&[register_reply()]));
+    add("Reply_HeartbeatReply", replies(&[heartbeat_reply()]));
+    add("Reply_Ack", replies(&[Ack::default()]));
+    add("Reply_RenewReply", replies(&[renew_reply()]));
+    add("Reply_TaskStatus", replies(&task_statuses()));
+    add("Reply_Snapshot", replies(&snapshots()));
+    add("TaskStatus", each(task_statuses()));
+    add("Snapshot", each(snapshots()));
+    all
+}
+
+/// `schema` where every object schema with properties refuses others, so
+/// a field the type has and the schema lacks fails validation.
+fn strict(schema: &Value) -> Value {
+    match schema {
+        Value::Object(map) => {
+            let mut out: serde_json::Map<String, Value> =
+                map.iter().map(|(k, v)| (k.clone(), strict(v))).collect();
+            if out.contains_key("properties") && !out.contains_key("additionalProperties") {
+                out.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(strict).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Records `(definition, property)` for every property `instance` sets,
+/// following `$ref`s, combinators and items of `schema`.
+fn cover(
+    root: &Value,
+    context: &str,
+    schema: &Value,
+    instance: &Value,
+    seen: &mut BTreeSet<(String, String)>,
+) {
+    if let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
+        let name = reference
+            .strip_prefix("#/definitions/")
+            .expect("local definition refs only");
+        cover(root, name, &root["definitions"][name], instance, seen);
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        for branch in schema
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            cover(root, context, branch, instance, seen);
+        }
+    }
+    if let (Some(properties), Some(object)) = (
+        schema.get("properties").and_then(Value::as_object),
+        instance.as_object(),
+    ) {
+        for (name, value) in object {
+            if let Some(property) = properties.get(name) {
+                seen.insert((context.to_string(), name.clone()));
+                cover(root, context, property, value, seen);
+            }
+        }
+    }
+    if let (Some(items), Some(array)) = (schema.get("items"), instance.as_array()) {
+        for item in array {
+            cover(root, context, items, item, seen);
+        }
+    }
+}
+
+/// Every `(definition, property)` a schema declares.
+fn declared(name: &str, schema: &Value) -> BTreeSet<(String, String)> {
+    fn walk(context: &str, schema: &Value, out: &mut BTreeSet<(String, String)>) {
+        match schema {
+            Value::Object(map) => {
+                if let Some(Value::Object(properties)) = map.get("properties") {
+                    for (property, sub) in properties {
+                        out.insert((context.to_string(), property.clone()));
+                        walk(context, sub, out);
+                    }
+                }
+                for (key, sub) in map {
+                    if key != "properties" && key != "definitions" {
+                        walk(context, sub, out);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| walk(context, i, out)),
+            _ => {}
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(name, schema, &mut out);
+    if let Some(Value::Object(definitions)) = schema.get("definitions") {
+        for (def, sub) in definitions {
+            walk(def, sub, &mut out);
+        }
+    }
+    out
+}
+
+fn schema_files() -> BTreeMap<String, Value> {
+    generated()
+        .into_iter()
+        .filter_map(|(path, text)| {
+            let name = path
+                .strip_prefix("proto-schemas/schemas/")?
+                .strip_suffix(".json")?
+                .to_string();
+            Some((name, serde_json::from_str(&text).expect("a schema is JSON")))
+        })
+        .collect()
+}
+
+#[test]
+fn samples_validate_against_their_schemas() {
+    let schemas = schema_files();
+    let samples = samples();
+    assert_eq!(
+        schemas.keys().collect::<Vec<_>>(),
+        samples.keys().collect::<Vec<_>>(),
+        "every schema file has samples, and every sampled type a schema file"
+    );
+    let mut problems = Vec::new();
+    for (name, schema) in &schemas {
+        if let Err(e) = jsonschema::meta::validate(schema) {
+            problems.push(format!("{name}.json is not a valid JSON Schema: {e}"));
+            continue;
+        }
+        let validator = jsonschema::draft7::new(&strict(schema)).expect("a schema compiles");
+        let mut seen = BTreeSet::new();
+        for sample in &samples[name] {
+            for error in validator.iter_errors(sample) {
+                problems.push(format!(
+                    "{name}: {sample} fails at {}: {error}",
+                    error.instance_path
+                ));
+            }
+            cover(schema, name, schema, sample, &mut seen);
+        }
+        for (context, property) in declared(name, schema).difference(&seen) {
+            problems.push(format!(
+                "{name}: no sample sets {context}.{property}: does the type have it? \
+                 (else add a sample that sets it)"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn schemas_refuse_wrong_bodies() {
+    let schemas = schema_files();
+    let refuse = |name: &str, body: Value| {
+        let validator = jsonschema::draft7::new(&schemas[name]).unwrap();
+        assert!(!validator.is_valid(&body), "{name} accepted {body}");
+    };
+    refuse("Register", json!({"v": 1, "pool": "p", "slots": 1}));
+    refuse(
+        "Register",
+        json!({"worker_id": "w", "pool": "a.b", "slots": 1}),
+    );
+    refuse("Lease", json!({"task_id": 0}));
+    refuse(
+        "Reply_Ack",
+        json!({"ok": {"v": 1}, "error": {"code": "INTERNAL", "message": ""}}),
+    );
+    refuse("TaskStatus", json!({"id": 1, "pool": "p", "state": "lost"}));
+    refuse(
+        "AttemptReport",
+        json!({"worker_id": "w", "task_id": 1, "attempt": 1, "epoch": 1, "result": "lost"}),
+    );
+    refuse("Submit", json!({"payload": [1], "labels": {"gpu": "a 100"}}));
+    refuse("Submit", json!({"payload": [256]}));
+}
+
+/// Messages survive MessagePack both ways (what actually travels).
+#[test]
+fn samples_round_trip_through_message_pack() {
+    fn check<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(items: Vec<T>) {
+        for item in items {
+            let back: T = wire::decode(&wire::encode(&item)).unwrap();
+            assert_eq!(back, item);
+        }
+    }
+    check(submits());
+    check(registers());
+    check(heartbeats());
+    check(deregisters());
+    check(reports());
+    check(revokes());
+    check(task_events());
+    check(task_statuses());
+    check(snapshots());
+    check(vec![lease()]);
+    check(vec![
+        Reply::Ok(register_reply()),
+        Reply::Error(wire_error()),
+    ]);
+}
+
+// ---- AsyncAPI and error codes -------------------------------------------
+
+fn file(path: &str) -> String {
+    generated()
+        .remove(path)
+        .unwrap_or_else(|| panic!("{path} is generated"))
+}
+
+/// The `address:` values of the AsyncAPI document.
+fn addresses(yaml: &str) -> BTreeSet<String> {
+    yaml.lines()
+        .filter_map(|l| l.trim_start().strip_prefix("address: "))
+        .filter(|a| *a != "null")
+        .map(|a| serde_json::from_str::<String>(a).expect("a quoted address"))
+        .collect()
+}
+
+#[test]
+fn asyncapi_names_every_subject() {
+    let yaml = file("proto-schemas/asyncapi.yaml");
+    assert!(yaml.contains("\nasyncapi: \"3.0.0\"\n"));
+    assert!(yaml.contains("\ndefaultContentType: \"application/msgpack\"\n"));
+    let subjects = Subjects::new(PREFIX).unwrap();
+    let fill = |address: &str| {
+        address
+            .replace("{prefix}", PREFIX)
+            .replace("{pool}", "inference")
+            .replace("{worker_id}", "w1")
+            .replace("{task_id}", "42")
+    };
+    let documented: BTreeSet<String> = addresses(&yaml).iter().map(|a| fill(a)).collect();
+    let mut expected: BTreeSet<String> = [
+        "register",
+        "heartbeat",
+        "deregister",
+        "renew",
+        "outcome",
+        "cancel",
+        "task",
+        "snapshot",
+    ]
+    .iter()
+    .map(|verb| subjects.api(verb))
+    .collect();
+    expected.insert(subjects.submit(&pool("inference")));
+    expected.insert(subjects.lease("w1"));
+    expected.insert(subjects.revoke("w1"));
+    expected.insert(subjects.events(TaskId(42)));
+    assert_eq!(documented, expected);
+
+    for name in schema_files().keys() {
+        // Bare replies travel inside `Reply_*`; the HTTP bodies stand alone.
+        let inner = [
+            "RegisterReply",
+            "HeartbeatReply",
+            "Ack",
+            "RenewReply",
+            "WireError",
+            "TaskStatus",
+            "Snapshot",
+        ];
+        if !inner.contains(&name.as_str()) {
+            assert!(
+                yaml.contains(&format!("$ref: \"./schemas/{name}.json\"")),
+                "asyncapi.yaml does not use {name}"
+            );
+        }
+    }
+    let files = generated();
+    for reference in yaml
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("$ref: \"./"))
+    {
+        let path = format!("proto-schemas/{}", reference.trim_end_matches('"'));
+        assert!(files.contains_key(&path), "{path} is referenced but not generated");
+    }
+    for header in wire::SUBMIT_HEADERS {
+        assert!(yaml.contains(&format!("{header}:")), "{header} undocumented");
+    }
+    for name in [
+        subjects.submit_stream(),
+        subjects.results_bucket(),
+        "CRONOQ_STATE".into(),
+    ] {
+        assert!(yaml.contains(&name), "{name} undocumented");
+    }
+}
+
+#[test]
+fn error_codes_carry_the_http_status() {
+    let text = file("proto-schemas/error-codes.md");
+    for code in ErrorCode::ALL {
+        let status = cronoq::http::status_of(&code);
+        let row = format!(
+            "| `{code}` | {} {} |",
+            status.as_u16(),
+            status.canonical_reason().unwrap()
+        );
+        assert!(text.contains(&row), "error-codes.md lacks the row {row}");
+        assert!(text.contains(&format!("### `{code}`")), "{code}");
+    }
+}
