@@ -5,13 +5,16 @@
 //! 1,000 required-label sets (0–2 labels, each matching several groups) and
 //! 1,000,000 waiting tasks spread over them. A *decision* is an
 //! `AttemptEnded { Succeeded }` for a random running attempt: the core
-//! forgets the task and hands the freed slot to the best waiter (`Finished`
-//! + `Start`). Batches of decisions alternate with batches of the baseline —
-//! one `BTreeMap` `pop_first` + `insert` on 1,000,000 entries plus one
-//! `FxHashMap` lookup on 1,000,000 entries, the least any scheduler does per
-//! decision — and both report the median ns per operation over batches.
-//! Between decision batches the waiters taken are replaced (untimed), so
-//! the queue stays at 1,000,000.
+//! forgets the task and hands the freed slot to the best waiter (it returns
+//! `Finished` and `Start`). Between decision batches the waiters taken are
+//! replaced (untimed), so the queue stays at 1,000,000.
+//!
+//! Batches of decisions alternate with batches of the baseline: one
+//! `BTreeMap` `pop_first` and one `insert` (at a random position) on
+//! 1,000,000 entries plus one `FxHashMap` lookup on 1,000,000 entries, the
+//! least any scheduler does per decision. Both report the median over
+//! batches of ns per operation, in the bench thread's CPU time (the machine
+//! is shared; wall time is shown beside it).
 //!
 //! A second figure is the cost of a submit that finds a free slot (light
 //! load: a fresh core with the same groups, nothing waiting).

@@ -128,7 +128,10 @@ fn main() {
     println!(
         "  cronoq    Scheduler, {GROUPS} label groups x {SLOTS_PER_GROUP} slots, 10% of tasks unlabeled"
     );
-    println!("  baseline  tokio::spawn + Semaphore({}) permit each", GROUPS * SLOTS_PER_GROUP as usize);
+    println!(
+        "  baseline  tokio::spawn + Semaphore({}) permit each",
+        GROUPS * SLOTS_PER_GROUP as usize
+    );
     println!("  runtime   tokio multi-thread, {workers} workers");
     for round in 1..=rounds {
         let b = rate(rt.block_on(baseline(n)));
@@ -146,7 +149,11 @@ fn main() {
     let b = median(&mut base_rates);
     let c = median(&mut cronoq_rates);
     let ratio = c / b;
-    let verdict = if ratio >= TARGET_RATIO { "PASS" } else { "FAIL" };
+    let verdict = if ratio >= TARGET_RATIO {
+        "PASS"
+    } else {
+        "FAIL"
+    };
     println!("  median    baseline {b:.0} tasks/s, cronoq {c:.0} tasks/s");
     println!(
         "  ratio     cronoq / baseline = {ratio:.3} (median of per-round ratios {:.3})",

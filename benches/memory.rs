@@ -171,7 +171,11 @@ fn embedded(n: usize, keep_handles: bool) -> PerTask {
         sched
             .executor("bench", |_, _| async { Ok(Bytes::new()) })
             .unwrap();
-        drop(sched.submit_now(Task::new(Bytes::new()).pool("bench")).unwrap());
+        drop(
+            sched
+                .submit_now(Task::new(Bytes::new()).pool("bench"))
+                .unwrap(),
+        );
         let before = live();
         // The user's own storage: allocated inside the reading, then
         // subtracted below.
@@ -213,7 +217,13 @@ fn main() {
     let (placed, data) = core_placement_data(n);
     let dropped = embedded(n, false);
     let kept = embedded(n, true);
-    let verdict = |p: &PerTask| if p.bytes <= TARGET_BYTES { "PASS" } else { "FAIL" };
+    let verdict = |p: &PerTask| {
+        if p.bytes <= TARGET_BYTES {
+            "PASS"
+        } else {
+            "FAIL"
+        }
+    };
     let line = |name: &str, p: &PerTask| {
         println!(
             "  {name:<40} {:>6.1} B/task ({:.2} allocs/task), ratio to baseline {:.2}  target <= 256 B: {}",
@@ -225,7 +235,9 @@ fn main() {
     };
     println!();
     println!("memory: live bytes per waiting task beyond its payload, at {n} waiting");
-    println!("  (requested bytes through a counting global allocator; malloc overhead not counted)");
+    println!(
+        "  (requested bytes through a counting global allocator; malloc overhead not counted)"
+    );
     println!(
         "  {:<40} {:>6.1} B/task ({:.2} allocs/task)  [BTreeMap<(u64,i32,u64),u32> + FxHashMap<u64,u32>]",
         "baseline",

@@ -370,17 +370,11 @@ impl Scheduler {
         }
         let view = st.core.task(id)?;
         let run = st.entries.get(&id).and_then(|e| e.run.as_deref());
-        Some(TaskStatus {
-            id,
-            pool: view.pool,
-            state: view.state,
-            reason: view.reason,
-            attempts: run.map(|r| r.attempts.clone()).unwrap_or_default(),
-            output: None,
-            output_base64: None,
-            error: run.and_then(|r| r.error.clone()),
-            deadline_missed: false,
-        })
+        Some(TaskStatus::live(
+            view,
+            run.map(|r| r.attempts.clone()).unwrap_or_default(),
+            run.and_then(|r| r.error.clone()),
+        ))
     }
 
     /// Waits for a task by id (live or recently finished).
@@ -571,7 +565,7 @@ impl Inner {
                     // and will not report back to this entry; close it here.
                     for record in run.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
                         record.ended_at = Some(now);
-                        record.outcome = Some(outcome_name(AttemptOutcome::Cancelled).to_string());
+                        record.outcome = Some(AttemptOutcome::Cancelled.as_str().to_string());
                     }
                     if let Some(key) = run.key.take() {
                         st.keys.remove(&key);
@@ -637,7 +631,10 @@ impl Inner {
                     Ok(Err(panic)) => (
                         AttemptOutcome::Failed { retryable: true },
                         None,
-                        Some(format!("executor panicked: {}", panic_message(&panic))),
+                        Some(format!(
+                            "executor panicked: {}",
+                            crate::task::panic_message(&*panic)
+                        )),
                     ),
                     Err(_aborted) => (AttemptOutcome::Cancelled, None, None),
                 };
@@ -668,7 +665,7 @@ impl Inner {
                     };
                 if let Some(record) = run.attempts.iter_mut().rev().find(|a| a.attempt == attempt) {
                     record.ended_at = Some(now);
-                    record.outcome = Some(outcome_name(recorded).to_string());
+                    record.outcome = Some(recorded.as_str().to_string());
                     record.error = error.clone();
                 }
                 if output.is_some() {
@@ -708,25 +705,6 @@ impl Inner {
             jobs
         };
         self.spawn_all(jobs);
-    }
-}
-
-fn outcome_name(outcome: AttemptOutcome) -> &'static str {
-    match outcome {
-        AttemptOutcome::Succeeded => "succeeded",
-        AttemptOutcome::Failed { .. } => "failed",
-        AttemptOutcome::Lost => "lost",
-        AttemptOutcome::Cancelled => "cancelled",
-    }
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-text panic".to_string()
     }
 }
 

@@ -419,3 +419,35 @@ impl TaskStatus {
         self.output.as_ref().map(|s| s.clone().into_bytes())
     }
 }
+
+/// The text of a caught panic, for the attempt's error.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-text panic".to_string()
+    }
+}
+
+impl TaskStatus {
+    /// The status of a task the core still holds.
+    pub(crate) fn live(
+        view: crate::core::TaskView,
+        attempts: Vec<AttemptRecord>,
+        error: Option<String>,
+    ) -> TaskStatus {
+        TaskStatus {
+            id: view.id,
+            pool: view.pool,
+            state: view.state,
+            reason: view.reason,
+            attempts,
+            output: None,
+            output_base64: None,
+            error,
+            deadline_missed: false,
+        }
+    }
+}

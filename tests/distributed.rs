@@ -2,8 +2,9 @@
 //! with JetStream, a `cronoq server` and `cronoq worker … -- sh -c …`
 //! processes (see `procs`), driven through the Rust client, the `cronoq`
 //! CLI and plain NATS publishes. Covers placement across workers (SPEC §2
-//! rules 1–3, 5, 6, 8), worker death, the CLI's exit codes, plain-publish
-//! submissions and their de-duplication, and a NATS restart mid-run.
+//! rules 1–3, 5, 6, 8), cancel (rule 9), worker death and drain, the CLI's
+//! exit codes, plain-publish submissions and their de-duplication, and
+//! NATS going away mid-run (a clean restart and a `kill -9`).
 //!
 //! No test sleeps to wait for something: every wait polls with a deadline
 //! (`procs::eventually`), and a command that must stay busy holds its slot
@@ -35,7 +36,13 @@ fn worker_of(status: &cronoq::TaskStatus, n: usize) -> String {
 fn task_id_in(stderr: &str) -> TaskId {
     stderr
         .lines()
-        .find_map(|l| l.strip_prefix("task ")?.split_whitespace().next()?.parse().ok())
+        .find_map(|l| {
+            l.strip_prefix("task ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
         .map(TaskId)
         .unwrap_or_else(|| panic!("no `task N` line in stderr: {stderr:?}"))
 }
@@ -187,8 +194,12 @@ async fn waiters_start_in_submission_order() {
 
 #[tokio::test]
 async fn a_worker_killed_mid_task_is_replaced_by_another_matching_worker() {
-    let mut c = Cluster::start(&[("cpu", "", 1), ("gpu-a", "gpu=a100", 1), ("gpu-b", "gpu=a100", 1)])
-        .await;
+    let mut c = Cluster::start(&[
+        ("cpu", "", 1),
+        ("gpu-a", "gpu=a100", 1),
+        ("gpu-b", "gpu=a100", 1),
+    ])
+    .await;
     let victim = c.submit_payload(&hold("victim", "go"), "gpu=a100").await;
     let first = worker_of(&c.running(victim).await, 1);
     assert!(first.starts_with("gpu-"), "ran on {first}");
@@ -247,7 +258,13 @@ async fn a_worker_killed_mid_task_is_replaced_by_another_matching_worker() {
     let outcomes: Vec<_> = status
         .attempts
         .iter()
-        .map(|a| (a.attempt, a.worker.clone().unwrap(), a.outcome.clone().unwrap()))
+        .map(|a| {
+            (
+                a.attempt,
+                a.worker.clone().unwrap(),
+                a.outcome.clone().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         outcomes,
@@ -256,6 +273,95 @@ async fn a_worker_killed_mid_task_is_replaced_by_another_matching_worker() {
             (2, other.to_string(), "succeeded".to_string())
         ]
     );
+}
+
+#[tokio::test]
+async fn a_draining_worker_finishes_its_attempt_without_blocking_its_group() {
+    let mut c = Cluster::start(&[("w1", "", 1), ("w2", "", 1)]).await;
+    let long = c.submit_payload(&hold("long", "go"), "").await;
+    let draining = worker_of(&c.running(long).await, 1);
+    let other = if draining == "w1" { "w2" } else { "w1" };
+    eventually("the command to start", || async {
+        let runs = c.runs();
+        if runs.iter().any(|r| r.name == "long") {
+            Ok(())
+        } else {
+            Err(format!("{runs:?}"))
+        }
+    })
+    .await;
+
+    // SIGTERM: the worker drains. Its slot is no longer offered…
+    c.workers.get_mut(&draining).expect("worker").terminate();
+    c.snapshot_until("the worker to drain", |s| {
+        s.workers.iter().any(|w| w.id == draining && w.slots == 0)
+    })
+    .await;
+    // …but the other worker of the group still takes new work.
+    let next = c.submit_payload("next", "").await;
+    assert_eq!(c.succeeded(next).await, format!("next on [] by {other}"));
+
+    // The attempt it was running finishes there, and then it leaves.
+    c.release("go");
+    assert_eq!(c.succeeded(long).await, format!("long on [] by {draining}"));
+    let status = c.status(long).await;
+    assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    let exit = eventually("the drained worker to exit", || {
+        let exit = c.workers.get_mut(&draining).expect("worker").exited();
+        async move { exit.ok_or_else(|| "still running".to_string()) }
+    })
+    .await;
+    assert!(exit.success(), "{exit:?}");
+    let snap = c
+        .snapshot_until("the drained worker to leave the snapshot", |s| {
+            !s.workers.iter().any(|w| w.id == draining)
+        })
+        .await;
+    assert_eq!(snap.pools[0].capacity, 1, "{}", snap.to_table());
+}
+
+#[tokio::test]
+async fn cancel_drops_a_waiting_task_and_stops_a_running_one() {
+    let c = Cluster::start(&[("w1", "", 1)]).await;
+    let url = c.nats_url();
+    let long = c.submit_payload(&hold("long", "never"), "").await;
+    c.running(long).await;
+    let queued = c.submit_payload("queued", "").await;
+    c.waiting(queued, "groups_full").await;
+
+    let out = c
+        .cli(&["cancel", "--nats", &url, &queued.to_string()])
+        .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let status = c.finished(queued).await;
+    assert_eq!(status.state, TaskState::Cancelled, "{}", describe(&status));
+    assert!(status.attempts.is_empty(), "{}", describe(&status));
+
+    let out = c.cli(&["cancel", "--nats", &url, &long.to_string()]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let status = c.finished(long).await;
+    assert_eq!(status.state, TaskState::Cancelled, "{}", describe(&status));
+    assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    assert_eq!(
+        status.attempts[0].outcome.as_deref(),
+        Some("cancelled"),
+        "the revoked attempt ends with the task: {}",
+        describe(&status)
+    );
+    assert!(
+        status.attempts[0].ended_at.is_some(),
+        "{}",
+        describe(&status)
+    );
+
+    // The slot comes back once the worker has stopped the command.
+    let next = c.submit_payload("next", "").await;
+    assert_eq!(c.succeeded(next).await, "next on [] by w1");
+    assert_eq!(c.run_names(), ["long", "next"]);
+
+    let again = c.cli(&["cancel", "--nats", &url, &long.to_string()]).await;
+    assert_eq!(again.code, Some(2), "{again:?}");
+    assert!(again.stderr.contains("[FAILED_PRECONDITION]"), "{again:?}");
 }
 
 #[tokio::test]
@@ -400,12 +506,8 @@ async fn a_duplicate_nats_msg_id_is_accepted_once() {
     assert_eq!(c.succeeded(once).await, "once on [] by cpu");
 
     // The client's idempotency key is the same mechanism.
-    let a = c
-        .submit(Task::new("keyed").idempotency_key("key-7"))
-        .await;
-    let b = c
-        .submit(Task::new("keyed").idempotency_key("key-7"))
-        .await;
+    let a = c.submit(Task::new("keyed").idempotency_key("key-7")).await;
+    let b = c.submit(Task::new("keyed").idempotency_key("key-7")).await;
     assert_eq!(a, b);
     assert_eq!(c.succeeded(a).await, "keyed on [] by cpu");
 
@@ -423,25 +525,45 @@ async fn a_duplicate_nats_msg_id_is_accepted_once() {
 
 #[tokio::test]
 async fn a_nats_restart_mid_run_loses_no_accepted_task() {
-    const BEFORE: usize = 6;
+    nats_goes_away_mid_run(procs::NatsServer::restart).await;
+}
+
+#[tokio::test]
+async fn a_nats_crash_mid_run_loses_no_accepted_task() {
+    nats_goes_away_mid_run(procs::NatsServer::crash_and_restart).await;
+}
+
+/// Tasks running, waiting and just accepted when NATS goes away (`stop`
+/// brings it back on the same port and store): each succeeds exactly once,
+/// and submissions work again afterwards.
+async fn nats_goes_away_mid_run(stop: fn(&mut procs::NatsServer)) {
     let mut c = Cluster::start(&[("w1", "", 2)]).await;
     let mut ids = Vec::new();
-    for i in 0..BEFORE {
+    for i in 0..4 {
         ids.push(c.submit_payload(&hold(&format!("r{i}"), "go"), "").await);
     }
-    // Two run, the rest wait.
-    c.snapshot_until("2 busy and 4 waiting", |s| {
+    // Two run, two wait.
+    c.snapshot_until("2 busy and 2 waiting", |s| {
         s.pools
             .first()
-            .is_some_and(|p| p.busy == 2 && p.waiting == (BEFORE as u64 - 2))
+            .is_some_and(|p| p.busy == 2 && p.waiting == 2)
     })
     .await;
+    // Accepted (acknowledged by JetStream), perhaps not seen by the leader.
+    for i in 0..3 {
+        ids.push(
+            c.submit_payload(&hold(&format!("fresh{i}"), "go"), "")
+                .await,
+        );
+    }
 
-    c.nats.restart();
+    stop(&mut c.nats);
 
-    // Accepted tasks survive, new ones are accepted once NATS is back.
+    // Submissions work again once the client has reconnected. A retry
+    // after a lost acknowledgement must not make a second task: hence the
+    // idempotency key.
     for i in 0..2 {
-        let task = Task::new(format!("after{i}"));
+        let task = Task::new(format!("after{i}")).idempotency_key(format!("after{i}"));
         let id = eventually("a submission after the restart", || async {
             c.client
                 .submit(task.clone())
@@ -472,7 +594,7 @@ async fn a_nats_restart_mid_run_loses_no_accepted_task() {
     let mut names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), BEFORE + 2, "every task ran: {runs:?}");
+    assert_eq!(names.len(), ids.len(), "every task ran: {runs:?}");
     // No attempt was delivered twice.
     let mut attempts: Vec<(u64, u32)> = runs.iter().map(|r| (r.task, r.attempt)).collect();
     attempts.sort();

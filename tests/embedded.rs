@@ -1077,8 +1077,7 @@ async fn bad_capacity_and_pool_settings_are_refused_and_change_nothing() {
     let err = Scheduler::builder()
         .pool(POOL, inverted)
         .build()
-        .err()
-        .expect("bad pool setting refused");
+        .expect_err("bad pool setting refused");
     assert_eq!(err.code(), ErrorCode::INVALID_ARGUMENT);
 }
 

@@ -25,9 +25,9 @@ use cronoq::core::{
 };
 use cronoq::task::{AttemptRecord, TaskStatus};
 use cronoq::wire::{
-    self, Ack, AttemptReport, AttemptResult, Cancel, Credentials, Deregister, GetSnapshot,
-    GetTask, Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew, RenewReply, Reply,
-    Revoke, RunningAttempt, Submit, Subjects, TaskEvent, WireError, PROTOCOL_VERSION,
+    self, Ack, AttemptReport, AttemptResult, Cancel, Credentials, Deregister, GetSnapshot, GetTask,
+    Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew, RenewReply, Reply, Revoke,
+    RunningAttempt, Subjects, Submit, TaskEvent, WireError, PROTOCOL_VERSION,
 };
 use cronoq::Task;
 
@@ -156,7 +156,10 @@ fn pool(name: &str) -> PoolName {
 }
 
 fn wire_error() -> WireError {
-    WireError::new(ErrorCode::PERMISSION_DENIED, "worker may not claim gpu=h100")
+    WireError::new(
+        ErrorCode::PERMISSION_DENIED,
+        "worker may not claim gpu=h100",
+    )
 }
 
 fn submits() -> Vec<Submit> {
@@ -650,10 +653,10 @@ fn samples_validate_against_their_schemas() {
         }
         let validator = jsonschema::draft7::new(&strict(schema)).expect("a schema compiles");
         let mut seen = BTreeSet::new();
-        for sample in &samples[name] {
+        for (i, sample) in samples[name].iter().enumerate() {
             for error in validator.iter_errors(sample) {
                 problems.push(format!(
-                    "{name}: {sample} fails at {}: {error}",
+                    "{name}: sample {i} fails at `{}`: {error}",
                     error.instance_path
                 ));
             }
@@ -691,7 +694,10 @@ fn schemas_refuse_wrong_bodies() {
         "AttemptReport",
         json!({"worker_id": "w", "task_id": 1, "attempt": 1, "epoch": 1, "result": "lost"}),
     );
-    refuse("Submit", json!({"payload": [1], "labels": {"gpu": "a 100"}}));
+    refuse(
+        "Submit",
+        json!({"payload": [1], "labels": {"gpu": "a 100"}}),
+    );
     refuse("Submit", json!({"payload": [256]}));
 }
 
@@ -794,10 +800,16 @@ fn asyncapi_names_every_subject() {
         .filter_map(|l| l.trim_start().strip_prefix("$ref: \"./"))
     {
         let path = format!("proto-schemas/{}", reference.trim_end_matches('"'));
-        assert!(files.contains_key(&path), "{path} is referenced but not generated");
+        assert!(
+            files.contains_key(&path),
+            "{path} is referenced but not generated"
+        );
     }
     for header in wire::SUBMIT_HEADERS {
-        assert!(yaml.contains(&format!("{header}:")), "{header} undocumented");
+        assert!(
+            yaml.contains(&format!("{header}:")),
+            "{header} undocumented"
+        );
     }
     for name in [
         subjects.submit_stream(),

@@ -643,6 +643,18 @@ pub enum AttemptOutcome {
     Cancelled,
 }
 
+impl AttemptOutcome {
+    /// The lowercase name shown in attempt records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Failed { .. } => "failed",
+            AttemptOutcome::Lost => "lost",
+            AttemptOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// A task's state (SPEC §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -9,7 +9,8 @@
 //! (append to a log before acting) and fence them by epoch.
 //!
 //! Groups in the core are the sum of their workers: a group's capacity is
-//! the slots of its registered, non-draining workers. A `Start{group}` is
+//! the slots of its registered, non-draining workers (a draining worker
+//! keeps one slot per attempt it still runs). A `Start{group}` is
 //! leased to the worker of that group with the most free slots (ties: the
 //! smallest worker id). A worker silent for `worker_timeout` is removed:
 //! its capacity leaves the core first, then its attempts are reported
@@ -322,17 +323,11 @@ impl Driver {
         }
         let view = self.core.task(id)?;
         let info = self.tasks.get(&id);
-        Some(TaskStatus {
-            id,
-            pool: view.pool,
-            state: view.state,
-            reason: view.reason,
-            attempts: info.map(|i| i.attempts.clone()).unwrap_or_default(),
-            output: None,
-            output_base64: None,
-            error: info.and_then(|i| i.error.clone()),
-            deadline_missed: false,
-        })
+        Some(TaskStatus::live(
+            view,
+            info.map(|i| i.attempts.clone()).unwrap_or_default(),
+            info.and_then(|i| i.error.clone()),
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -505,6 +500,14 @@ impl Driver {
                     return;
                 };
                 tracing::info!(task_id = %task, state = %state, attempts = info.attempts.len(), "task finished");
+                if state == TaskState::Cancelled {
+                    // A running attempt was revoked and ends with the task:
+                    // the worker's late report finds no task to update.
+                    for rec in info.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
+                        rec.ended_at = Some(now);
+                        rec.outcome = Some(AttemptOutcome::Cancelled.as_str().to_string());
+                    }
+                }
                 let output = if state == TaskState::Succeeded {
                     info.output.take()
                 } else {
@@ -543,7 +546,9 @@ impl Driver {
     }
 
     /// Tells the core the group's capacity: the slots of its live,
-    /// non-draining workers.
+    /// non-draining workers, plus one per attempt a draining worker still
+    /// runs (those count as busy in the core; without their slots the
+    /// group would look full while its other workers have free slots).
     fn sync_group(&mut self, now: Millis, pool: &PoolName, labels: &Labels) {
         let slots = self
             .groups
@@ -552,8 +557,13 @@ impl Driver {
                 members
                     .iter()
                     .map(|id| &self.workers[id])
-                    .filter(|w| !w.draining)
-                    .map(|w| w.slots)
+                    .map(|w| {
+                        if w.draining {
+                            u32::try_from(w.running.len()).unwrap_or(u32::MAX)
+                        } else {
+                            w.slots
+                        }
+                    })
                     .sum()
             })
             .unwrap_or(0);
@@ -566,6 +576,19 @@ impl Driver {
             },
         )
         .expect("validated labels");
+    }
+
+    /// An attempt no longer runs on `worker_id`. A draining worker's
+    /// capacity shrinks with it, before the core hears that the attempt
+    /// ended, so the freed slot is not offered to a waiter.
+    fn release_slot(&mut self, now: Millis, worker_id: &str, task: TaskId, attempt: u32) {
+        let Some(w) = self.workers.get_mut(worker_id) else {
+            return;
+        };
+        if w.running.remove(&(task, attempt)) && w.draining {
+            let (pool, labels) = (w.pool.clone(), w.labels.clone());
+            self.sync_group(now, &pool, &labels);
+        }
     }
 
     fn register(&mut self, now: Millis, r: Register) -> Result<RegisterReply, WireError> {
@@ -677,7 +700,7 @@ impl Driver {
         self.sync_group(now, &w.pool, &w.labels);
         for (task, attempt) in w.running {
             self.leases.remove(&task);
-            self.end_attempt(now, task, attempt, "lost", None);
+            self.end_attempt(now, task, attempt, AttemptOutcome::Lost, None);
             let _ = self.apply(
                 now,
                 Event::AttemptEnded {
@@ -730,7 +753,7 @@ impl Driver {
         now: Millis,
         task: TaskId,
         attempt: u32,
-        outcome: &str,
+        outcome: AttemptOutcome,
         error: Option<String>,
     ) {
         if let Some(info) = self.tasks.get_mut(&task) {
@@ -741,7 +764,7 @@ impl Driver {
                 .find(|a| a.attempt == attempt)
             {
                 rec.ended_at = Some(now);
-                rec.outcome = Some(outcome.to_string());
+                rec.outcome = Some(outcome.as_str().to_string());
                 rec.error = error.clone();
             }
             if error.is_some() {
@@ -753,8 +776,8 @@ impl Driver {
     fn outcome(&mut self, now: Millis, o: AttemptReport) -> Result<Ack, WireError> {
         self.check_lease(&o.worker_id, o.task_id, o.attempt, o.epoch)?;
         self.leases.remove(&o.task_id);
+        self.release_slot(now, &o.worker_id, o.task_id, o.attempt);
         if let Some(w) = self.workers.get_mut(&o.worker_id) {
-            w.running.remove(&(o.task_id, o.attempt));
             w.last_seen = now;
         }
         let outcome = match o.result {
@@ -762,15 +785,21 @@ impl Driver {
                 if let Some(info) = self.tasks.get_mut(&o.task_id) {
                     info.output = Some(output);
                 }
-                self.end_attempt(now, o.task_id, o.attempt, "succeeded", None);
+                self.end_attempt(now, o.task_id, o.attempt, AttemptOutcome::Succeeded, None);
                 AttemptOutcome::Succeeded
             }
             AttemptResult::Failed { error, retryable } => {
-                self.end_attempt(now, o.task_id, o.attempt, "failed", Some(error));
+                self.end_attempt(
+                    now,
+                    o.task_id,
+                    o.attempt,
+                    AttemptOutcome::Failed { retryable },
+                    Some(error),
+                );
                 AttemptOutcome::Failed { retryable }
             }
             AttemptResult::Cancelled => {
-                self.end_attempt(now, o.task_id, o.attempt, "cancelled", None);
+                self.end_attempt(now, o.task_id, o.attempt, AttemptOutcome::Cancelled, None);
                 AttemptOutcome::Cancelled
             }
         };
@@ -797,10 +826,14 @@ impl Driver {
         for (task, attempt, worker) in expired {
             tracing::info!(task_id = %task, attempt, worker_id = %worker, "lease expired");
             self.leases.remove(&task);
-            if let Some(w) = self.workers.get_mut(&worker) {
-                w.running.remove(&(task, attempt));
-            }
-            self.end_attempt(now, task, attempt, "lost", Some("lease expired".into()));
+            self.release_slot(now, &worker, task, attempt);
+            self.end_attempt(
+                now,
+                task,
+                attempt,
+                AttemptOutcome::Lost,
+                Some("lease expired".into()),
+            );
             let _ = self.apply(
                 now,
                 Event::AttemptEnded {
@@ -940,27 +973,31 @@ mod tests {
         assert_eq!(leases(&mut d)[0].0, "cronoq.worker.a.lease");
         register(&mut d, "b", "gpu=a100", 1);
         // b heartbeats, a stays silent.
-        let (tx, _rx) = oneshot::channel();
-        d.handle(
-            Millis(5_000),
-            Input::Heartbeat(
-                Heartbeat {
-                    v: 1,
-                    worker_id: "b".into(),
-                    free_slots: 1,
-                    running: vec![],
-                },
-                Responder::Local(tx),
-            ),
-        );
+        let beat = |d: &mut Driver, at: u64| {
+            let (tx, _rx) = oneshot::channel();
+            d.handle(
+                Millis(at),
+                Input::Heartbeat(
+                    Heartbeat {
+                        v: 1,
+                        worker_id: "b".into(),
+                        free_slots: 1,
+                        running: vec![],
+                    },
+                    Responder::Local(tx),
+                ),
+            );
+        };
+        beat(&mut d, 5_000);
         d.housekeeping(Millis(6_000));
-        // The retry waits out its backoff, then goes to b.
-        d.housekeeping(Millis(60_000));
+        // The retry waits out its 1 s backoff, then goes to b.
+        beat(&mut d, 7_000);
+        d.housekeeping(Millis(7_000));
         let l = leases(&mut d);
         assert_eq!(l.len(), 1, "{l:?}");
         assert_eq!(l[0].0, "cronoq.worker.b.lease");
         assert_eq!(l[0].1.attempt, 2);
-        let snap = d.snapshot(Millis(60_000));
+        let snap = d.snapshot(Millis(7_000));
         assert_eq!(snap.workers.len(), 1);
         assert_eq!(snap.pools[0].groups[0].capacity, 1);
     }

@@ -426,6 +426,7 @@ pub async fn serve(
         .state
         .last_sequence;
     let consumer = tokio::spawn(consume(
+        client.clone(),
         submit_stream.clone(),
         subjects.clone(),
         results.clone(),
@@ -528,8 +529,10 @@ async fn next_epoch(js: &jetstream::Context, subjects: &Subjects) -> Result<u64,
 }
 
 /// Reads the submit stream from its first message, forever; recreates the
-/// consumer after errors (a NATS restart) from the next sequence.
+/// consumer from the next sequence after errors and after every reconnect
+/// (a NATS restart).
 async fn consume(
+    client: async_nats::Client,
     stream: stream::Stream,
     subjects: Subjects,
     results: kv::Store,
@@ -538,6 +541,12 @@ async fn consume(
 ) {
     let mut next_seq = 1u64;
     loop {
+        // After a reconnect (a NATS restart) the ephemeral consumer may be
+        // gone, and async-nats only notices when its 15 s idle heartbeat
+        // is missed: new submissions would wait that long. So watch the
+        // connection count and start over from `next_seq` at once.
+        let connects = client.statistics().connects.load(Ordering::Relaxed);
+        let mut reconnect_check = tokio::time::interval(Duration::from_millis(250));
         let consumer = stream
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
                 deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
@@ -561,7 +570,18 @@ async fn consume(
                 continue;
             }
         };
-        while let Some(message) = messages.next().await {
+        loop {
+            let message = tokio::select! {
+                message = messages.next() => message,
+                _ = reconnect_check.tick() => {
+                    if client.statistics().connects.load(Ordering::Relaxed) != connects {
+                        tracing::info!("reconnected to nats; recreating the submit consumer");
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let Some(message) = message else { break };
             let message = match message {
                 Ok(m) => m,
                 Err(e) => {

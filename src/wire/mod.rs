@@ -7,8 +7,9 @@
 //! message carries the protocol version `v`. Replies are
 //! [`Reply::Ok`] or [`Reply::Error`] with a stable [`ErrorCode`].
 //! `proto-schemas/` holds the AsyncAPI document and JSON Schemas generated
-//! from these types (`cargo run -- schemas proto-schemas`, checked by a
-//! test).
+//! from these types by [`schemas::generate`]; `tests/proto_schemas.rs`
+//! fails when the checked-in files differ (regenerate with
+//! `UPDATE_SCHEMAS=1 cargo test --test proto_schemas`).
 
 mod headers;
 mod messages;

@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     Ack, AttemptReport, Cancel, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease,
-    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, Submit, Subjects, TaskEvent,
+    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, Subjects, Submit, TaskEvent,
     WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
 use crate::core::{ErrorCode, Snapshot};
@@ -370,33 +370,70 @@ fn asyncapi(subjects: &Subjects) -> Value {
     let js = JetStream::of(subjects);
     let prefix = subjects.prefix();
     let bodies = bodies();
-    let summary_of = |name: &str| -> String {
-        let body = bodies.iter().find(|b| b.name == name).expect("a known body");
+    // A message's summary is the first paragraph of its type's doc comment,
+    // its description the rest (rustdoc's line breaks undone).
+    let docs_of = |name: &str| -> (String, Option<String>) {
+        let body = bodies
+            .iter()
+            .find(|b| b.name == name)
+            .expect("a known body");
         let schema = (body.schema)();
-        schema["description"]
+        let doc = schema["description"]
             .as_str()
             .unwrap_or_default()
-            .to_string()
+            .to_string();
+        let mut paragraphs = doc.split("\n\n").map(|p| p.replace('\n', " "));
+        let summary = paragraphs.next().unwrap_or_default();
+        let rest: Vec<String> = paragraphs.collect();
+        (summary, (!rest.is_empty()).then(|| rest.join("\n\n")))
     };
-    let param_prefix = json!({
-        "default": prefix,
-        "description": "The subject prefix of the installation (`server.subject_prefix`): one \
-            NATS token of letters, digits, `_` and `-`.",
-        "examples": [prefix],
+    let message = |name: &str, mut fields: Value| -> Value {
+        let (summary, description) = docs_of(name);
+        fields["name"] = name.into();
+        fields["summary"] = summary.into();
+        if let Some(description) = description {
+            fields["description"] = description.into();
+        }
+        if fields.get("payload").is_none() {
+            fields["payload"] = payload_ref(name);
+        }
+        fields
+    };
+    let parameters = json!({
+        "prefix": {
+            "default": prefix,
+            "description": "The subject prefix of the installation (`server.subject_prefix`): \
+                one NATS token of letters, digits, `_` and `-`. `P.` in the descriptions \
+                stands for it.",
+            "examples": [prefix],
+        },
+        "pool": {
+            "description": "A pool name: 1-64 letters, digits, `_` and `-`.",
+            "examples": ["default", "inference"],
+        },
+        "worker_id": {
+            "description": "A worker id: 1-64 letters, digits, `_` and `-`.",
+            "examples": ["gpu-node-7"],
+        },
+        "task_id": {
+            "description": "A task id: the decimal sequence number of its submission in the \
+                submit stream.",
+            "examples": ["42"],
+        },
     });
-    let param_pool = json!({
-        "description": "A pool name: 1-64 letters, digits, `_` and `-`.",
-        "examples": ["default", "inference"],
-    });
-    let param_worker = json!({
-        "description": "A worker id: 1-64 letters, digits, `_` and `-`.",
-        "examples": ["gpu-node-7"],
-    });
-    let param_task = json!({
-        "description": "A task id: the decimal sequence number of its submission in the submit \
-            stream.",
-        "examples": ["42"],
-    });
+    // `{name}`s of an address, as references to the shared parameters.
+    let parameters_of = |address: &str| -> Value {
+        let mut out = Map::new();
+        for name in ["prefix", "pool", "worker_id", "task_id"] {
+            if address.contains(&format!("{{{name}}}")) {
+                out.insert(
+                    name.into(),
+                    json!({ "$ref": format!("#/components/parameters/{name}") }),
+                );
+            }
+        }
+        Value::Object(out)
+    };
 
     let mut channels = Map::new();
     let mut operations = Map::new();
@@ -421,7 +458,7 @@ fn asyncapi(subjects: &Subjects) -> Value {
                 with `submission refused:`, announced on `{prefix}.events.<task_id>`.",
                 stream = js.stream,
             ),
-            "parameters": { "prefix": param_prefix, "pool": param_pool },
+            "parameters": parameters_of("{prefix}.submit.{pool}"),
             "messages": {
                 "Submit": message_ref("Submit"),
                 "PlainSubmit": message_ref("PlainSubmit"),
@@ -451,31 +488,31 @@ fn asyncapi(subjects: &Subjects) -> Value {
     );
     messages.insert(
         "Submit".into(),
-        json!({
-            "name": "Submit",
-            "title": "Submit (MessagePack)",
-            "summary": summary_of("Submit"),
-            "contentType": SUBMIT_CONTENT_TYPE,
-            "headers": {
-                "type": "object",
-                "properties": {
-                    "Content-Type": {
-                        "type": "string",
-                        "const": SUBMIT_CONTENT_TYPE,
-                        "description": "Marks the body as a MessagePack `Submit`.",
+        message(
+            "Submit",
+            json!({
+                "title": "Submit (MessagePack)",
+                "contentType": SUBMIT_CONTENT_TYPE,
+                "headers": {
+                    "type": "object",
+                    "properties": {
+                        "Content-Type": {
+                            "type": "string",
+                            "const": SUBMIT_CONTENT_TYPE,
+                            "description": "Marks the body as a MessagePack `Submit`.",
+                        },
+                        "Nats-Msg-Id": {
+                            "type": "string",
+                            "description": format!(
+                                "The idempotency key (cronoq's clients send it when the task has \
+                                one). {NATS_MSG_ID}"
+                            ),
+                        },
                     },
-                    "Nats-Msg-Id": {
-                        "type": "string",
-                        "description": format!(
-                            "The idempotency key (cronoq's clients send it when the task has \
-                            one). {NATS_MSG_ID}"
-                        ),
-                    },
+                    "required": ["Content-Type"],
                 },
-                "required": ["Content-Type"],
-            },
-            "payload": payload_ref("Submit"),
-        }),
+            }),
+        ),
     );
     let mut header_props = Map::new();
     for name in SUBMIT_HEADERS {
@@ -519,16 +556,17 @@ fn asyncapi(subjects: &Subjects) -> Value {
     // Requests on P.api.<verb>.
     for r in &REQUESTS {
         let reply_channel = format!("{}Reply", r.verb);
+        let address = format!("{{prefix}}.api.{}", r.verb);
         channels.insert(
             r.verb.into(),
             json!({
-                "address": format!("{{prefix}}.api.{}", r.verb),
-                "title": format!("{}.api.{}", prefix, r.verb),
+                "address": address,
+                "title": format!("P.api.{}", r.verb),
                 "description": format!(
                     "Requests to the leader (core NATS request/reply). {}",
                     r.description
                 ),
-                "parameters": { "prefix": param_prefix },
+                "parameters": parameters_of(&address),
                 "messages": { r.request: message_ref(r.request) },
             }),
         );
@@ -536,7 +574,7 @@ fn asyncapi(subjects: &Subjects) -> Value {
             reply_channel.clone(),
             json!({
                 "address": null,
-                "title": format!("Reply to {}.api.{}", prefix, r.verb),
+                "title": format!("Reply to P.api.{}", r.verb),
                 "description": "The requester's reply subject (its NATS inbox).",
                 "messages": { r.reply: message_ref(r.reply) },
             }),
@@ -557,12 +595,7 @@ fn asyncapi(subjects: &Subjects) -> Value {
         );
         messages.insert(
             r.request.into(),
-            json!({
-                "name": r.request,
-                "title": r.request,
-                "summary": summary_of(r.request),
-                "payload": payload_ref(r.request),
-            }),
+            message(r.request, json!({ "title": r.request })),
         );
         if !messages.contains_key(r.reply) {
             let inner = r.reply.trim_start_matches("Reply_");
@@ -610,27 +643,24 @@ fn asyncapi(subjects: &Subjects) -> Value {
             "client",
             "The leader announces a task's state changes.",
             "Published (core NATS, not stored) when a task is queued or scheduled, when an \
-             attempt starts, and when the task finishes, with its output or error. A waiting \
+             attempt starts, when a retry is scheduled (`queued` again, with the last error) and \
+             when the task finishes, with its output or error. A waiting \
              client subscribes before it looks the task up, and looks again now and then in \
              case it missed an event.",
         ),
     ];
-    for (channel, address, message, tag, summary, description) in pushes {
-        let mut parameters = Map::new();
-        parameters.insert("prefix".into(), param_prefix.clone());
-        if address.contains("{worker_id}") {
-            parameters.insert("worker_id".into(), param_worker.clone());
-        }
-        if address.contains("{task_id}") {
-            parameters.insert("task_id".into(), param_task.clone());
-        }
+    for (channel, address, name, tag, summary, description) in pushes {
         channels.insert(
             channel.into(),
             json!({
                 "address": address,
+                "title": address
+                    .replace("{prefix}.", "P.")
+                    .replace('{', "<")
+                    .replace('}', ">"),
                 "description": description,
-                "parameters": parameters,
-                "messages": { message: message_ref(message) },
+                "parameters": parameters_of(address),
+                "messages": { name: message_ref(name) },
             }),
         );
         operations.insert(
@@ -640,18 +670,10 @@ fn asyncapi(subjects: &Subjects) -> Value {
                 "channel": channel_ref(channel),
                 "summary": summary,
                 "tags": [{ "name": tag }],
-                "messages": [channel_message_ref(channel, message)],
+                "messages": [channel_message_ref(channel, name)],
             }),
         );
-        messages.insert(
-            message.into(),
-            json!({
-                "name": message,
-                "title": message,
-                "summary": summary_of(message),
-                "payload": payload_ref(message),
-            }),
-        );
+        messages.insert(name.into(), message(name, json!({ "title": name })));
     }
 
     let description = format!(
@@ -708,7 +730,7 @@ fn asyncapi(subjects: &Subjects) -> Value {
         },
         "channels": channels,
         "operations": operations,
-        "components": { "messages": messages },
+        "components": { "messages": messages, "parameters": parameters },
     })
 }
 
@@ -1036,7 +1058,8 @@ mod tests {
             "on": "x: y # z",
             "g": "line one\nline two\n\nline four",
         }));
-        let want = "a:\n  b:\n    - 1\n    - \"two\"\n    - c: null\n      d: true\n  e: {}\n  f: []\n\
+        let want =
+            "a:\n  b:\n    - 1\n    - \"two\"\n    - c: null\n      d: true\n  e: {}\n  f: []\n\
                     \"on\": \"x: y # z\"\n\
                     g: |-\n  line one\n  line two\n\n  line four\n";
         // Key order follows the map; compare line sets to stay independent of it.
@@ -1049,7 +1072,12 @@ mod tests {
 
     #[test]
     fn awkward_strings_are_quoted() {
-        for text in [" leading\nspace", "tab\tinside\nx", "trailing \nspace", "one line"] {
+        for text in [
+            " leading\nspace",
+            "tab\tinside\nx",
+            "trailing \nspace",
+            "one line",
+        ] {
             assert!(!literal_ok(text), "{text:?}");
         }
         assert!(literal_ok("two\nlines\n"));

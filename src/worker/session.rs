@@ -718,7 +718,7 @@ impl Attempt {
                 retryable: e.is_retryable(),
             }),
             Some(Ok(Err(panic))) => Some(AttemptResult::Failed {
-                error: format!("handler panicked: {}", panic_message(&panic)),
+                error: format!("handler panicked: {}", crate::task::panic_message(&*panic)),
                 retryable: true,
             }),
             Some(Err(_aborted)) => {
@@ -881,15 +881,5 @@ fn outcome_name(result: &AttemptResult) -> &'static str {
         AttemptResult::Succeeded { .. } => "succeeded",
         AttemptResult::Failed { .. } => "failed",
         AttemptResult::Cancelled => "cancelled",
-    }
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-text panic".to_string()
     }
 }

