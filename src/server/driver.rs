@@ -68,6 +68,8 @@ pub(crate) enum Output {
     Publish { subject: String, body: Bytes },
     /// Store a finished task's result and drop its submission.
     Persist { seq: u64, status: TaskStatus },
+    /// Drop a submission that duplicated another task (no result kept).
+    Discard { seq: u64 },
 }
 
 /// Timing and limits.
@@ -99,6 +101,7 @@ struct LeaseState {
 
 struct TaskInfo {
     pool: PoolName,
+    key: Option<String>,
     payload: Bytes,
     attempts: Vec<AttemptRecord>,
     output: Option<Bytes>,
@@ -117,7 +120,11 @@ pub(crate) struct Driver {
     leases: FxHashMap<TaskId, LeaseState>,
     tasks: FxHashMap<TaskId, TaskInfo>,
     finished: FxHashMap<TaskId, TaskStatus>,
-    finished_order: VecDeque<TaskId>,
+    finished_order: VecDeque<(TaskId, Option<String>)>,
+    /// Idempotency key → the task that holds it (live or retained).
+    keys: FxHashMap<String, TaskId>,
+    /// A resubmission with a known key → the task it duplicates.
+    aliases: FxHashMap<TaskId, TaskId>,
     cancel_on_arrival: FxHashSet<TaskId>,
     out: Vec<Output>,
 }
@@ -151,6 +158,8 @@ impl Driver {
             tasks: FxHashMap::default(),
             finished: FxHashMap::default(),
             finished_order: VecDeque::new(),
+            keys: FxHashMap::default(),
+            aliases: FxHashMap::default(),
             cancel_on_arrival: FxHashSet::default(),
             out: Vec::new(),
         }
@@ -218,8 +227,16 @@ impl Driver {
                 self.respond(to, result);
             }
             Input::Outcome(o, to) => {
+                // The reply goes out before the leases the freed slot
+                // leads to, so the worker counts its slot free first.
+                let mark = self.out.len();
                 let result = self.outcome(now, o);
+                let before_reply = self.out.len();
                 self.respond(to, result);
+                if self.out.len() == before_reply + 1 && before_reply > mark {
+                    let reply = self.out.pop().expect("just pushed");
+                    self.out.insert(mark, reply);
+                }
             }
             Input::Cancel(id, to) => {
                 let result = self.cancel(now, id);
@@ -250,13 +267,27 @@ impl Driver {
         if self.finished.contains_key(&id) || self.tasks.contains_key(&id) {
             return; // a redelivery after a consumer restart
         }
+        if self.aliases.contains_key(&id) {
+            return;
+        }
         let spec = task.and_then(|t| {
             let payload = t.payload().clone();
+            let key = t.key().map(str::to_string);
             t.to_spec(id, self.settings.max_payload_bytes)
-                .map(|spec| (spec, payload))
+                .map(|spec| (spec, payload, key))
                 .map_err(WireError::from)
         });
-        let (spec, payload) = match spec {
+        if let Ok((_, _, Some(key))) = &spec {
+            if let Some(&original) = self.keys.get(key) {
+                // The same idempotency key as a task we hold: this is that
+                // task (JetStream's Nats-Msg-Id window may have passed).
+                tracing::info!(task_id = %id, original = %original, "duplicate idempotency key");
+                self.aliases.insert(id, original);
+                self.out.push(Output::Discard { seq });
+                return;
+            }
+        }
+        let (spec, payload, key) = match spec {
             Ok(x) => x,
             Err(e) => {
                 tracing::info!(task_id = %id, pool = %pool, error = %e, "submission refused");
@@ -274,15 +305,20 @@ impl Driver {
                         deadline_missed: false,
                     },
                     None,
+                    None,
                 );
                 return;
             }
         };
         let fixed = spec.fixed_start.is_some();
+        if let Some(key) = &key {
+            self.keys.insert(key.clone(), id);
+        }
         self.tasks.insert(
             id,
             TaskInfo {
                 pool: spec.pool.clone(),
+                key,
                 payload,
                 attempts: Vec::new(),
                 output: None,
@@ -291,7 +327,9 @@ impl Driver {
         );
         if let Err(e) = self.apply(now, Event::Submitted(spec)) {
             tracing::warn!(task_id = %id, error = %e, "submission refused by the core");
-            self.tasks.remove(&id);
+            if let Some(key) = self.tasks.remove(&id).and_then(|i| i.key) {
+                self.keys.remove(&key);
+            }
             return;
         }
         tracing::debug!(task_id = %id, "task accepted");
@@ -308,7 +346,13 @@ impl Driver {
         }
     }
 
+    /// The task an id stands for: itself, or the task it duplicated.
+    fn resolve(&self, id: TaskId) -> TaskId {
+        self.aliases.get(&id).copied().unwrap_or(id)
+    }
+
     fn cancel(&mut self, now: Millis, id: TaskId) -> Result<Ack, WireError> {
+        let id = self.resolve(id);
         if self.finished.contains_key(&id) {
             return Err(Rejection::AlreadyFinished(id).into());
         }
@@ -318,6 +362,7 @@ impl Driver {
 
     /// A live or recently finished task; `None` if unknown here.
     pub(crate) fn status(&self, id: TaskId) -> Option<TaskStatus> {
+        let id = self.resolve(id);
         if let Some(done) = self.finished.get(&id) {
             return Some(done.clone());
         }
@@ -359,7 +404,13 @@ impl Driver {
         );
     }
 
-    fn record_finished(&mut self, now: Millis, status: TaskStatus, output: Option<Bytes>) {
+    fn record_finished(
+        &mut self,
+        now: Millis,
+        status: TaskStatus,
+        output: Option<Bytes>,
+        key: Option<String>,
+    ) {
         let id = status.id;
         self.event(
             now,
@@ -376,10 +427,14 @@ impl Driver {
             status: status.clone(),
         });
         self.finished.insert(id, status);
-        self.finished_order.push_back(id);
+        self.finished_order.push_back((id, key));
         while self.finished_order.len() > self.settings.retain_finished {
-            if let Some(old) = self.finished_order.pop_front() {
+            if let Some((old, key)) = self.finished_order.pop_front() {
                 self.finished.remove(&old);
+                if let Some(key) = key {
+                    self.keys.remove(&key);
+                }
+                self.aliases.retain(|_, original| *original != old);
             }
         }
     }
@@ -525,7 +580,7 @@ impl Driver {
                     error: info.error,
                     deadline_missed,
                 };
-                self.record_finished(now, status, output);
+                self.record_finished(now, status, output, info.key);
             }
         }
     }
@@ -1026,5 +1081,29 @@ mod tests {
         let err = rx.try_recv().unwrap().unwrap_err();
         assert_eq!(err.code, ErrorCode::FAILED_PRECONDITION);
         assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+    }
+
+    #[test]
+    fn a_known_idempotency_key_is_the_same_task() {
+        let mut d = driver();
+        register(&mut d, "a", "", 1);
+        for seq in [1, 2] {
+            d.handle(
+                Millis(1),
+                Input::Submitted {
+                    seq,
+                    pool: PoolName::new("p").unwrap(),
+                    task: Ok(Task::new("x").pool("p").idempotency_key("k")),
+                },
+            );
+        }
+        let outputs = d.take_outputs();
+        let leases = outputs
+            .iter()
+            .filter(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".lease")))
+            .count();
+        assert_eq!(leases, 1);
+        assert!(outputs.contains(&Output::Discard { seq: 2 }));
+        assert_eq!(d.status(TaskId(2)).unwrap().id, TaskId(1));
     }
 }

@@ -481,10 +481,7 @@ fn client_for(api: &LeaderApi) -> async_nats::Client {
 
 /// Bumps the epoch counter in the state bucket (compare-and-set).
 async fn next_epoch(js: &jetstream::Context, subjects: &Subjects) -> Result<u64, Error> {
-    let bucket = format!(
-        "{}_STATE",
-        subjects.prefix().to_uppercase().replace('-', "_")
-    );
+    let bucket = subjects.state_bucket();
     let state = match js.get_key_value(&bucket).await {
         Ok(kv) => kv,
         Err(_) => js
@@ -650,25 +647,28 @@ async fn serve_api(client: async_nats::Client, api: LeaderApi) {
         }
         let body = &msg.payload;
         let input = match verb.as_str() {
-            "register" => wire::decode(body).map(|r| Input::Register(r, to!())),
-            "heartbeat" => wire::decode(body).map(|h| Input::Heartbeat(h, to!())),
-            "deregister" => wire::decode(body).map(|d| Input::Deregister(d, to!())),
-            "renew" => wire::decode(body).map(|r| Input::Renew(r, to!())),
-            "outcome" => wire::decode(body).map(|o| Input::Outcome(o, to!())),
-            "snapshot" => Ok(Input::Snapshot(to!())),
+            "register" => wire::decode_request(body).map(|r| Input::Register(r, to!())),
+            "heartbeat" => wire::decode_request(body).map(|h| Input::Heartbeat(h, to!())),
+            "deregister" => wire::decode_request(body).map(|d| Input::Deregister(d, to!())),
+            "renew" => wire::decode_request(body).map(|r| Input::Renew(r, to!())),
+            "outcome" => wire::decode_request(body).map(|o| Input::Outcome(o, to!())),
+            "snapshot" if body.is_empty() => Ok(Input::Snapshot(to!())),
+            "snapshot" => {
+                wire::decode_request::<wire::GetSnapshot>(body).map(|_| Input::Snapshot(to!()))
+            }
             "task" | "cancel" => {
                 let api = api.clone();
                 let client = client.clone();
                 let body = body.clone();
                 tokio::spawn(async move {
                     let reply_body: Bytes = if verb == "task" {
-                        let result = match wire::decode::<wire::GetTask>(&body) {
+                        let result = match wire::decode_request::<wire::GetTask>(&body) {
                             Ok(g) => api.task(g.task_id).await,
                             Err(e) => Err(e),
                         };
                         wire::encode_reply(&result).into()
                     } else {
-                        let result = match wire::decode::<wire::Cancel>(&body) {
+                        let result = match wire::decode_request::<wire::Cancel>(&body) {
                             Ok(c) => api.cancel(c.task_id).await.map(|_| wire::Ack::default()),
                             Err(e) => Err(e),
                         };
@@ -707,7 +707,7 @@ async fn drive(
     mut driver: Driver,
     mut inputs: mpsc::Receiver<Input>,
     client: async_nats::Client,
-    persist: mpsc::UnboundedSender<(u64, TaskStatus)>,
+    persist: mpsc::UnboundedSender<(u64, Option<TaskStatus>)>,
 ) {
     let housekeeping_every = Millis(100);
     let mut last_housekeeping = wall_now();
@@ -747,7 +747,10 @@ async fn drive(
                     }
                 }
                 Output::Persist { seq, status } => {
-                    let _ = persist.send((seq, status));
+                    let _ = persist.send((seq, Some(status)));
+                }
+                Output::Discard { seq } => {
+                    let _ = persist.send((seq, None));
                 }
             }
         }
@@ -757,7 +760,7 @@ async fn drive(
 /// Stores finished tasks' results, then deletes their submissions (up to
 /// 64 at once); retries while NATS is away.
 async fn persist(
-    rx: mpsc::UnboundedReceiver<(u64, TaskStatus)>,
+    rx: mpsc::UnboundedReceiver<(u64, Option<TaskStatus>)>,
     results: kv::Store,
     stream: stream::Stream,
 ) {
@@ -769,16 +772,14 @@ async fn persist(
             let results = results.clone();
             let stream = stream.clone();
             async move {
-                let body: Bytes = wire::encode(&status).into();
-                let mut delay = Duration::from_millis(100);
-                loop {
-                    match results.put(seq.to_string(), body.clone()).await {
-                        Ok(_) => break,
-                        Err(e) => {
-                            tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
-                            tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(5));
-                        }
+                // A discarded duplicate has no result of its own.
+                if let Some(status) = status {
+                    let body: Bytes = wire::encode(&status).into();
+                    let mut delay = Duration::from_millis(100);
+                    while let Err(e) = results.put(seq.to_string(), body.clone()).await {
+                        tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
                     }
                 }
                 if let Err(e) = stream.delete_message(seq).await {

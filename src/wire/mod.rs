@@ -46,6 +46,31 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
     })
 }
 
+/// Decodes a request and refuses a protocol version this build does not
+/// speak (`FAILED_PRECONDITION`), so an old leader tells a newer worker
+/// why rather than misreading it.
+pub fn decode_request<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    #[derive(serde::Deserialize)]
+    struct Version {
+        #[serde(default = "current")]
+        v: u16,
+    }
+    fn current() -> u16 {
+        PROTOCOL_VERSION
+    }
+    let version: Version = decode(body)?;
+    if version.v == 0 || version.v > PROTOCOL_VERSION {
+        return Err(WireError {
+            code: ErrorCode::FAILED_PRECONDITION,
+            message: format!(
+                "protocol version {} is not supported (this server speaks 1..={PROTOCOL_VERSION})",
+                version.v
+            ),
+        });
+    }
+    decode(body)
+}
+
 /// Encodes a reply.
 pub fn encode_reply<T: Serialize>(reply: &Result<T, WireError>) -> Vec<u8> {
     match reply {
@@ -128,4 +153,22 @@ pub fn decode_submission(
         .map_err(WireError::from)
     };
     (pool, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_of_an_unknown_protocol_version_are_refused() {
+        let ok = encode(&Ack::default());
+        assert!(decode_request::<Ack>(&ok).is_ok());
+        let newer = encode(&Ack {
+            v: PROTOCOL_VERSION + 1,
+        });
+        let err = decode_request::<Ack>(&newer).unwrap_err();
+        assert_eq!(err.code, ErrorCode::FAILED_PRECONDITION);
+        let garbage = decode_request::<Ack>(b"\xc1").unwrap_err();
+        assert_eq!(garbage.code, ErrorCode::INVALID_ARGUMENT);
+    }
 }

@@ -357,11 +357,7 @@ impl JetStream {
         JetStream {
             stream: subjects.submit_stream(),
             results: subjects.results_bucket(),
-            // As the server names it (server/mod.rs, `next_epoch`).
-            state: format!(
-                "{}_STATE",
-                subjects.prefix().to_uppercase().replace('-', "_")
-            ),
+            state: subjects.state_bucket(),
         }
     }
 }

@@ -108,12 +108,21 @@ impl Subjects {
 
     /// The JetStream stream that holds accepted, unfinished submissions.
     pub fn submit_stream(&self) -> String {
-        format!("{}_SUBMIT", self.prefix.to_uppercase().replace('-', "_"))
+        format!("{}_SUBMIT", self.upper())
     }
 
     /// The JetStream key-value bucket that keeps finished tasks' results.
     pub fn results_bucket(&self) -> String {
-        format!("{}_RESULTS", self.prefix.to_uppercase().replace('-', "_"))
+        format!("{}_RESULTS", self.upper())
+    }
+
+    /// The JetStream key-value bucket of leader state (the epoch counter).
+    pub fn state_bucket(&self) -> String {
+        format!("{}_STATE", self.upper())
+    }
+
+    fn upper(&self) -> String {
+        self.prefix.to_uppercase().replace('-', "_")
     }
 }
 

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -166,6 +167,10 @@ enum StopReason {
 /// The loop's record of one attempt it runs.
 struct Running {
     epoch: u64,
+    /// Set once the handler has returned: the attempt only reports now, and
+    /// its slot counts as free (the leader frees it when the report lands,
+    /// and may lease the next attempt before the report's reply reaches us).
+    reporting: Arc<AtomicBool>,
     stop: Arc<Mutex<Option<StopReason>>>,
     abort: AbortHandle,
     join: JoinHandle<()>,
@@ -529,7 +534,12 @@ impl Session {
     }
 
     fn free_slots(&self) -> u32 {
-        let busy = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
+        let busy = self
+            .running
+            .values()
+            .filter(|r| !r.reporting.load(Ordering::Relaxed))
+            .count();
+        let busy = u32::try_from(busy).unwrap_or(u32::MAX);
         self.slots.saturating_sub(busy)
     }
 
@@ -610,10 +620,12 @@ impl Session {
         );
         let (abort, registration) = AbortHandle::new_pair();
         let stop = Arc::new(Mutex::new(None));
+        let reporting = Arc::new(AtomicBool::new(false));
         let attempt = Attempt {
             link: self.link.clone(),
             handler: self.handler.clone(),
             stop: stop.clone(),
+            reporting: reporting.clone(),
             finished: self.finished_tx.clone(),
         };
         let epoch = lease.epoch;
@@ -622,6 +634,7 @@ impl Session {
             key,
             Running {
                 epoch,
+                reporting,
                 stop,
                 abort,
                 join,
@@ -687,6 +700,7 @@ struct Attempt {
     link: Arc<Link>,
     handler: Handler,
     stop: Arc<Mutex<Option<StopReason>>>,
+    reporting: Arc<AtomicBool>,
     finished: mpsc::UnboundedSender<AttemptKey>,
 }
 
@@ -739,6 +753,7 @@ impl Attempt {
                 "attempt failed"
             );
         }
+        self.reporting.store(true, Ordering::Relaxed);
         if let Some(result) = result {
             self.report(&lease, result).await;
         }
