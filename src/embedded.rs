@@ -72,7 +72,6 @@ type ExecutorFn = Arc<dyn Fn(TaskContext, Bytes) -> BoxFuture + Send + Sync>;
 /// Per live task, what the shell keeps beside the core's record.
 struct Entry {
     payload: Bytes,
-    pool: PoolName,
     waiter: Option<oneshot::Sender<Arc<Outcome>>>,
     run: Option<Box<RunInfo>>,
 }
@@ -90,10 +89,133 @@ struct RunInfo {
     key: Option<String>,
 }
 
+/// Live entries by id. The scheduler hands out ids in order and most tasks
+/// finish roughly in order, so live ids mostly fall in a window
+/// `[base, base + window.len())`: a deque indexed by `id - base`, with no
+/// hashing and 8 bytes of overhead per entry. When finished tasks leave the
+/// window more than half empty (a long-running task holds its front), the
+/// oldest entries move to a map, so the window never keeps finished tasks
+/// alive for long.
+#[derive(Default)]
+struct Entries {
+    base: u64,
+    window: VecDeque<Option<Entry>>,
+    in_window: usize,
+    far: FxHashMap<TaskId, Entry>,
+}
+
+impl Entries {
+    /// Adds the entry of a new task; ids only grow.
+    fn insert(&mut self, id: TaskId, entry: Entry) {
+        if self.window.is_empty() {
+            self.base = id.0;
+        }
+        let Some(at) = id.0.checked_sub(self.base) else {
+            self.far.insert(id, entry);
+            return;
+        };
+        let at = at as usize;
+        while self.window.len() < at {
+            self.window.push_back(None);
+        }
+        if at < self.window.len() {
+            // An id below the window's end: not from the counter.
+            match &mut self.window[at] {
+                Some(_) => {
+                    self.far.insert(id, entry);
+                }
+                slot => {
+                    *slot = Some(entry);
+                    self.in_window += 1;
+                }
+            }
+            return;
+        }
+        self.window.push_back(Some(entry));
+        self.in_window += 1;
+    }
+
+    fn index(&self, id: TaskId) -> Option<usize> {
+        let at = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
+        (at < self.window.len() && self.window[at].is_some()).then_some(at)
+    }
+
+    fn get(&self, id: TaskId) -> Option<&Entry> {
+        match self.index(id) {
+            Some(at) => self.window[at].as_ref(),
+            None => self.far.get(&id),
+        }
+    }
+
+    fn get_mut(&mut self, id: TaskId) -> Option<&mut Entry> {
+        match self.index(id) {
+            Some(at) => self.window[at].as_mut(),
+            None => self.far.get_mut(&id),
+        }
+    }
+
+    fn remove(&mut self, id: TaskId) -> Option<Entry> {
+        let Some(at) = self.index(id) else {
+            return self.far.remove(&id);
+        };
+        self.in_window -= 1;
+        let entry = self.window[at].take();
+        while self.window.front().is_some_and(Option::is_none) {
+            self.window.pop_front();
+            self.base += 1;
+        }
+        while self.window.len() > 64 && self.in_window * 2 < self.window.len() {
+            if let Some(Some(old)) = self.window.pop_front() {
+                self.in_window -= 1;
+                self.far.insert(TaskId(self.base), old);
+            }
+            self.base += 1;
+        }
+        entry
+    }
+}
+
+/// Zero, one or more items without allocating for zero or one.
+enum Batch<T> {
+    Empty,
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> Batch<T> {
+    fn push(&mut self, item: T) {
+        *self = match std::mem::replace(self, Batch::Empty) {
+            Batch::Empty => Batch::One(item),
+            Batch::One(first) => Batch::Many(vec![first, item]),
+            Batch::Many(mut all) => {
+                all.push(item);
+                Batch::Many(all)
+            }
+        };
+    }
+
+    fn for_each(self, mut f: impl FnMut(T)) {
+        match self {
+            Batch::Empty => {}
+            Batch::One(item) => f(item),
+            Batch::Many(all) => all.into_iter().for_each(f),
+        }
+    }
+}
+
+type OutcomeTx = oneshot::Sender<Arc<Outcome>>;
+
+/// What to do once the lock is released: attempts to spawn, outcomes to
+/// hand to waiters (waking a waiter may take a while; not under the lock).
+struct Work {
+    jobs: Batch<Job>,
+    outcomes: Batch<(Arc<Outcome>, Option<OutcomeTx>, Vec<OutcomeTx>)>,
+}
+
 struct State {
     core: Core,
     actions: Vec<Action>,
-    entries: FxHashMap<TaskId, Entry>,
+    entries: Entries,
     executors: FxHashMap<PoolName, ExecutorFn>,
     keys: FxHashMap<String, TaskId>,
     finished: FxHashMap<TaskId, Arc<Outcome>>,
@@ -207,7 +329,7 @@ impl SchedulerBuilder {
             state: Mutex::new(State {
                 core: Core::new(),
                 actions: Vec::new(),
-                entries: FxHashMap::default(),
+                entries: Entries::default(),
                 executors: FxHashMap::default(),
                 keys: FxHashMap::default(),
                 finished: FxHashMap::default(),
@@ -296,15 +418,22 @@ impl Scheduler {
         let now = inner.clock.now();
         let (rx, jobs) = {
             let mut st = inner.lock();
-            let spec = task.to_spec(TaskId(st.next_id), inner.max_payload_bytes)?;
-            if !st.executors.contains_key(&spec.pool) {
+            let id = TaskId(st.next_id);
+            // The pool's name as the executor map holds it: no allocation.
+            let Some(pool) = st
+                .executors
+                .get_key_value(task.pool_name())
+                .map(|(p, _)| p.clone())
+            else {
+                let spec = task.to_spec(id, inner.max_payload_bytes)?;
                 return Err(Error::NoExecutor(spec.pool));
-            }
+            };
+            let spec = task.to_spec_in(id, inner.max_payload_bytes, pool.clone())?;
             if let Some(key) = task.key() {
                 if let Some(&existing) = st.keys.get(key) {
                     let (tx, rx) = oneshot::channel();
                     add_waiter(
-                        st.entries.get_mut(&existing).expect("keyed task is live"),
+                        st.entries.get_mut(existing).expect("keyed task is live"),
                         tx,
                     );
                     return Ok(TaskHandle {
@@ -314,13 +443,11 @@ impl Scheduler {
                     });
                 }
             }
-            let id = spec.id;
             inner.core_event(&mut st, now, Event::Submitted(spec))?;
             st.next_id += 1;
             let (tx, rx) = oneshot::channel();
             let mut entry = Entry {
                 payload: task.payload.clone(),
-                pool: PoolName::new(task.pool_name())?,
                 waiter: Some(tx),
                 run: None,
             };
@@ -369,7 +496,7 @@ impl Scheduler {
             return Some(status_of_outcome(done));
         }
         let view = st.core.task(id)?;
-        let run = st.entries.get(&id).and_then(|e| e.run.as_deref());
+        let run = st.entries.get(id).and_then(|e| e.run.as_deref());
         Some(TaskStatus::live(
             view,
             run.map(|r| r.attempts.clone()).unwrap_or_default(),
@@ -384,7 +511,7 @@ impl Scheduler {
             if let Some(done) = st.finished.get(&id) {
                 return Ok((**done).clone());
             }
-            let entry = st.entries.get_mut(&id).ok_or(Error::NotFound(id))?;
+            let entry = st.entries.get_mut(id).ok_or(Error::NotFound(id))?;
             let (tx, rx) = oneshot::channel();
             add_waiter(entry, tx);
             rx
@@ -488,9 +615,10 @@ impl Inner {
     }
 
     /// Carries out the actions the core returned; returns the attempts to
-    /// spawn once the lock is released.
-    fn carry_out(&self, st: &mut State, now: Millis) -> Vec<Job> {
-        let mut jobs = Vec::new();
+    /// spawn and the outcomes to deliver once the lock is released.
+    fn carry_out(&self, st: &mut State, now: Millis) -> Work {
+        let mut jobs = Batch::Empty;
+        let mut outcomes = Batch::Empty;
         let actions = std::mem::take(&mut st.actions);
         for action in actions.iter() {
             match action {
@@ -504,10 +632,15 @@ impl Inner {
                     let Some(executor) = st.executors.get(&pool).cloned() else {
                         continue;
                     };
-                    let entry = st.entries.get_mut(task).expect("started task has an entry");
+                    let entry = st
+                        .entries
+                        .get_mut(*task)
+                        .expect("started task has an entry");
                     let (abort, registration) = AbortHandle::new_pair();
                     let run = entry.run.get_or_insert_with(Default::default);
                     run.abort = Some((*attempt, abort));
+                    // Most tasks make one attempt: no room for four.
+                    run.attempts.reserve_exact(1);
                     run.attempts.push(AttemptRecord {
                         attempt: *attempt,
                         group: labels.clone(),
@@ -537,7 +670,7 @@ impl Inner {
                     ..
                 } => {
                     tracing::debug!(task_id = %task, attempt, ?reason, "attempt revoked");
-                    if let Some(run) = st.entries.get_mut(task).and_then(|e| e.run.as_mut()) {
+                    if let Some(run) = st.entries.get_mut(*task).and_then(|e| e.run.as_mut()) {
                         if *reason == RevokeReason::Timeout {
                             run.timed_out = Some(*attempt);
                         }
@@ -553,11 +686,12 @@ impl Inner {
                 }
                 Action::Finished {
                     task,
+                    pool,
                     state,
                     attempts: _,
                     deadline_missed,
                 } => {
-                    let Some(entry) = st.entries.remove(task) else {
+                    let Some(entry) = st.entries.remove(*task) else {
                         continue;
                     };
                     let mut run = entry.run.map(|b| *b).unwrap_or_default();
@@ -572,7 +706,7 @@ impl Inner {
                     }
                     let outcome = Arc::new(Outcome {
                         id: *task,
-                        pool: entry.pool,
+                        pool: pool.clone(),
                         state: *state,
                         output: run.output.take(),
                         error: run.error.take(),
@@ -589,9 +723,7 @@ impl Inner {
                             }
                         }
                     }
-                    for tx in entry.waiter.into_iter().chain(run.more_waiters) {
-                        let _ = tx.send(outcome.clone());
-                    }
+                    outcomes.push((outcome, entry.waiter, run.more_waiters));
                 }
             }
         }
@@ -602,11 +734,17 @@ impl Inner {
             st.armed = next;
             self.wake.notify_one();
         }
-        jobs
+        Work { jobs, outcomes }
     }
 
-    fn spawn_all(self: &Arc<Self>, jobs: Vec<Job>) {
-        for job in jobs {
+    /// Delivers outcomes and spawns attempts, outside the lock.
+    fn spawn_all(self: &Arc<Self>, work: Work) {
+        work.outcomes.for_each(|(outcome, waiter, more)| {
+            for tx in waiter.into_iter().chain(more) {
+                let _ = tx.send(outcome.clone());
+            }
+        });
+        work.jobs.for_each(|job| {
             let inner = self.clone();
             tokio::spawn(async move {
                 let Job {
@@ -640,7 +778,7 @@ impl Inner {
                 };
                 inner.attempt_ended(task, attempt, outcome, output, error);
             });
-        }
+        });
     }
 
     fn attempt_ended(
@@ -654,7 +792,7 @@ impl Inner {
         let now = self.clock.now();
         let jobs = {
             let mut st = self.lock();
-            if let Some(run) = st.entries.get_mut(&task).and_then(|e| e.run.as_mut()) {
+            if let Some(run) = st.entries.get_mut(task).and_then(|e| e.run.as_mut()) {
                 // As the core counts it: an attempt stopped by its timeout
                 // is lost, not cancelled (SPEC §2 rule 8).
                 let recorded =

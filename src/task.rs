@@ -180,6 +180,27 @@ impl Task {
             )));
         }
         let pool = PoolName::new(&self.pool)?;
+        self.to_spec_in(id, max_payload_bytes, pool)
+    }
+
+    /// [`Task::to_spec`] with the pool already validated (an interned
+    /// `pool` whose text is this task's pool name): no allocation for it.
+    pub(crate) fn to_spec_in(
+        &self,
+        id: TaskId,
+        max_payload_bytes: usize,
+        pool: PoolName,
+    ) -> Result<TaskSpec, Rejection> {
+        debug_assert_eq!(pool.as_str(), self.pool);
+        if let Some(e) = self.label_errors.first() {
+            return Err(Rejection::InvalidArgument(e.clone()));
+        }
+        if self.payload.len() > max_payload_bytes {
+            return Err(Rejection::InvalidArgument(format!(
+                "payload of {} bytes is above the limit of {max_payload_bytes} bytes",
+                self.payload.len()
+            )));
+        }
         let to_millis = |t: SystemTime| -> Result<Millis, Rejection> {
             t.duration_since(UNIX_EPOCH)
                 .map(Millis::from_duration)

@@ -571,6 +571,7 @@ impl Model {
                     state,
                     attempts,
                     deadline_missed,
+                    ..
                 } => {
                     let info = self.tasks.get_mut(&task.0).expect("finish of a known task");
                     info.finished += 1;

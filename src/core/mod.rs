@@ -130,6 +130,8 @@ pub enum Action {
     Finished {
         /// The task.
         task: TaskId,
+        /// Its pool.
+        pool: PoolName,
         /// `succeeded`, `failed`, `cancelled` or `missed`.
         state: TaskState,
         /// Attempts started.
@@ -162,27 +164,77 @@ enum Phase {
 
 const NONE: u64 = u64::MAX;
 
+/// A live task: what placement reads, in one cache line. Options most
+/// tasks do not use live in [`TaskExtra`], allocated only when needed.
 #[derive(Clone, Debug)]
+#[repr(align(64))]
 struct TaskRec {
     id: TaskId,
     seq: u64,
+    deadline: u64,
+    extra: Option<Box<TaskExtra>>,
     pool: u32,
     reqset: u32,
     priority: i32,
-    phase: Phase,
-    urgent: bool,
-    revoked: Option<RevokeReason>,
     attempt: u32,
     max_attempts: u32,
     bypass: u32,
     group: u32,
-    deadline: u64,
+    phase: Phase,
+    urgent: bool,
+    revoked: Option<RevokeReason>,
+}
+
+// One cache line per live task: keep it so.
+const _: () = assert!(std::mem::size_of::<TaskRec>() == 64);
+
+/// The rarely used part of a task's record. A task without one has no
+/// fixed start, estimated run time or attempt timeout, no pending retry or
+/// timeout instant, and the backoff its pool has now (when the pool's
+/// backoff changes, tasks without one get one holding the old backoff).
+#[derive(Clone, Debug)]
+struct TaskExtra {
+    fixed: Option<FixedStart>,
     est_runtime: u64,
     attempt_timeout: u64,
     /// The pending Retry or AttemptTimeout instant.
     timer_at: u64,
     backoff: Backoff,
-    fixed: Option<FixedStart>,
+}
+
+impl TaskRec {
+    fn fixed(&self) -> Option<FixedStart> {
+        self.extra.as_ref().and_then(|x| x.fixed)
+    }
+
+    fn est_runtime(&self) -> u64 {
+        self.extra.as_ref().map_or(NONE, |x| x.est_runtime)
+    }
+
+    fn attempt_timeout(&self) -> u64 {
+        self.extra.as_ref().map_or(NONE, |x| x.attempt_timeout)
+    }
+
+    fn timer_at(&self) -> u64 {
+        self.extra.as_ref().map_or(NONE, |x| x.timer_at)
+    }
+
+    fn start_at(&self) -> u64 {
+        self.fixed().map_or(0, |f| f.start_at.0)
+    }
+
+    /// The extra record, created with `backoff` (the pool's) if missing.
+    fn extra_mut(&mut self, backoff: Backoff) -> &mut TaskExtra {
+        self.extra.get_or_insert_with(|| {
+            Box::new(TaskExtra {
+                fixed: None,
+                est_runtime: NONE,
+                attempt_timeout: NONE,
+                timer_at: NONE,
+                backoff,
+            })
+        })
+    }
 }
 
 /// What [`Core::task`] tells about a live task.
@@ -271,18 +323,24 @@ impl Core {
         check_arguments(&event)?;
         // Refuse before firing timers: their actions would be lost with the
         // error (a Start nobody carries out, a slot busy forever).
-        self.check_state(&event)?;
+        let mut slot = self.check_state(&event)?;
         self.now = self.now.max(now);
-        self.fire_timers(out);
-        self.settle(out);
-        if self.check_state(&event).is_err() {
-            // Only a Miss timer can get here: it finished the task this
-            // cancel names. Its Finished action stands; the event is moot.
-            return Ok(());
+        if self.fire_timers(out) {
+            self.settle(out);
+            match self.check_state(&event) {
+                Ok(t) => slot = t,
+                // Only a Miss timer can get here: it finished the task this
+                // cancel names. Its Finished action stands; the event is moot.
+                Err(_) => return Ok(()),
+            }
         }
         match event {
             Event::PoolConfigured { pool, config } => {
                 let p = self.groups.pool(&pool);
+                let old = self.groups.pools[p as usize].config.backoff;
+                if old != config.backoff {
+                    self.keep_backoff(p, old);
+                }
                 self.groups.pools[p as usize].config = config;
             }
             Event::CapacitySet {
@@ -297,13 +355,13 @@ impl Core {
                 self.refill_if_reserved(p);
             }
             Event::Submitted(spec) => self.submit(spec, out),
-            Event::CancelRequested(id) => self.cancel(id, out),
+            Event::CancelRequested(id) => self.cancel(slot.expect("checked"), id, out),
             Event::AttemptStarted { .. } => {}
             Event::AttemptEnded {
                 task,
                 attempt: _,
                 outcome,
-            } => self.attempt_ended(task, outcome, out),
+            } => self.attempt_ended(slot.expect("checked"), task, outcome, out),
             Event::Tick => {}
         }
         self.settle(out);
@@ -321,30 +379,45 @@ impl Core {
         }
     }
 
+    /// A task without a [`TaskExtra`] uses its pool's backoff; before that
+    /// changes, give such tasks of pool `p` the backoff they were submitted
+    /// under (O(tasks), on a rare event).
+    fn keep_backoff(&mut self, p: u32, old: Backoff) {
+        for rec in &mut self.tasks {
+            if rec.phase != Phase::Free && rec.pool == p && rec.extra.is_none() {
+                rec.extra_mut(old);
+            }
+        }
+    }
+
     fn settle(&mut self, out: &mut Vec<Action>) {
         while let Some(p) = self.refill.pop() {
             self.fill_pool(p, out);
         }
     }
 
-    fn check_state(&self, event: &Event) -> Result<(), Rejection> {
+    /// Refuses an event the state does not allow; returns the slab index of
+    /// the task it names, if it names a live one.
+    fn check_state(&self, event: &Event) -> Result<Option<u32>, Rejection> {
         match event {
             Event::Submitted(spec) if self.by_id.contains_key(&spec.id) => {
                 Err(Rejection::DuplicateTask(spec.id))
             }
             Event::CancelRequested(id) => match self.live(*id) {
                 None => Err(Rejection::UnknownTask(*id)),
-                Some(rec) if rec.phase == Phase::Draining => Err(Rejection::AlreadyFinished(*id)),
-                Some(_) => Ok(()),
+                Some((_, rec)) if rec.phase == Phase::Draining => {
+                    Err(Rejection::AlreadyFinished(*id))
+                }
+                Some((t, _)) => Ok(Some(t)),
             },
             Event::AttemptStarted { task, attempt } | Event::AttemptEnded { task, attempt, .. } => {
                 match self.live(*task) {
                     None => Err(Rejection::UnknownTask(*task)),
-                    Some(rec)
+                    Some((t, rec))
                         if matches!(rec.phase, Phase::Running | Phase::Draining)
                             && rec.attempt == *attempt =>
                     {
-                        Ok(())
+                        Ok(Some(t))
                     }
                     Some(_) => Err(Rejection::StaleAttempt {
                         task: *task,
@@ -352,12 +425,12 @@ impl Core {
                     }),
                 }
             }
-            _ => Ok(()),
+            _ => Ok(None),
         }
     }
 
-    fn live(&self, id: TaskId) -> Option<&TaskRec> {
-        self.by_id.get(&id).map(|&i| &self.tasks[i as usize])
+    fn live(&self, id: TaskId) -> Option<(u32, &TaskRec)> {
+        self.by_id.get(&id).map(|&i| (i, &self.tasks[i as usize]))
     }
 
     // ---- submission -------------------------------------------------------
@@ -368,25 +441,34 @@ impl Core {
         let config = &self.groups.pools[p as usize].config;
         let seq = self.next_seq;
         self.next_seq += 1;
+        let needs_extra = spec.fixed_start.is_some()
+            || spec.est_runtime.is_some()
+            || spec.attempt_timeout.is_some()
+            || spec.backoff.is_some();
+        let extra = needs_extra.then(|| {
+            Box::new(TaskExtra {
+                fixed: spec.fixed_start,
+                est_runtime: spec.est_runtime.map_or(NONE, |d| d.0),
+                attempt_timeout: spec.attempt_timeout.map_or(NONE, |d| d.0),
+                timer_at: NONE,
+                backoff: spec.backoff.unwrap_or(config.backoff),
+            })
+        });
         let rec = TaskRec {
             id: spec.id,
             seq,
+            deadline: spec.deadline.map_or(NONE, |d| d.0),
+            extra,
             pool: p,
             reqset: r,
             priority: spec.priority,
-            phase: Phase::Free,
-            urgent: false,
-            revoked: None,
             attempt: 0,
             max_attempts: spec.max_attempts.unwrap_or(config.max_attempts),
             bypass: 0,
             group: u32::MAX,
-            deadline: spec.deadline.map_or(NONE, |d| d.0),
-            est_runtime: spec.est_runtime.map_or(NONE, |d| d.0),
-            attempt_timeout: spec.attempt_timeout.map_or(NONE, |d| d.0),
-            timer_at: NONE,
-            backoff: spec.backoff.unwrap_or(config.backoff),
-            fixed: spec.fixed_start,
+            phase: Phase::Free,
+            urgent: false,
+            revoked: None,
         };
         let t = match self.free_slab.pop() {
             Some(t) => {
@@ -426,7 +508,7 @@ impl Core {
     fn timer(&self, t: u32, kind: TimerKind) -> Timer {
         let rec = &self.tasks[t as usize];
         let pool = &self.groups.pools[rec.pool as usize];
-        let fixed = rec.fixed.unwrap_or(FixedStart {
+        let fixed = rec.fixed().unwrap_or(FixedStart {
             start_at: Millis::ZERO,
             tolerance: Millis::ZERO,
         });
@@ -435,7 +517,7 @@ impl Core {
             TimerKind::FixedStart => fixed.start_at,
             TimerKind::Miss => fixed.start_at.plus(fixed.tolerance),
             TimerKind::Urgent => Millis(rec.deadline).minus(pool.config.urgency_window),
-            TimerKind::Retry | TimerKind::AttemptTimeout => Millis(rec.timer_at),
+            TimerKind::Retry | TimerKind::AttemptTimeout => Millis(rec.timer_at()),
         };
         Timer {
             at,
@@ -449,7 +531,7 @@ impl Core {
     fn reserve(&mut self, t: u32) {
         let rec = &mut self.tasks[t as usize];
         rec.phase = Phase::Reserved;
-        let key = (rec.fixed.map_or(0, |f| f.start_at.0), rec.seq, t);
+        let key = (rec.start_at(), rec.seq, t);
         let pool = rec.pool;
         self.groups.pools[pool as usize].reservations.insert(key);
         self.timers.add(self.timer(t, TimerKind::FixedStart));
@@ -460,7 +542,7 @@ impl Core {
     fn fixed_start_due(&mut self, t: u32, out: &mut Vec<Action>) {
         let rec = &mut self.tasks[t as usize];
         rec.phase = Phase::Ready;
-        let key = (rec.fixed.map_or(0, |f| f.start_at.0), rec.seq, t);
+        let key = (rec.start_at(), rec.seq, t);
         let pool = &mut self.groups.pools[rec.pool as usize];
         pool.scheduled -= 1;
         pool.waiting += 1;
@@ -477,7 +559,9 @@ impl Core {
         match self.groups.pools[p as usize].config.on_miss {
             OnMiss::Skip => self.finish(t, TaskState::Missed, out),
             OnMiss::Run => {
-                self.tasks[t as usize].fixed = None;
+                if let Some(extra) = &mut self.tasks[t as usize].extra {
+                    extra.fixed = None;
+                }
                 self.enqueue_or_start(t, out);
             }
         }
@@ -509,7 +593,7 @@ impl Core {
             rec.pool,
             rec.reqset,
             rec.seq,
-            rec.est_runtime,
+            rec.est_runtime(),
             rec.deadline,
             rec.urgent,
         );
@@ -531,18 +615,22 @@ impl Core {
         let rec = &self.tasks[t as usize];
         let (p, r, seq, phase) = (rec.pool, rec.reqset, rec.seq, rec.phase);
         let has_urgent_timer = rec.deadline != NONE && !rec.urgent;
+        let backfill = rec.est_runtime() != NONE;
         let pool = &mut self.groups.pools[p as usize];
         pool.waiting -= 1;
         match phase {
             Phase::Queued => {
-                pool.backfill.remove(&(seq, t));
-                self.groups.reqsets[r as usize].queue.remove(&key);
+                if backfill {
+                    pool.backfill.remove(&(seq, t));
+                }
+                let removed = self.groups.reqsets[r as usize].queue.remove(&key, t);
+                debug_assert!(removed, "queued task not in its queue");
                 if has_urgent_timer {
                     self.timers.cancel(&self.timer(t, TimerKind::Urgent));
                 }
             }
             Phase::Ready => {
-                let start_at = self.tasks[t as usize].fixed.map_or(0, |f| f.start_at.0);
+                let start_at = self.tasks[t as usize].start_at();
                 pool.ready_fixed.remove(&(start_at, seq, t));
                 pool.reservations.remove(&(start_at, seq, t));
                 self.timers.cancel(&self.timer(t, TimerKind::Miss));
@@ -574,14 +662,21 @@ impl Core {
             attempt: rec.attempt,
             group: GroupId(g),
         });
-        if rec.attempt_timeout != NONE {
-            rec.timer_at = now.0.saturating_add(rec.attempt_timeout);
-            self.timers.add(self.timer(t, TimerKind::AttemptTimeout));
+        if let Some(extra) = &mut rec.extra {
+            if extra.attempt_timeout != NONE {
+                extra.timer_at = now.0.saturating_add(extra.attempt_timeout);
+                self.timers.add(self.timer(t, TimerKind::AttemptTimeout));
+            }
         }
     }
 
-    fn attempt_ended(&mut self, id: TaskId, outcome: AttemptOutcome, out: &mut Vec<Action>) {
-        let t = self.by_id[&id];
+    fn attempt_ended(
+        &mut self,
+        t: u32,
+        id: TaskId,
+        outcome: AttemptOutcome,
+        out: &mut Vec<Action>,
+    ) {
         let rec = &self.tasks[t as usize];
         let (g, phase, revoked, attempt, max_attempts) = (
             rec.group,
@@ -590,7 +685,7 @@ impl Core {
             rec.attempt,
             rec.max_attempts,
         );
-        if rec.attempt_timeout != NONE {
+        if rec.attempt_timeout() != NONE {
             self.timers
                 .cancel(&self.timer(t, TimerKind::AttemptTimeout));
         }
@@ -613,10 +708,12 @@ impl Core {
             }
             AttemptOutcome::Failed { retryable: true } | AttemptOutcome::Lost => {
                 let rec = &mut self.tasks[t as usize];
-                let at = self.now.plus(rec.backoff.delay_after(attempt));
+                let backoff = self.groups.pools[rec.pool as usize].config.backoff;
+                let extra = rec.extra_mut(backoff);
+                let at = self.now.plus(extra.backoff.delay_after(attempt));
+                extra.timer_at = at.0;
                 rec.phase = Phase::Backoff;
                 rec.group = u32::MAX;
-                rec.timer_at = at.0;
                 out.push(Action::RetryAt {
                     task: id,
                     attempt: attempt + 1,
@@ -689,6 +786,7 @@ impl Core {
         }
         out.push(Action::Finished {
             task: rec.id,
+            pool: self.groups.pools[rec.pool as usize].name.clone(),
             state,
             attempts: rec.attempt,
             deadline_missed,
@@ -701,12 +799,11 @@ impl Core {
         let rec = &mut self.tasks[t as usize];
         self.by_id.remove(&rec.id);
         rec.phase = Phase::Free;
-        rec.fixed = None;
+        rec.extra = None;
         self.free_slab.push(t);
     }
 
-    fn cancel(&mut self, id: TaskId, out: &mut Vec<Action>) {
-        let t = self.by_id[&id];
+    fn cancel(&mut self, t: u32, id: TaskId, out: &mut Vec<Action>) {
         let rec = &self.tasks[t as usize];
         let p = rec.pool;
         let held = matches!(rec.phase, Phase::Reserved | Phase::Ready);
@@ -720,7 +817,7 @@ impl Core {
             Phase::Reserved => {
                 self.timers.cancel(&self.timer(t, TimerKind::FixedStart));
                 self.timers.cancel(&self.timer(t, TimerKind::Miss));
-                let key = (rec.fixed.map_or(0, |f| f.start_at.0), rec.seq, t);
+                let key = (rec.start_at(), rec.seq, t);
                 let pool = &mut self.groups.pools[p as usize];
                 pool.scheduled -= 1;
                 pool.reservations.remove(&key);
@@ -728,7 +825,7 @@ impl Core {
             Phase::Ready | Phase::Queued => self.take_waiter(t),
             Phase::Backoff => self.timers.cancel(&self.timer(t, TimerKind::Retry)),
             Phase::Running => {
-                if rec.attempt_timeout != NONE {
+                if rec.attempt_timeout() != NONE {
                     self.timers
                         .cancel(&self.timer(t, TimerKind::AttemptTimeout));
                 }
@@ -746,6 +843,7 @@ impl Core {
                 }
                 out.push(Action::Finished {
                     task: id,
+                    pool: self.groups.pools[p as usize].name.clone(),
                     state: TaskState::Cancelled,
                     attempts: rec.attempt,
                     deadline_missed,
@@ -762,8 +860,11 @@ impl Core {
 
     // ---- time -------------------------------------------------------------
 
-    fn fire_timers(&mut self, out: &mut Vec<Action>) {
+    /// Fires the timers due at `now`; returns whether any was due.
+    fn fire_timers(&mut self, out: &mut Vec<Action>) -> bool {
+        let mut fired = false;
         while let Some(timer) = self.timers.pop_due(self.now) {
+            fired = true;
             let t = timer.task;
             let Some(rec) = self.tasks.get(t as usize) else {
                 continue;
@@ -777,7 +878,7 @@ impl Core {
                 (TimerKind::FixedStart, Phase::Reserved) => self.fixed_start_due(t, out),
                 (TimerKind::Miss, Phase::Ready) => {
                     let rec = &self.tasks[t as usize];
-                    let key = (rec.fixed.map_or(0, |f| f.start_at.0), rec.seq, t);
+                    let key = (rec.start_at(), rec.seq, t);
                     let pool = &mut self.groups.pools[p as usize];
                     pool.ready_fixed.remove(&key);
                     pool.reservations.remove(&key);
@@ -791,13 +892,13 @@ impl Core {
                     self.tasks[t as usize].urgent = true;
                     let new = self.queue_key(t);
                     let queue = &mut self.groups.reqsets[r as usize].queue;
-                    queue.remove(&old);
+                    queue.remove(&old, t);
                     queue.push(new, t);
                 }
-                (TimerKind::Retry, Phase::Backoff) if rec.timer_at == timer.at.0 => {
+                (TimerKind::Retry, Phase::Backoff) if rec.timer_at() == timer.at.0 => {
                     self.enqueue_or_start(t, out)
                 }
-                (TimerKind::AttemptTimeout, Phase::Running) if rec.timer_at == timer.at.0 => {
+                (TimerKind::AttemptTimeout, Phase::Running) if rec.timer_at() == timer.at.0 => {
                     let rec = &mut self.tasks[t as usize];
                     rec.revoked = Some(RevokeReason::Timeout);
                     out.push(Action::Revoke {
@@ -810,6 +911,7 @@ impl Core {
                 _ => {}
             }
         }
+        fired
     }
 
     // ---- views ------------------------------------------------------------

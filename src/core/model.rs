@@ -241,6 +241,14 @@ impl From<PoolName> for String {
     }
 }
 
+/// Lets a map keyed by pool name be searched with a `&str` (the name's
+/// hash and order are those of its text).
+impl std::borrow::Borrow<str> for PoolName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for PoolName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(&self.0)

@@ -42,12 +42,13 @@ impl Core {
     /// reservation may use a held slot.
     fn can_backfill(&self, task: u32) -> bool {
         let rec = &self.tasks[task as usize];
-        if rec.est_runtime == u64::MAX {
+        let est_runtime = rec.est_runtime();
+        if est_runtime == u64::MAX {
             return false;
         }
         let pool = &self.groups.pools[rec.pool as usize];
         match pool.reservations.first() {
-            Some(&(start_at, _, _)) => self.now.0.saturating_add(rec.est_runtime) <= start_at,
+            Some(&(start_at, _, _)) => self.now.0.saturating_add(est_runtime) <= start_at,
             None => true,
         }
     }
@@ -96,8 +97,10 @@ impl Core {
             let Some((key, task)) = set.queue.head() else {
                 continue;
             };
-            let starved = self.tasks[task as usize].bypass > max_bypass;
             let need = need(set.pairs.len());
+            // Only the unlabeled head is ever passed over (below), so only
+            // its record can show starvation: skip the others' records.
+            let starved = need == 1 && self.tasks[task as usize].bypass > max_bypass;
             if need == 1 {
                 unlabeled_head = Some((key, task));
             }

@@ -550,6 +550,7 @@ impl Driver {
                 state,
                 attempts: _,
                 deadline_missed,
+                ..
             } => {
                 let Some(mut info) = self.tasks.remove(&task) else {
                     return;

@@ -129,6 +129,7 @@ pub fn render(core: &Core, action: &Action) -> String {
             state,
             attempts,
             deadline_missed,
+            ..
         } => format!(
             "finish t{task} {state} attempts={attempts}{}",
             if *deadline_missed {
