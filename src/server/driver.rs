@@ -126,6 +126,10 @@ pub(crate) struct Driver {
     /// A resubmission with a known key → the task it duplicates.
     aliases: FxHashMap<TaskId, TaskId>,
     cancel_on_arrival: FxHashSet<TaskId>,
+    /// Submit-stream sequences of unfinished tasks, and the next sequence
+    /// not yet seen: together they bound what may be purged.
+    live_seqs: BTreeSet<u64>,
+    next_unseen: u64,
     out: Vec<Output>,
 }
 
@@ -161,6 +165,8 @@ impl Driver {
             keys: FxHashMap::default(),
             aliases: FxHashMap::default(),
             cancel_on_arrival: FxHashSet::default(),
+            live_seqs: BTreeSet::new(),
+            next_unseen: 1,
             out: Vec::new(),
         }
     }
@@ -168,6 +174,17 @@ impl Driver {
     /// Outputs queued so far, oldest first.
     pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
         std::mem::take(&mut self.out)
+    }
+
+    /// Every submission below this stream sequence belongs to a finished
+    /// task or a discarded duplicate: once their results are stored, the
+    /// stream may purge them.
+    pub(crate) fn purge_floor(&self) -> u64 {
+        self.live_seqs
+            .first()
+            .copied()
+            .unwrap_or(self.next_unseen)
+            .min(self.next_unseen)
     }
 
     /// When the runner must call [`Driver::housekeeping`] next at the latest.
@@ -267,6 +284,7 @@ impl Driver {
         if self.finished.contains_key(&id) || self.tasks.contains_key(&id) {
             return; // a redelivery after a consumer restart
         }
+        self.next_unseen = self.next_unseen.max(seq + 1);
         if self.aliases.contains_key(&id) {
             return;
         }
@@ -314,6 +332,7 @@ impl Driver {
         if let Some(key) = &key {
             self.keys.insert(key.clone(), id);
         }
+        self.live_seqs.insert(seq);
         self.tasks.insert(
             id,
             TaskInfo {
@@ -327,6 +346,7 @@ impl Driver {
         );
         if let Err(e) = self.apply(now, Event::Submitted(spec)) {
             tracing::warn!(task_id = %id, error = %e, "submission refused by the core");
+            self.live_seqs.remove(&seq);
             if let Some(key) = self.tasks.remove(&id).and_then(|i| i.key) {
                 self.keys.remove(&key);
             }
@@ -555,6 +575,7 @@ impl Driver {
                 let Some(mut info) = self.tasks.remove(&task) else {
                     return;
                 };
+                self.live_seqs.remove(&task.0);
                 tracing::info!(task_id = %task, state = %state, attempts = info.attempts.len(), "task finished");
                 if state == TaskState::Cancelled {
                     // A running attempt was revoked and ends with the task:
@@ -1107,4 +1128,35 @@ mod tests {
         assert!(outputs.contains(&Output::Discard { seq: 2 }));
         assert_eq!(d.status(TaskId(2)).unwrap().id, TaskId(1));
     }
+
+    #[test]
+    fn purge_floor_stays_below_every_unfinished_task() {
+        let mut d = driver();
+        register(&mut d, "a", "", 1);
+        assert_eq!(d.purge_floor(), 1);
+        submit(&mut d, 1, 1, "");
+        submit(&mut d, 1, 2, "");
+        assert_eq!(d.purge_floor(), 1);
+        let lease = leases(&mut d).remove(0).1;
+        let (tx, _rx) = oneshot::channel();
+        d.handle(
+            Millis(2),
+            Input::Outcome(
+                AttemptReport {
+                    v: 1,
+                    worker_id: "a".into(),
+                    task_id: lease.task_id,
+                    attempt: 1,
+                    epoch: 7,
+                    result: AttemptResult::Succeeded {
+                        output: Bytes::new(),
+                    },
+                },
+                Responder::Local(tx),
+            ),
+        );
+        // Task 1 finished, task 2 runs now: only submission 1 may go.
+        assert_eq!(d.purge_floor(), 2);
+    }
+
 }

@@ -7,16 +7,19 @@
 //! counter, bumped by every start) — and then runs these tasks:
 //!
 //! * **consumer**: an ordered consumer reads the submit stream from its
-//!   first message. The stream holds exactly the accepted, unfinished tasks
-//!   (a finished task's result goes to the results bucket and its
-//!   submission is deleted), so a restarted server picks every accepted
-//!   task up again; a task id is its stream sequence number.
+//!   first message. The stream holds every accepted, unfinished task: a
+//!   finished task's result goes to the results bucket, and once a second
+//!   the stream is purged below the oldest unfinished task whose result is
+//!   not yet stored. A restarted server reads what is left and skips
+//!   submissions whose result is already stored, so it picks up every
+//!   accepted task again; a task id is its stream sequence number.
 //! * **api**: requests on `P.api.*` are decoded and handed to the driver,
 //!   which publishes the replies itself.
 //! * **driver**: owns the core and all leader state; one input at a time,
 //!   then carries out the outputs (publishes; results to the persister).
-//! * **persister**: writes results to the bucket, then deletes the
-//!   submission, many at once.
+//! * **persister**: writes results to the bucket, many at once; the
+//!   **purger** then drops finished submissions in one request a second
+//!   (deleting them one by one costs nats-server milliseconds each).
 //! * **http**: the HTTP API of SPEC §5 over [`LeaderApi`].
 //!
 //! One server at a time for now: leader election and fencing come with
@@ -27,6 +30,7 @@ pub(crate) mod driver;
 
 pub use config::*;
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -34,7 +38,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::api::{Api, ApiError, ApiFuture, Health};
 use crate::core::{ErrorCode, Millis, PoolName, Snapshot, TaskId, TaskState};
@@ -406,6 +410,8 @@ pub async fn serve(
     );
     let (inputs, input_rx) = mpsc::channel(65_536);
     let (persist_tx, persist_rx) = mpsc::unbounded_channel();
+    let pending: Pending = Arc::default();
+    let (floor_tx, floor_rx) = watch::channel(1u64);
     let api = LeaderApi {
         inner: Arc::new(LeaderInner {
             client: client.clone(),
@@ -434,11 +440,20 @@ pub async fn serve(
         inputs.clone(),
     ));
     let api_requests = tokio::spawn(serve_api(client.clone(), api.clone()));
-    let persister = tokio::spawn(persist(persist_rx, results, submit_stream));
+    let persister = tokio::spawn(persist(persist_rx, results, pending.clone()));
+    let purger = tokio::spawn(purge(submit_stream, floor_rx, pending.clone()));
     let driver_task = {
         let api = api.clone();
         tokio::spawn(async move {
-            drive(driver, input_rx, client_for(&api), persist_tx).await;
+            drive(
+                driver,
+                input_rx,
+                client_for(&api),
+                persist_tx,
+                pending,
+                floor_tx,
+            )
+            .await;
             api.inner.driver_alive.store(false, Ordering::Relaxed);
         })
     };
@@ -471,6 +486,7 @@ pub async fn serve(
     api_requests.abort();
     driver_task.abort();
     persister.abort();
+    purger.abort();
     let _ = api.inner.client.flush().await;
     result
 }
@@ -595,7 +611,7 @@ async fn consume(
             };
             next_seq = seq + 1;
             if seq <= startup_last {
-                // Finished before a restart, but not yet deleted: skip it.
+                // Finished before a restart, but not yet purged: skip it.
                 if let Ok(Some(_)) = results.get(seq.to_string()).await {
                     continue;
                 }
@@ -701,13 +717,18 @@ async fn serve_api(client: async_nats::Client, api: LeaderApi) {
     }
 }
 
+/// Results being stored: their submissions must not be purged yet.
+type Pending = Arc<std::sync::Mutex<BTreeSet<u64>>>;
+
 /// The driver loop: one input at a time (then whatever else is queued),
 /// housekeeping at least every 100 ms, outputs carried out in order.
 async fn drive(
     mut driver: Driver,
     mut inputs: mpsc::Receiver<Input>,
     client: async_nats::Client,
-    persist: mpsc::UnboundedSender<(u64, Option<TaskStatus>)>,
+    persist: mpsc::UnboundedSender<(u64, TaskStatus)>,
+    pending: Pending,
+    floor: watch::Sender<u64>,
 ) {
     let housekeeping_every = Millis(100);
     let mut last_housekeeping = wall_now();
@@ -747,22 +768,30 @@ async fn drive(
                     }
                 }
                 Output::Persist { seq, status } => {
-                    let _ = persist.send((seq, Some(status)));
+                    // Marked before the floor can pass it (below).
+                    pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(seq);
+                    let _ = persist.send((seq, status));
                 }
-                Output::Discard { seq } => {
-                    let _ = persist.send((seq, None));
-                }
+                // A discarded duplicate has no result: the purge takes it.
+                Output::Discard { .. } => {}
             }
         }
+        let _ = floor.send_if_modified(|f| {
+            let new = driver.purge_floor();
+            std::mem::replace(f, new) != new
+        });
     }
 }
 
-/// Stores finished tasks' results, then deletes their submissions (up to
-/// 64 at once); retries while NATS is away.
+/// Stores finished tasks' results (up to 64 at once); retries while NATS
+/// is away.
 async fn persist(
-    rx: mpsc::UnboundedReceiver<(u64, Option<TaskStatus>)>,
+    rx: mpsc::UnboundedReceiver<(u64, TaskStatus)>,
     results: kv::Store,
-    stream: stream::Stream,
+    pending: Pending,
 ) {
     let items = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
@@ -770,24 +799,50 @@ async fn persist(
     items
         .for_each_concurrent(64, |(seq, status)| {
             let results = results.clone();
-            let stream = stream.clone();
+            let pending = pending.clone();
             async move {
-                // A discarded duplicate has no result of its own.
-                if let Some(status) = status {
-                    let body: Bytes = wire::encode(&status).into();
-                    let mut delay = Duration::from_millis(100);
-                    while let Err(e) = results.put(seq.to_string(), body.clone()).await {
-                        tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
+                let body: Bytes = wire::encode(&status).into();
+                let mut delay = Duration::from_millis(100);
+                while let Err(e) = results.put(seq.to_string(), body.clone()).await {
+                    tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
-                if let Err(e) = stream.delete_message(seq).await {
-                    tracing::debug!(task_id = seq, error = %e, "deleting a finished submission failed");
-                }
+                pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&seq);
             }
         })
         .await;
+}
+
+/// Once a second, purges the submissions of finished tasks whose results
+/// are stored: everything below the driver's floor and below every result
+/// still being written. One request, however many tasks finished —
+/// deleting messages one by one costs nats-server milliseconds each.
+async fn purge(stream: stream::Stream, floor: watch::Receiver<u64>, pending: Pending) {
+    let mut purged_below = 1u64;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let floor = *floor.borrow();
+        let oldest_pending = pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .first()
+            .copied();
+        let bound = oldest_pending.map_or(floor, |p| p.min(floor));
+        if bound <= purged_below {
+            continue;
+        }
+        match stream.purge().sequence(bound).await {
+            Ok(_) => purged_below = bound,
+            Err(e) => {
+                tracing::debug!(below = bound, error = %e, "purging finished submissions failed")
+            }
+        }
+    }
 }
 
 /// The error a client gets when nothing answers.
