@@ -28,7 +28,8 @@
 //! monitoring endpoint, which a JetStream API backlog does not hold up), at
 //! most `CRONOQ_BENCH_SETTLE_S` (60) seconds; a stream not empty by then is
 //! reported with what it still held and deleted once the server has
-//! stopped, so work left over never runs into the next round. It reports
+//! stopped; and each round starts once nats-server is idle, so work left
+//! over never runs into the next round. It reports
 //! NATS messages, JetStream API calls and CPU (this process, nats-server)
 //! per task, from the server's monitoring endpoint and `/proc`, counted
 //! from the first submit until settled. "bench" CPU is all of this process: server, workers,
@@ -257,6 +258,24 @@ impl NatsServer {
         monitoring(self.monitor, path)
     }
 
+    /// Waits (up to 5 minutes) until nats-server uses under 10% of a core
+    /// over half a second: a backlog of JetStream API requests left by a
+    /// round that did not settle must not run into the next one.
+    async fn wait_quiet(&self) {
+        let stat = format!("/proc/{}/stat", self.child.id());
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let mut before = proc_cpu(&stat);
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = proc_cpu(&stat);
+            if now.saturating_sub(before) < Duration::from_millis(50) {
+                return;
+            }
+            before = now;
+        }
+        eprintln!("  (nats-server still busy after 300 s; going on)");
+    }
+
     fn usage(&self) -> Usage {
         let varz = self.monitoring("/varz");
         let jsz = self.monitoring("/jsz");
@@ -478,6 +497,7 @@ async fn connect(url: &str, name: &str) -> async_nats::Client {
 // ---- cronoq -------------------------------------------------------------------
 
 async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>) -> Round {
+    nats.wait_quiet().await;
     let url = nats.url();
     let prefix = format!("cq{tag}");
     let subjects = Subjects::new(&prefix).expect("prefix");
@@ -615,6 +635,7 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
 // ---- the ceiling: a minimal dispatcher ----------------------------------------
 
 async fn ceiling_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>) -> Round {
+    nats.wait_quiet().await;
     let url = nats.url();
     let prefix = format!("dp{tag}");
     let stream_name = format!("{}_SUBMIT", prefix.to_uppercase());
