@@ -35,7 +35,7 @@ impl Core {
                 }
                 for &ri in &pool.reqsets {
                     let set = &g.reqsets[ri as usize];
-                    let matches = is_subset(&set.pairs, &group.pairs);
+                    let matches = is_subset(&set.pairs, &g.group_pairs[gi as usize]);
                     if matches != group.reqsets.contains(&ri) || matches != set.groups.contains(&gi)
                     {
                         return Err(format!(
@@ -92,7 +92,7 @@ impl Core {
                 }
                 for &(_, _, t) in &pool.ready_fixed {
                     let r = self.tasks[t as usize].reqset;
-                    if is_subset(&g.reqsets[r as usize].pairs, &group.pairs) {
+                    if is_subset(&g.reqsets[r as usize].pairs, &g.group_pairs[gi as usize]) {
                         return Err(format!(
                             "fixed-start task {} waits beside a free slot of group {}",
                             self.tasks[t as usize].id, group.labels
@@ -113,7 +113,7 @@ impl Core {
                 if held {
                     for &(_, t) in &pool.backfill {
                         let r = self.tasks[t as usize].reqset;
-                        if is_subset(&g.reqsets[r as usize].pairs, &group.pairs)
+                        if is_subset(&g.reqsets[r as usize].pairs, &g.group_pairs[gi as usize])
                             && self.pool_allows(t, 0)
                         {
                             return Err(format!(
@@ -133,8 +133,9 @@ impl Core {
                 self.by_id.len()
             ));
         }
-        for (id, &t) in &self.by_id {
-            if self.tasks[t as usize].id != *id || self.tasks[t as usize].phase == Phase::Free {
+        self.by_id.check()?;
+        for (id, t) in self.by_id.iter() {
+            if self.tasks[t as usize].id != id || self.tasks[t as usize].phase == Phase::Free {
                 return Err(format!("id index wrong for task {id}"));
             }
         }

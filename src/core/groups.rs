@@ -21,6 +21,7 @@ use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use super::model::{Labels, PoolConfig, PoolName};
 use super::queue::WaitQueue;
@@ -36,17 +37,22 @@ pub struct GroupId(pub u32);
 /// most free slots, then the group that appeared first.
 pub(crate) type FreeKey = (u32, Reverse<u32>, u32);
 
+/// What a freed slot reads of its group, in one cache line: a group with
+/// up to three labels lists its reqsets inline. Its interned label pairs,
+/// read only when indexes are built and for fixed-start or backfill tasks,
+/// live apart in [`Groups::group_pairs`].
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct Group {
-    pub pool: u32,
-    pub labels: Labels,
-    /// Interned label pairs, sorted: for fast subset tests.
-    pub pairs: Vec<u32>,
     pub capacity: u32,
     pub busy: u32,
+    pub pool: u32,
+    pub labels: Labels,
     /// Reqsets (global indices) this group satisfies.
-    pub reqsets: Vec<u32>,
+    pub reqsets: SmallVec<[u32; 8]>,
 }
+
+const _: () = assert!(std::mem::size_of::<Group>() == 64);
 
 impl Group {
     pub(crate) fn free(&self) -> u32 {
@@ -54,7 +60,7 @@ impl Group {
     }
 
     fn free_key(&self, id: u32) -> FreeKey {
-        (self.pairs.len() as u32, Reverse(self.free()), id)
+        (self.labels.len() as u32, Reverse(self.free()), id)
     }
 }
 
@@ -102,6 +108,8 @@ pub(crate) struct Groups {
     pub pools: Vec<Pool>,
     pub pool_by_name: FxHashMap<PoolName, u32>,
     pub groups: Vec<Group>,
+    /// Interned label pairs of each group, sorted: for fast subset tests.
+    pub group_pairs: Vec<Box<[u32]>>,
     pub reqsets: Vec<ReqSet>,
     pair_ids: FxHashMap<(String, String), u32>,
 }
@@ -185,7 +193,7 @@ impl Groups {
         };
         for &g in &self.pools[p as usize].groups {
             let group = &mut self.groups[g as usize];
-            if is_subset(&set.pairs, &group.pairs) {
+            if is_subset(&set.pairs, &self.group_pairs[g as usize]) {
                 set.groups.push(g);
                 group.reqsets.push(r);
                 if group.free() > 0 {
@@ -211,19 +219,19 @@ impl Groups {
         let mut group = Group {
             pool: p,
             labels: labels.clone(),
-            pairs,
             capacity: 0,
             busy: 0,
-            reqsets: Vec::new(),
+            reqsets: SmallVec::new(),
         };
         for &r in &self.pools[p as usize].reqsets {
             let set = &mut self.reqsets[r as usize];
-            if is_subset(&set.pairs, &group.pairs) {
+            if is_subset(&set.pairs, &pairs) {
                 set.groups.push(g);
                 group.reqsets.push(r);
             }
         }
         self.groups.push(group);
+        self.group_pairs.push(pairs.into_boxed_slice());
         let pool = &mut self.pools[p as usize];
         pool.groups.push(g);
         pool.group_by_labels.insert(labels.clone(), g);

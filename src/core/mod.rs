@@ -23,6 +23,7 @@
 
 mod check;
 mod groups;
+mod ids;
 mod model;
 mod placement;
 mod queue;
@@ -34,8 +35,8 @@ pub use model::*;
 pub use snapshot::*;
 
 use groups::Groups;
+use ids::IdIndex;
 use queue::QueueKey;
-use rustc_hash::FxHashMap;
 use timers::{Timer, TimerKind, Timers};
 
 /// A fact the core learns about.
@@ -278,7 +279,7 @@ pub struct Core {
     groups: Groups,
     tasks: Vec<TaskRec>,
     free_slab: Vec<u32>,
-    by_id: FxHashMap<TaskId, u32>,
+    by_id: IdIndex,
     timers: Timers,
     /// Pools whose free slots may serve more waiters (see `settle`).
     refill: Vec<u32>,
@@ -400,7 +401,7 @@ impl Core {
     /// the task it names, if it names a live one.
     fn check_state(&self, event: &Event) -> Result<Option<u32>, Rejection> {
         match event {
-            Event::Submitted(spec) if self.by_id.contains_key(&spec.id) => {
+            Event::Submitted(spec) if self.by_id.contains(spec.id) => {
                 Err(Rejection::DuplicateTask(spec.id))
             }
             Event::CancelRequested(id) => match self.live(*id) {
@@ -430,7 +431,7 @@ impl Core {
     }
 
     fn live(&self, id: TaskId) -> Option<(u32, &TaskRec)> {
-        self.by_id.get(&id).map(|&i| (i, &self.tasks[i as usize]))
+        self.by_id.get(id).map(|i| (i, &self.tasks[i as usize]))
     }
 
     // ---- submission -------------------------------------------------------
@@ -609,6 +610,32 @@ impl Core {
         }
     }
 
+    /// Takes a waiter that `choose_waiter` picked out of its queue.
+    fn take_chosen(&mut self, w: placement::Waiter) {
+        let Some((r, key)) = w.head else {
+            return self.take_waiter(w.task);
+        };
+        let t = w.task;
+        // The queue is left by the key `choose_waiter` read from its head,
+        // so the cache misses on the record and on the queue overlap.
+        let rec = &self.tasks[t as usize];
+        debug_assert_eq!(rec.phase, Phase::Queued);
+        debug_assert_eq!(key, self.queue_key(t));
+        let (p, seq) = (rec.pool, rec.seq);
+        let has_urgent_timer = rec.deadline != NONE && !rec.urgent;
+        let backfill = rec.est_runtime() != NONE;
+        let removed = self.groups.reqsets[r as usize].queue.remove(&key, t);
+        debug_assert!(removed, "queued task not in its queue");
+        let pool = &mut self.groups.pools[p as usize];
+        pool.waiting -= 1;
+        if backfill {
+            pool.backfill.remove(&(seq, t));
+        }
+        if has_urgent_timer {
+            self.timers.cancel(&self.timer(t, TimerKind::Urgent));
+        }
+    }
+
     /// Takes a Queued or Ready task out of wherever it waits.
     fn take_waiter(&mut self, t: u32) {
         let key = self.queue_key(t);
@@ -737,9 +764,9 @@ impl Core {
     fn release_slot(&mut self, g: u32, out: &mut Vec<Action>) {
         let group = &self.groups.groups[g as usize];
         if group.busy <= group.capacity {
-            if let Some(t) = self.choose_waiter(g, 1) {
-                self.take_waiter(t);
-                self.start(t, g, true, out);
+            if let Some(w) = self.choose_waiter(g, 1) {
+                self.take_chosen(w);
+                self.start(w.task, g, true, out);
                 return;
             }
         }
@@ -752,9 +779,9 @@ impl Core {
     fn fill_group(&mut self, g: u32, out: &mut Vec<Action>) {
         while self.groups.groups[g as usize].free() > 0 {
             match self.choose_waiter(g, 0) {
-                Some(t) => {
-                    self.take_waiter(t);
-                    self.start(t, g, false, out);
+                Some(w) => {
+                    self.take_chosen(w);
+                    self.start(w.task, g, false, out);
                 }
                 None => break,
             }
@@ -797,7 +824,7 @@ impl Core {
     /// Forgets a task's record.
     fn release(&mut self, t: u32) {
         let rec = &mut self.tasks[t as usize];
-        self.by_id.remove(&rec.id);
+        self.by_id.remove(rec.id);
         rec.phase = Phase::Free;
         rec.extra = None;
         self.free_slab.push(t);
@@ -918,7 +945,7 @@ impl Core {
 
     /// What the core knows of a live task; `None` once it finished.
     pub fn task(&self, id: TaskId) -> Option<TaskView> {
-        let t = *self.by_id.get(&id)?;
+        let t = self.by_id.get(id)?;
         let rec = &self.tasks[t as usize];
         let set = &self.groups.reqsets[rec.reqset as usize];
         let waiting_reason = || {

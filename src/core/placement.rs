@@ -25,6 +25,15 @@ fn need(labels_required: usize) -> u8 {
     u8::from(labels_required == 0)
 }
 
+/// The waiter a free slot goes to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Waiter {
+    pub task: u32,
+    /// When it is the head of a queue: that reqset and its queue key, which
+    /// let it leave the queue without waiting for its record to load.
+    pub head: Option<(u32, QueueKey)>,
+}
+
 impl Core {
     /// Whether the pool lets an ordinary (non-reserved) task take a slot,
     /// given `extra` slots about to be freed.
@@ -65,15 +74,16 @@ impl Core {
     /// The waiter that a free slot of group `g` goes to, counting `extra`
     /// slots about to be freed in the pool. Updates bypass counters of
     /// waiters passed over by rule 5 (b).
-    pub(crate) fn choose_waiter(&mut self, g: u32, extra: u64) -> Option<u32> {
+    pub(crate) fn choose_waiter(&mut self, g: u32, extra: u64) -> Option<Waiter> {
         let group = &self.groups.groups[g as usize];
         let pool = &self.groups.pools[group.pool as usize];
 
         // Rule 7: a fixed-start task past its start_at takes the slot held for it.
+        let group_pairs = &self.groups.group_pairs[g as usize];
         for &(_, _, task) in &pool.ready_fixed {
             let r = self.tasks[task as usize].reqset;
-            if is_subset(&self.groups.reqsets[r as usize].pairs, &group.pairs) {
-                return Some(task);
+            if is_subset(&self.groups.reqsets[r as usize].pairs, group_pairs) {
+                return Some(Waiter { task, head: None });
             }
         }
 
@@ -81,16 +91,19 @@ impl Core {
         if pool.free + extra <= due {
             // Every free slot is held: only a backfill candidate may run.
             let candidates: Vec<u32> = pool.backfill.iter().map(|&(_, t)| t).collect();
-            return candidates.into_iter().find(|&task| {
-                let r = self.tasks[task as usize].reqset;
-                is_subset(&self.groups.reqsets[r as usize].pairs, &group.pairs)
-                    && self.can_backfill(task)
-            });
+            return candidates
+                .into_iter()
+                .find(|&task| {
+                    let r = self.tasks[task as usize].reqset;
+                    is_subset(&self.groups.reqsets[r as usize].pairs, group_pairs)
+                        && self.can_backfill(task)
+                })
+                .map(|task| Waiter { task, head: None });
         }
 
         // Rule 5: heads of every queue this group can serve.
         let max_bypass = pool.config.max_bypass;
-        let mut best: Option<(bool, QueueKey, u8, u32)> = None;
+        let mut best: Option<(bool, QueueKey, u8, u32, u32)> = None;
         let mut unlabeled_head: Option<(QueueKey, u32)> = None;
         for &r in &group.reqsets {
             let set = &self.groups.reqsets[r as usize];
@@ -104,10 +117,10 @@ impl Core {
             if need == 1 {
                 unlabeled_head = Some((key, task));
             }
-            let candidate = (!starved, key, need, task);
+            let candidate = (!starved, key, need, task, r);
             let better = match &best {
                 None => true,
-                Some((b_not_starved, b_key, b_need, _)) => {
+                Some((b_not_starved, b_key, b_need, _, _)) => {
                     (
                         candidate.0,
                         candidate.1.urgency,
@@ -127,7 +140,7 @@ impl Core {
                 best = Some(candidate);
             }
         }
-        let (_, winner_key, winner_need, winner) = best?;
+        let (_, winner_key, winner_need, winner, winner_set) = best?;
         // Rule 5 no-starvation: count how often the unlabeled head lost only
         // because of need.
         if let Some((key, task)) = unlabeled_head {
@@ -139,7 +152,10 @@ impl Core {
                 self.tasks[task as usize].bypass += 1;
             }
         }
-        Some(winner)
+        Some(Waiter {
+            task: winner,
+            head: Some((winner_set, winner_key)),
+        })
     }
 
     /// The labels of a group, for the shell (`ctx.group`, leases).
