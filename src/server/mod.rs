@@ -796,10 +796,11 @@ async fn persist(
     let items = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
+    // Borrowed, not cloned per result: a Store clone copies four strings.
+    let results = &results;
+    let pending = &pending;
     items
         .for_each_concurrent(64, |(seq, status)| {
-            let results = results.clone();
-            let pending = pending.clone();
             async move {
                 let body: Bytes = wire::encode(&status).into();
                 let mut delay = Duration::from_millis(100);
