@@ -800,20 +800,18 @@ async fn persist(
     let results = &results;
     let pending = &pending;
     items
-        .for_each_concurrent(64, |(seq, status)| {
-            async move {
-                let body: Bytes = wire::encode(&status).into();
-                let mut delay = Duration::from_millis(100);
-                while let Err(e) = results.put(seq.to_string(), body.clone()).await {
-                    tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-                pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&seq);
+        .for_each_concurrent(64, |(seq, status)| async move {
+            let body: Bytes = wire::encode(&status).into();
+            let mut delay = Duration::from_millis(100);
+            while let Err(e) = results.put(seq.to_string(), body.clone()).await {
+                tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
             }
+            pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&seq);
         })
         .await;
 }
