@@ -13,7 +13,7 @@
 //! `cargo bench --bench embedded_throughput`; `CRONOQ_BENCH_TASKS=100000`
 //! for a quick run, `CRONOQ_BENCH_ROUNDS` for more or fewer rounds,
 //! `CRONOQ_BENCH_ONLY=cronoq` (or `baseline`) to run one side under a
-//! profiler.
+//! profiler, `CRONOQ_BENCH_PHASES=1` to print how long submitting took.
 
 mod common;
 
@@ -80,6 +80,9 @@ async fn cronoq(n: usize) -> Duration {
             &tasks[1 + i % GROUPS]
         };
         handles.push(sched.submit(task.clone()).await.expect("submit accepted"));
+    }
+    if std::env::var("CRONOQ_BENCH_PHASES").is_ok() {
+        eprintln!("submitted in {:?}", start.elapsed());
     }
     for handle in handles {
         let outcome = handle.wait().await.expect("task finished");

@@ -4,8 +4,10 @@
 //! Every operation locks the core, hands it `now` and the event, and
 //! carries out the returned actions; the lock is never held across an
 //! `.await` or while user code runs. One background tokio task sleeps
-//! until [`crate::core::Core::next_wakeup`] and feeds `Tick`s. An attempt
-//! runs as its own tokio task; a panic inside the executor is caught and
+//! until [`crate::core::Core::next_wakeup`] and feeds `Tick`s. Attempts run
+//! in tokio tasks, one after another while the slot stays busy (the task
+//! that reports an attempt's end runs the attempt that end started); a
+//! panic inside the executor is caught and
 //! counts as a failed (retryable) attempt; a revoked attempt (cancel or
 //! attempt timeout) is aborted at its next `.await`.
 //!
@@ -192,6 +194,19 @@ impl<T> Batch<T> {
                 Batch::Many(all)
             }
         };
+    }
+
+    /// The first item, and the rest.
+    fn split_first(self) -> Option<(T, Batch<T>)> {
+        match self {
+            Batch::Empty => None,
+            Batch::One(item) => Some((item, Batch::Empty)),
+            Batch::Many(mut all) if !all.is_empty() => {
+                let first = all.swap_remove(0);
+                Some((first, Batch::Many(all)))
+            }
+            Batch::Many(_) => None,
+        }
     }
 
     fn for_each(self, mut f: impl FnMut(T)) {
@@ -699,7 +714,7 @@ impl Inner {
                     // and will not report back to this entry; close it here.
                     for record in run.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
                         record.ended_at = Some(now);
-                        record.outcome = Some(AttemptOutcome::Cancelled.as_str().to_string());
+                        record.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
                     }
                     if let Some(key) = run.key.take() {
                         st.keys.remove(&key);
@@ -745,52 +760,22 @@ impl Inner {
             }
         });
         work.jobs.for_each(|job| {
-            let inner = self.clone();
-            tokio::spawn(async move {
-                let Job {
-                    executor,
-                    ctx,
-                    payload,
-                    registration,
-                } = job;
-                let (task, attempt) = (ctx.task_id, ctx.attempt);
-                let run =
-                    AssertUnwindSafe(async move { executor(ctx, payload).await }).catch_unwind();
-                let result = Abortable::new(run, registration).await;
-                let (outcome, output, error) = match result {
-                    Ok(Ok(Ok(output))) => (AttemptOutcome::Succeeded, Some(output), None),
-                    Ok(Ok(Err(e))) => (
-                        AttemptOutcome::Failed {
-                            retryable: e.is_retryable(),
-                        },
-                        None,
-                        Some(e.to_string()),
-                    ),
-                    Ok(Err(panic)) => (
-                        AttemptOutcome::Failed { retryable: true },
-                        None,
-                        Some(format!(
-                            "executor panicked: {}",
-                            crate::task::panic_message(&*panic)
-                        )),
-                    ),
-                    Err(_aborted) => (AttemptOutcome::Cancelled, None, None),
-                };
-                inner.attempt_ended(task, attempt, outcome, output, error);
-            });
+            tokio::spawn(run_attempts(self.clone(), job));
         });
     }
 
+    /// Records an attempt's end; returns what to do once the lock is
+    /// released.
     fn attempt_ended(
-        self: &Arc<Self>,
+        &self,
         task: TaskId,
         attempt: u32,
         outcome: AttemptOutcome,
         output: Option<Bytes>,
         error: Option<String>,
-    ) {
+    ) -> Work {
         let now = self.clock.now();
-        let jobs = {
+        {
             let mut st = self.lock();
             if let Some(run) = st.entries.get_mut(task).and_then(|e| e.run.as_mut()) {
                 // As the core counts it: an attempt stopped by its timeout
@@ -803,7 +788,7 @@ impl Inner {
                     };
                 if let Some(record) = run.attempts.iter_mut().rev().find(|a| a.attempt == attempt) {
                     record.ended_at = Some(now);
-                    record.outcome = Some(recorded.as_str().to_string());
+                    record.outcome = Some(recorded.as_str().into());
                     record.error = error.clone();
                 }
                 if output.is_some() {
@@ -826,8 +811,7 @@ impl Inner {
                 tracing::warn!(task_id = %task, attempt, error = %e, "attempt outcome refused");
             }
             self.carry_out(&mut st, now)
-        };
-        self.spawn_all(jobs);
+        }
     }
 
     fn tick(self: &Arc<Self>) {
@@ -843,6 +827,60 @@ impl Inner {
             jobs
         };
         self.spawn_all(jobs);
+    }
+}
+
+/// Runs an attempt, records its end, and goes on with an attempt that end
+/// started (the slot it freed is usually the one the next task takes), so
+/// that a busy pool runs many attempts per tokio task: no spawn per
+/// attempt. Other attempts that end started get tasks of their own. Yields
+/// to the runtime as tokio's cooperative budget asks, so a long run of
+/// instant attempts never starves other tasks.
+async fn run_attempts(inner: Arc<Inner>, mut job: Job) {
+    loop {
+        let Job {
+            executor,
+            ctx,
+            payload,
+            registration,
+        } = job;
+        let (task, attempt) = (ctx.task_id, ctx.attempt);
+        // The call itself may panic too, not only the future it returns.
+        let run = AssertUnwindSafe(async move { executor(ctx, payload).await }).catch_unwind();
+        let result = Abortable::new(run, registration).await;
+        let (outcome, output, error) = match result {
+            Ok(Ok(Ok(output))) => (AttemptOutcome::Succeeded, Some(output), None),
+            Ok(Ok(Err(e))) => (
+                AttemptOutcome::Failed {
+                    retryable: e.is_retryable(),
+                },
+                None,
+                Some(e.to_string()),
+            ),
+            Ok(Err(panic)) => (
+                AttemptOutcome::Failed { retryable: true },
+                None,
+                Some(format!(
+                    "executor panicked: {}",
+                    crate::task::panic_message(&*panic)
+                )),
+            ),
+            Err(_aborted) => (AttemptOutcome::Cancelled, None, None),
+        };
+        let Work { jobs, outcomes } = inner.attempt_ended(task, attempt, outcome, output, error);
+        let Some((next, rest)) = jobs.split_first() else {
+            inner.spawn_all(Work {
+                jobs: Batch::Empty,
+                outcomes,
+            });
+            return;
+        };
+        inner.spawn_all(Work {
+            jobs: rest,
+            outcomes,
+        });
+        job = next;
+        tokio::task::consume_budget().await;
     }
 }
 

@@ -5,6 +5,7 @@
 //! Times are [`SystemTime`]s at this boundary and become [`Millis`] since
 //! the Unix epoch inside; nothing here reads a clock.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -335,8 +336,9 @@ pub struct AttemptRecord {
     pub started_at: Millis,
     /// When it ended.
     pub ended_at: Option<Millis>,
-    /// `succeeded`, `failed`, `lost` or `cancelled`, once ended.
-    pub outcome: Option<String>,
+    /// `succeeded`, `failed`, `lost` or `cancelled`, once ended (borrowed
+    /// from a constant when cronoq fills it in: no allocation per attempt).
+    pub outcome: Option<Cow<'static, str>>,
     /// The error, for a failed attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

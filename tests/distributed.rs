@@ -262,7 +262,7 @@ async fn a_worker_killed_mid_task_is_replaced_by_another_matching_worker() {
             (
                 a.attempt,
                 a.worker.clone().unwrap(),
-                a.outcome.clone().unwrap(),
+                a.outcome.clone().unwrap().into_owned(),
             )
         })
         .collect();

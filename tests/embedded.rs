@@ -497,6 +497,77 @@ async fn panicking_executor_is_a_failed_attempt_and_the_scheduler_keeps_working(
     assert_eq!(out.attempts.len(), 1);
 }
 
+/// A panic in the executor call itself (before it returns a future) is a
+/// failed attempt too, and the queued tasks behind it still run: one tokio
+/// task runs attempt after attempt on a busy slot, and must survive it.
+#[tokio::test(start_paused = true)]
+async fn executor_panicking_before_its_future_is_a_failed_attempt() {
+    let sched = Scheduler::new();
+    sched.set_capacity(POOL, 1).unwrap();
+    sched
+        .executor(POOL, |ctx: TaskContext, payload: Bytes| {
+            if payload == "panic" && ctx.attempt == 1 {
+                panic!("kaboom before the future");
+            }
+            async move { Ok(payload) }
+        })
+        .unwrap();
+    let first = submit(&sched, Task::new("a").pool(POOL)).await;
+    let panics = submit(
+        &sched,
+        Task::new("panic")
+            .pool(POOL)
+            .backoff(Duration::from_millis(100), Duration::from_secs(1)),
+    )
+    .await;
+    let last = submit(&sched, Task::new("b").pool(POOL)).await;
+    assert!(finish(first).await.is_success());
+    let out = finish(panics).await;
+    assert!(out.is_success(), "{out:?}");
+    assert_eq!(out.attempts[0].outcome.as_deref(), Some("failed"));
+    assert!(out.attempts[0]
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("kaboom before the future"));
+    assert!(finish(last).await.is_success());
+    assert_eq!(busy(&sched), 0);
+}
+
+/// Instant attempts run back to back in one tokio task; it yields to the
+/// runtime now and then, so on a single-threaded runtime another task still
+/// gets to run while thousands of them go through.
+#[tokio::test(flavor = "current_thread")]
+async fn a_long_run_of_instant_attempts_does_not_starve_other_tasks() {
+    let sched = Scheduler::new();
+    sched.set_capacity(POOL, 1).unwrap();
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r = ran.clone();
+    sched
+        .executor(POOL, move |_ctx: TaskContext, _payload: Bytes| {
+            r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok(Bytes::new()) }
+        })
+        .unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..5_000 {
+        handles.push(sched.submit(Task::new("x").pool(POOL)).await.unwrap());
+    }
+    // Spawned after all the work is queued: it must run before the work is done.
+    let seen_at = tokio::spawn({
+        let ran = ran.clone();
+        async move { ran.load(std::sync::atomic::Ordering::SeqCst) }
+    });
+    let before_done = seen_at.await.unwrap();
+    for h in handles {
+        assert!(h.wait().await.unwrap().is_success());
+    }
+    assert!(
+        before_done < 5_000,
+        "the other task ran only after {before_done} attempts"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn attempt_timeout_counts_as_lost_and_is_retried() {
     let sched = Scheduler::new();

@@ -582,7 +582,7 @@ impl Driver {
                     // the worker's late report finds no task to update.
                     for rec in info.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
                         rec.ended_at = Some(now);
-                        rec.outcome = Some(AttemptOutcome::Cancelled.as_str().to_string());
+                        rec.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
                     }
                 }
                 let output = if state == TaskState::Succeeded {
@@ -841,7 +841,7 @@ impl Driver {
                 .find(|a| a.attempt == attempt)
             {
                 rec.ended_at = Some(now);
-                rec.outcome = Some(outcome.as_str().to_string());
+                rec.outcome = Some(outcome.as_str().into());
                 rec.error = error.clone();
             }
             if error.is_some() {
