@@ -13,7 +13,7 @@
 //! `cargo bench --bench embedded_throughput`; `CRONOQ_BENCH_TASKS=100000`
 //! for a quick run, `CRONOQ_BENCH_ROUNDS` for more or fewer rounds,
 //! `CRONOQ_BENCH_ONLY=cronoq` (or `baseline`) to run one side under a
-//! profiler, `CRONOQ_BENCH_PHASES=1` to print how long submitting took.
+//! profiler, `CRONOQ_BENCH_ONLY=core` for the same shape on the bare core, `CRONOQ_BENCH_PHASES=1` to print how long submitting took.
 
 mod common;
 
@@ -91,14 +91,77 @@ async fn cronoq(n: usize) -> Duration {
     start.elapsed()
 }
 
+/// The same shape on the bare core, one thread, no executors: submit every
+/// task, then end attempts until none runs. Prints ns per task: what the
+/// shell adds is the rest of the end-to-end cost.
+fn bare_core(n: usize, rounds: usize) {
+    use cronoq::core::{Action, AttemptOutcome, Core, Event, Millis, PoolName, TaskId, TaskSpec};
+    let pool = PoolName::new("bench").expect("valid pool");
+    let (groups, _) = templates();
+    let mut core = Core::new();
+    let mut out = Vec::new();
+    for labels in &groups {
+        let event = Event::CapacitySet {
+            pool: pool.clone(),
+            labels: labels.clone(),
+            slots: SLOTS_PER_GROUP,
+        };
+        core.handle_into(Millis(0), event, &mut out)
+            .expect("capacity accepted");
+    }
+    out.clear();
+    let mut next_id = 1;
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let mut running = Vec::new();
+        let mut collect = |out: &mut Vec<Action>, running: &mut Vec<(TaskId, u32)>| {
+            for action in out.drain(..) {
+                if let Action::Start { task, attempt, .. } = action {
+                    running.push((task, attempt));
+                }
+            }
+        };
+        for i in 0..n {
+            let mut spec = TaskSpec::new(TaskId(next_id), pool.clone());
+            next_id += 1;
+            if i % 10 != 0 {
+                spec.required = groups[i % GROUPS].clone();
+            }
+            core.handle_into(Millis(0), Event::Submitted(spec), &mut out)
+                .expect("submit accepted");
+            collect(&mut out, &mut running);
+        }
+        let submitted = start.elapsed();
+        while let Some((task, attempt)) = running.pop() {
+            let event = Event::AttemptEnded {
+                task,
+                attempt,
+                outcome: AttemptOutcome::Succeeded,
+            };
+            core.handle_into(Millis(0), event, &mut out)
+                .expect("outcome accepted");
+            collect(&mut out, &mut running);
+        }
+        let per_task = |d: Duration| d.as_nanos() as f64 / n as f64;
+        println!(
+            "core: {:.0} ns per task ({:.0} ns of it submitting)",
+            per_task(start.elapsed()),
+            per_task(submitted)
+        );
+    }
+}
+
 /// Runs one side only, for a profiler; prints its rates.
 fn profile_one(side: &str, n: usize, rounds: usize) {
+    if side == "core" {
+        return bare_core(n, rounds);
+    }
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     for _ in 0..rounds {
         let d = match side {
             "cronoq" => rt.block_on(cronoq(n)),
             "baseline" => rt.block_on(baseline(n)),
-            other => panic!("CRONOQ_BENCH_ONLY={other:?}: expected cronoq or baseline"),
+            other => panic!("CRONOQ_BENCH_ONLY={other:?}: expected cronoq, baseline or core"),
         };
         println!("{side}: {:.0} tasks/s", n as f64 / d.as_secs_f64());
     }
