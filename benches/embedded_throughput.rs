@@ -114,7 +114,7 @@ fn bare_core(n: usize, rounds: usize) {
     for _ in 0..rounds {
         let start = Instant::now();
         let mut running = Vec::new();
-        let mut collect = |out: &mut Vec<Action>, running: &mut Vec<(TaskId, u32)>| {
+        let collect = |out: &mut Vec<Action>, running: &mut Vec<(TaskId, u32)>| {
             for action in out.drain(..) {
                 if let Action::Start { task, attempt, .. } = action {
                     running.push((task, attempt));
