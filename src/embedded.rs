@@ -4,12 +4,22 @@
 //! Every operation locks the core, hands it `now` and the event, and
 //! carries out the returned actions; the lock is never held across an
 //! `.await` or while user code runs. One background tokio task sleeps
-//! until [`crate::core::Core::next_wakeup`] and feeds `Tick`s. Attempts run
-//! in tokio tasks, one after another while the slot stays busy (the task
-//! that reports an attempt's end runs the attempt that end started); a
-//! panic inside the executor is caught and
-//! counts as a failed (retryable) attempt; a revoked attempt (cancel or
-//! attempt timeout) is aborted at its next `.await`.
+//! until [`crate::core::Core::next_wakeup`] and feeds `Tick`s.
+//!
+//! How attempts run:
+//! - An attempt that `submit` starts (a slot was free) is polled once
+//!   right there, after the lock is released ([`SchedulerBuilder::eager_start`],
+//!   on by default). If it completes at that poll, its end is recorded at
+//!   once: no tokio task, no hand-off to another thread. If not, it goes on
+//!   in a tokio task of its own, which polls it again with its own waker.
+//! - The tokio task that records an attempt's end goes on with the attempt
+//!   that end started (the freed slot usually goes to the next waiter), so
+//!   a busy slot runs attempt after attempt without a spawn each; it yields
+//!   as tokio's cooperative budget asks. Other starts (capacity raised,
+//!   timers, several starts at once) get tokio tasks of their own.
+//! - A panic in the executor, in its call or in its future, is caught and
+//!   counts as a failed (retryable) attempt; a revoked attempt (cancel or
+//!   attempt timeout) is aborted at its next `.await`.
 //!
 //! The clock is tokio's, anchored to the wall clock when the scheduler is
 //! built, so `#[tokio::test(start_paused = true)]` drives timers without
@@ -27,6 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::future::CatchUnwind;
 use futures_util::future::{AbortHandle, Abortable};
 use futures_util::FutureExt;
 use rustc_hash::FxHashMap;
@@ -261,6 +272,7 @@ struct Inner {
     clock: Clock,
     max_payload_bytes: usize,
     retain_finished: usize,
+    eager_start: bool,
 }
 
 /// A job to spawn once the lock is released.
@@ -301,6 +313,7 @@ pub struct Scheduler {
 pub struct SchedulerBuilder {
     max_payload_bytes: usize,
     retain_finished: usize,
+    eager_start: bool,
     pools: Vec<(String, PoolConfig)>,
 }
 
@@ -309,6 +322,7 @@ impl Default for SchedulerBuilder {
         SchedulerBuilder {
             max_payload_bytes: 1 << 20,
             retain_finished: 10_000,
+            eager_start: true,
             pools: Vec::new(),
         }
     }
@@ -324,6 +338,20 @@ impl SchedulerBuilder {
     /// How many finished tasks to remember for [`Scheduler::task`] (default 10,000).
     pub fn retain_finished(mut self, n: usize) -> Self {
         self.retain_finished = n;
+        self
+    }
+
+    /// Whether `submit` polls the attempts it starts once, in the caller
+    /// (default `true`). An attempt that completes at that first poll is
+    /// recorded at once, with no tokio task and no hand-off to another
+    /// thread: short executors run several times faster. The price: the
+    /// executor's code up to its first pending `.await` runs inside
+    /// `submit`, so a caller must not hold a lock across `submit` that the
+    /// executor takes before it awaits, and CPU-heavy executors should do
+    /// their work in `spawn_blocking` (as tokio asks of any async code).
+    /// `false`: every attempt starts in a tokio task of its own.
+    pub fn eager_start(mut self, eager: bool) -> Self {
+        self.eager_start = eager;
         self
     }
 
@@ -359,6 +387,7 @@ impl SchedulerBuilder {
             },
             max_payload_bytes: self.max_payload_bytes,
             retain_finished: self.retain_finished,
+            eager_start: self.eager_start,
         });
         let sched = Scheduler { inner };
         for (name, config) in self.pools {
@@ -451,11 +480,7 @@ impl Scheduler {
                         st.entries.get_mut(existing).expect("keyed task is live"),
                         tx,
                     );
-                    return Ok(TaskHandle {
-                        id: existing,
-                        rx,
-                        inner: Arc::downgrade(inner),
-                    });
+                    return Ok(TaskHandle { id: existing, rx });
                 }
             }
             inner.core_event(&mut st, now, Event::Submitted(spec))?;
@@ -474,12 +499,8 @@ impl Scheduler {
             let jobs = inner.carry_out(&mut st, now);
             ((id, rx), jobs)
         };
-        inner.spawn_all(jobs);
-        Ok(TaskHandle {
-            id: rx.0,
-            rx: rx.1,
-            inner: Arc::downgrade(inner),
-        })
+        inner.start_eagerly(jobs);
+        Ok(TaskHandle { id: rx.0, rx: rx.1 })
     }
 
     /// Cancels a task: a waiting one ends at once, a running one is aborted.
@@ -574,9 +595,6 @@ impl State {
 pub struct TaskHandle {
     id: TaskId,
     rx: oneshot::Receiver<Arc<Outcome>>,
-    /// Weak: a handle must not keep a dropped scheduler alive, or a task
-    /// that can never run would be waited for forever.
-    inner: Weak<Inner>,
 }
 
 impl TaskHandle {
@@ -586,22 +604,15 @@ impl TaskHandle {
     }
 
     /// Waits until the task finishes: succeeded, failed, cancelled or missed.
+    ///
+    /// Every waiter of a task (a keyed resubmission gets one too) hears its
+    /// outcome; the only way to hear nothing is the scheduler being dropped
+    /// first: [`Error::Closed`]. The handle holds no reference to the
+    /// scheduler, so it never keeps a dropped one alive.
     pub async fn wait(self) -> Result<Outcome, Error> {
-        let TaskHandle { id, rx, inner } = self;
-        match rx.await {
+        match self.rx.await {
             Ok(o) => Ok(Arc::try_unwrap(o).unwrap_or_else(|o| (*o).clone())),
-            Err(_) => {
-                // Sender dropped: either the scheduler is gone, or a second
-                // handle for a keyed task; look the result up.
-                let Some(inner) = inner.upgrade() else {
-                    return Err(Error::Closed);
-                };
-                let st = inner.lock();
-                st.finished
-                    .get(&id)
-                    .map(|o| (**o).clone())
-                    .ok_or(Error::Closed)
-            }
+            Err(_) => Err(Error::Closed),
         }
     }
 }
@@ -760,7 +771,54 @@ impl Inner {
             }
         });
         work.jobs.for_each(|job| {
-            tokio::spawn(run_attempts(self.clone(), job));
+            let inner = self.clone();
+            tokio::spawn(async move {
+                let (task, attempt, launched) = launch(job);
+                run_attempts(inner, task, attempt, launched).await;
+            });
+        });
+    }
+
+    /// Starts the attempts a submission started, polling each once here:
+    /// an attempt that finishes at its first poll (most short executors)
+    /// is recorded at once, with no tokio task and no hand-off to another
+    /// thread; one that does not goes on in a tokio task of its own (which
+    /// polls it again with its own waker). Attempts that the recorded ends
+    /// started go to tokio tasks, so a submission does a bounded amount of
+    /// other work.
+    fn start_eagerly(self: &Arc<Self>, work: Work) {
+        if !self.eager_start {
+            return self.spawn_all(work);
+        }
+        let Work { jobs, outcomes } = work;
+        self.spawn_all(Work {
+            jobs: Batch::Empty,
+            outcomes,
+        });
+        jobs.for_each(|job| {
+            let (task, attempt, launched) = launch(job);
+            let result = match launched {
+                Launched::Done(result) => result,
+                Launched::Running(mut future) => {
+                    let mut cx =
+                        std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+                    match Pin::new(&mut future).poll(&mut cx) {
+                        std::task::Poll::Ready(result) => ended(result),
+                        std::task::Poll::Pending => {
+                            tokio::spawn(run_attempts(
+                                self.clone(),
+                                task,
+                                attempt,
+                                Launched::Running(future),
+                            ));
+                            return;
+                        }
+                    }
+                }
+            };
+            let (outcome, output, error) = result;
+            let more = self.attempt_ended(task, attempt, outcome, output, error);
+            self.spawn_all(more);
         });
     }
 
@@ -830,56 +888,108 @@ impl Inner {
     }
 }
 
+/// A started attempt's future: the executor's, panics caught, abortable.
+/// `Unpin`, so it can be polled once where it starts and moved on.
+type AttemptFuture = Abortable<CatchUnwind<AssertUnwindSafe<BoxFuture>>>;
+
+/// How an attempt ended: outcome, output, error.
+type Ended = (AttemptOutcome, Option<Bytes>, Option<String>);
+
+/// An attempt as it starts: already over (the executor panicked before it
+/// returned a future, or finished at its first poll), or running.
+enum Launched {
+    Done(Ended),
+    Running(AttemptFuture),
+}
+
+/// Calls the executor for a `Start`.
+fn launch(job: Job) -> (TaskId, u32, Launched) {
+    let Job {
+        executor,
+        ctx,
+        payload,
+        registration,
+    } = job;
+    let (task, attempt) = (ctx.task_id, ctx.attempt);
+    // The call itself may panic too, not only the future it returns.
+    let launched = match std::panic::catch_unwind(AssertUnwindSafe(|| executor(ctx, payload))) {
+        Ok(future) => Launched::Running(Abortable::new(
+            AssertUnwindSafe(future).catch_unwind(),
+            registration,
+        )),
+        Err(panic) => Launched::Done(panicked(&*panic)),
+    };
+    (task, attempt, launched)
+}
+
+fn panicked(panic: &(dyn std::any::Any + Send)) -> Ended {
+    (
+        AttemptOutcome::Failed { retryable: true },
+        None,
+        Some(format!(
+            "executor panicked: {}",
+            crate::task::panic_message(panic)
+        )),
+    )
+}
+
+/// What an attempt's future came to.
+fn ended(
+    result: Result<std::thread::Result<Result<Bytes, TaskError>>, futures_util::future::Aborted>,
+) -> Ended {
+    match result {
+        Ok(Ok(Ok(output))) => (AttemptOutcome::Succeeded, Some(output), None),
+        Ok(Ok(Err(e))) => (
+            AttemptOutcome::Failed {
+                retryable: e.is_retryable(),
+            },
+            None,
+            Some(e.to_string()),
+        ),
+        Ok(Err(panic)) => panicked(&*panic),
+        Err(_aborted) => (AttemptOutcome::Cancelled, None, None),
+    }
+}
+
 /// Runs an attempt, records its end, and goes on with an attempt that end
 /// started (the slot it freed is usually the one the next task takes), so
 /// that a busy pool runs many attempts per tokio task: no spawn per
 /// attempt. Other attempts that end started get tasks of their own. Yields
 /// to the runtime as tokio's cooperative budget asks, so a long run of
 /// instant attempts never starves other tasks.
-async fn run_attempts(inner: Arc<Inner>, mut job: Job) {
+async fn run_attempts(inner: Arc<Inner>, mut task: TaskId, mut attempt: u32, mut now: Launched) {
     loop {
-        let Job {
-            executor,
-            ctx,
-            payload,
-            registration,
-        } = job;
-        let (task, attempt) = (ctx.task_id, ctx.attempt);
-        // The call itself may panic too, not only the future it returns.
-        let run = AssertUnwindSafe(async move { executor(ctx, payload).await }).catch_unwind();
-        let result = Abortable::new(run, registration).await;
-        let (outcome, output, error) = match result {
-            Ok(Ok(Ok(output))) => (AttemptOutcome::Succeeded, Some(output), None),
-            Ok(Ok(Err(e))) => (
-                AttemptOutcome::Failed {
-                    retryable: e.is_retryable(),
-                },
-                None,
-                Some(e.to_string()),
-            ),
-            Ok(Err(panic)) => (
-                AttemptOutcome::Failed { retryable: true },
-                None,
-                Some(format!(
-                    "executor panicked: {}",
-                    crate::task::panic_message(&*panic)
-                )),
-            ),
-            Err(_aborted) => (AttemptOutcome::Cancelled, None, None),
+        let mut result = match now {
+            Launched::Done(result) => result,
+            Launched::Running(future) => ended(future.await),
         };
-        let Work { jobs, outcomes } = inner.attempt_ended(task, attempt, outcome, output, error);
-        let Some((next, rest)) = jobs.split_first() else {
+        // Attempts that end at once (a panic before the future) are
+        // reported in turn, without awaiting.
+        loop {
+            let (outcome, output, error) = result;
+            let Work { jobs, outcomes } =
+                inner.attempt_ended(task, attempt, outcome, output, error);
+            let Some((next, rest)) = jobs.split_first() else {
+                inner.spawn_all(Work {
+                    jobs: Batch::Empty,
+                    outcomes,
+                });
+                return;
+            };
             inner.spawn_all(Work {
-                jobs: Batch::Empty,
+                jobs: rest,
                 outcomes,
             });
-            return;
-        };
-        inner.spawn_all(Work {
-            jobs: rest,
-            outcomes,
-        });
-        job = next;
+            let launched;
+            (task, attempt, launched) = launch(next);
+            match launched {
+                Launched::Done(r) => result = r,
+                running => {
+                    now = running;
+                    break;
+                }
+            }
+        }
         tokio::task::consume_budget().await;
     }
 }

@@ -540,7 +540,7 @@ async fn executor_panicking_before_its_future_is_a_failed_attempt() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_long_run_of_instant_attempts_does_not_starve_other_tasks() {
     let sched = Scheduler::new();
-    sched.set_capacity(POOL, 1).unwrap();
+    sched.set_capacity(POOL, 0).unwrap();
     let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let r = ran.clone();
     sched
@@ -549,11 +549,13 @@ async fn a_long_run_of_instant_attempts_does_not_starve_other_tasks() {
             async { Ok(Bytes::new()) }
         })
         .unwrap();
+    // Queued behind a pool with no slot, then one slot opens: one tokio
+    // task runs them all, attempt after attempt.
     let mut handles = Vec::new();
     for _ in 0..5_000 {
         handles.push(sched.submit(Task::new("x").pool(POOL)).await.unwrap());
     }
-    // Spawned after all the work is queued: it must run before the work is done.
+    sched.set_capacity(POOL, 1).unwrap();
     let seen_at = tokio::spawn({
         let ran = ran.clone();
         async move { ran.load(std::sync::atomic::Ordering::SeqCst) }
@@ -566,6 +568,61 @@ async fn a_long_run_of_instant_attempts_does_not_starve_other_tasks() {
         before_done < 5_000,
         "the other task ran only after {before_done} attempts"
     );
+}
+
+/// An attempt that finishes at its first poll is done when `submit`
+/// returns; one that awaits something goes on in its own tokio task, and
+/// is woken by what it awaits (not by the first poll's stand-in waker).
+#[tokio::test(flavor = "current_thread")]
+async fn a_submission_polls_its_attempt_once_and_pending_ones_go_on_elsewhere() {
+    let sched = Scheduler::new();
+    sched.set_capacity(POOL, 2).unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let gate = Arc::new(std::sync::Mutex::new(Some(rx)));
+    sched
+        .executor(POOL, move |_ctx: TaskContext, payload: Bytes| {
+            let gate = gate.clone();
+            async move {
+                if payload == "wait" {
+                    let rx = gate.lock().unwrap().take().unwrap();
+                    rx.await.unwrap();
+                }
+                Ok(payload)
+            }
+        })
+        .unwrap();
+    let instant = sched.submit(Task::new("now").pool(POOL)).await.unwrap();
+    let st = sched.task(instant.id()).unwrap();
+    assert_eq!(st.state, cronoq::core::TaskState::Succeeded, "{st:?}");
+    let waiting = sched.submit(Task::new("wait").pool(POOL)).await.unwrap();
+    assert_eq!(busy(&sched), 1);
+    tx.send(()).unwrap();
+    let out = waiting.wait().await.unwrap();
+    assert_eq!(out.output.as_deref(), Some(&b"wait"[..]));
+    assert_eq!(busy(&sched), 0);
+}
+
+/// With `eager_start(false)` no executor code runs inside `submit`: the
+/// attempt is still running when `submit` returns (on a single-threaded
+/// runtime nothing else ran yet), and finishes in its own tokio task.
+#[tokio::test(flavor = "current_thread")]
+async fn without_eager_start_submit_runs_no_executor_code() {
+    let sched = Scheduler::builder().eager_start(false).build().unwrap();
+    sched.set_capacity(POOL, 1).unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = calls.clone();
+    sched
+        .executor(POOL, move |_ctx: TaskContext, payload: Bytes| {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { Ok(payload) }
+        })
+        .unwrap();
+    let handle = sched.submit(Task::new("x").pool(POOL)).await.unwrap();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(busy(&sched), 1);
+    assert!(handle.wait().await.unwrap().is_success());
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(busy(&sched), 0);
 }
 
 #[tokio::test(start_paused = true)]
