@@ -4,7 +4,8 @@
 //! CLI and plain NATS publishes. Covers placement across workers (SPEC §2
 //! rules 1–3, 5, 6, 8), cancel (rule 9), worker death and drain, the CLI's
 //! exit codes, plain-publish submissions and their de-duplication, and
-//! NATS going away mid-run (a clean restart and a `kill -9`).
+//! NATS going away mid-run (a clean restart and a `kill -9`), and `cronoq
+//! dev` (the README's first command) end to end.
 //!
 //! No test sleeps to wait for something: every wait polls with a deadline
 //! (`procs::eventually`), and a command that must stay busy holds its slot
@@ -18,7 +19,7 @@ use async_nats::jetstream;
 use async_nats::HeaderMap;
 use cronoq::core::{ErrorCode, Labels, TaskId, TaskState};
 use cronoq::Task;
-use procs::{describe, eventually, hold, run_cli, Cluster};
+use procs::{describe, eventually, hold, run_cli, Cluster, CronoqDev};
 
 fn labels(text: &str) -> Labels {
     Labels::parse(text).expect("valid labels")
@@ -633,4 +634,39 @@ async fn malformed_labels_are_refused_and_nothing_is_submitted() {
     let id = c.submit_payload("good", "").await;
     assert_eq!(id, TaskId(1));
     assert_eq!(c.succeeded(id).await, "good on [] by cpu");
+}
+
+/// The README's first command: `cronoq dev` runs a task where its labels
+/// say, and on SIGTERM stops its workers before its server, so both
+/// workers' deregistrations are answered and it exits cleanly.
+#[tokio::test]
+async fn cronoq_dev_runs_tasks_and_stops_workers_before_its_server() {
+    let mut dev = CronoqDev::start().await;
+    let url = dev.http_url().to_string();
+    let out = run_cli(&["submit", "--http", &url, "--wait", "hello"], None).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("ran on dev-cpu"), "{out:?}");
+    let out = run_cli(
+        &[
+            "submit", "--http", &url, "--label", "gpu=a100", "--wait", "train",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("ran on dev-gpu"), "{out:?}");
+
+    let (status, log) = dev.stop();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{log}");
+    let line_of = |needle: &dyn Fn(&str) -> bool| log.lines().position(needle);
+    let server_down = line_of(&|l| l.contains("shutting down")).expect("server shut down");
+    for worker in ["dev-cpu", "dev-gpu"] {
+        let deregistered = line_of(&|l| l.contains("deregistered") && l.contains(worker))
+            .unwrap_or_else(|| panic!("{worker} did not deregister:\n{log}"));
+        assert!(
+            deregistered < server_down,
+            "{worker} after the server:\n{log}"
+        );
+    }
+    assert!(!log.contains("deregister failed"), "{log}");
 }

@@ -157,14 +157,17 @@ async fn with_nats(args: DevArgs) -> anyhow::Result<ExitCode> {
         Some("dev".into()),
         None,
     );
+    // Workers stop first and the server after them, so the server answers
+    // their deregistration (their slots leave at once, nothing is lost).
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop_server_tx, stop_server_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let server = tokio::spawn(crate::server::serve(
         config,
-        stopped(stop_rx.clone()),
+        stopped(stop_server_rx),
         ready_tx,
     ));
     let running = match ready_rx.await {
@@ -207,6 +210,7 @@ async fn with_nats(args: DevArgs) -> anyhow::Result<ExitCode> {
     for w in workers {
         let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
     }
+    let _ = stop_server_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = nats.kill().await;
     let _ = std::fs::remove_dir_all(&store);

@@ -841,3 +841,81 @@ pub fn describe(s: &TaskStatus) -> String {
         s.error
     )
 }
+
+/// `cronoq dev` (distributed: it starts its own nats-server) with its HTTP
+/// API and nats-server on free ports and a short demo task.
+pub struct CronoqDev {
+    proc: Proc,
+    http: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl CronoqDev {
+    /// Starts it and waits until it says it is running.
+    pub async fn start() -> CronoqDev {
+        let dir = temp_dir("dev");
+        let log = dir.path().join("dev.log");
+        let nats_dir = nats_server_binary()
+            .parent()
+            .expect("nats-server lives in a directory")
+            .to_path_buf();
+        let path = std::env::join_paths(std::iter::once(nats_dir).chain(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        )))
+        .expect("a valid PATH");
+        let http = format!("127.0.0.1:{}", free_port());
+        let mut cmd = command(cronoq_binary());
+        cmd.args(["dev", "--http", &http, "--work", "10ms"])
+            .args(["--nats-port", &free_port().to_string()])
+            .env("PATH", path)
+            .env("NO_COLOR", "1");
+        let mut dev = CronoqDev {
+            proc: Proc::spawn("cronoq dev", cmd, &log),
+            http: format!("http://{http}"),
+            log,
+            _dir: dir,
+        };
+        let log = dev.log.clone();
+        eventually("cronoq dev to be running", || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let exited = dev.proc.exited();
+            async move {
+                if let Some(status) = exited {
+                    panic!("cronoq dev exited early ({status}):\n{text}");
+                }
+                if text.contains("cronoq dev is running (distributed") {
+                    Ok(())
+                } else {
+                    Err(text)
+                }
+            }
+        })
+        .await;
+        dev
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn http_url(&self) -> &str {
+        &self.http
+    }
+
+    /// SIGTERM, and waits for the exit; returns it with the whole log.
+    pub fn stop(&mut self) -> (Option<ExitStatus>, String) {
+        self.proc.terminate();
+        let until = Instant::now() + DEADLINE;
+        let status = loop {
+            if let Some(status) = self.proc.exited() {
+                break Some(status);
+            }
+            if Instant::now() >= until {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (
+            status,
+            std::fs::read_to_string(&self.log).unwrap_or_default(),
+        )
+    }
+}
