@@ -799,22 +799,18 @@ impl Inner {
             let (task, attempt, launched) = launch(job);
             let result = match launched {
                 Launched::Done(result) => result,
-                Launched::Running(mut future) => {
-                    let mut cx =
-                        std::task::Context::from_waker(futures_util::task::noop_waker_ref());
-                    match Pin::new(&mut future).poll(&mut cx) {
-                        std::task::Poll::Ready(result) => ended(result),
-                        std::task::Poll::Pending => {
-                            tokio::spawn(run_attempts(
-                                self.clone(),
-                                task,
-                                attempt,
-                                Launched::Running(future),
-                            ));
-                            return;
-                        }
+                Launched::Running(mut future) => match (&mut future).now_or_never() {
+                    Some(result) => ended(result),
+                    None => {
+                        tokio::spawn(run_attempts(
+                            self.clone(),
+                            task,
+                            attempt,
+                            Launched::Running(future),
+                        ));
+                        return;
                     }
-                }
+                },
             };
             let (outcome, output, error) = result;
             let more = self.attempt_ended(task, attempt, outcome, output, error);
@@ -969,17 +965,15 @@ async fn run_attempts(inner: Arc<Inner>, mut task: TaskId, mut attempt: u32, mut
             let (outcome, output, error) = result;
             let Work { jobs, outcomes } =
                 inner.attempt_ended(task, attempt, outcome, output, error);
-            let Some((next, rest)) = jobs.split_first() else {
-                inner.spawn_all(Work {
-                    jobs: Batch::Empty,
-                    outcomes,
-                });
-                return;
+            let (next, rest) = match jobs.split_first() {
+                Some((next, rest)) => (Some(next), rest),
+                None => (None, Batch::Empty),
             };
             inner.spawn_all(Work {
                 jobs: rest,
                 outcomes,
             });
+            let Some(next) = next else { return };
             let launched;
             (task, attempt, launched) = launch(next);
             match launched {
