@@ -197,24 +197,25 @@ impl Proc {
         }
     }
 
-    /// SIGTERM, wait up to `grace` for the exit, then SIGKILL.
-    pub fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
+    /// SIGTERM, wait up to `grace` for the exit, then SIGKILL. Returns the
+    /// exit status if it exited within `grace` (`None`: killed, or not
+    /// running).
+    pub fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
         // SAFETY: plain kill(2) on the pid of a child we have not reaped.
         unsafe {
             libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
         }
         let until = Instant::now() + grace;
         while Instant::now() < until {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = child.kill();
         let _ = child.wait();
+        None
     }
 
     /// The last lines of its log.
@@ -847,7 +848,6 @@ pub fn describe(s: &TaskStatus) -> String {
 pub struct CronoqDev {
     proc: Proc,
     http: String,
-    log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -873,10 +873,8 @@ impl CronoqDev {
         let mut dev = CronoqDev {
             proc: Proc::spawn("cronoq dev", cmd, &log),
             http: format!("http://{http}"),
-            log,
             _dir: dir,
         };
-        let log = dev.log.clone();
         eventually("cronoq dev to be running", || {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let exited = dev.proc.exited();
@@ -902,20 +900,8 @@ impl CronoqDev {
 
     /// SIGTERM, and waits for the exit; returns it with the whole log.
     pub fn stop(&mut self) -> (Option<ExitStatus>, String) {
-        self.proc.terminate();
-        let until = Instant::now() + DEADLINE;
-        let status = loop {
-            if let Some(status) = self.proc.exited() {
-                break Some(status);
-            }
-            if Instant::now() >= until {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        (
-            status,
-            std::fs::read_to_string(&self.log).unwrap_or_default(),
-        )
+        let status = self.proc.stop(DEADLINE);
+        let log = std::fs::read_to_string(&self.proc.log).unwrap_or_default();
+        (status, log)
     }
 }
