@@ -598,6 +598,25 @@ impl Model {
             }
         }
 
+        // The core forgets a group with no capacity and no busy slot; one
+        // that comes back later counts as a new group (rule 2's tie-break).
+        let busy_keys: Vec<(usize, Labels)> = self
+            .live
+            .values()
+            .map(|(_, g)| self.group_key(*g))
+            .collect();
+        let capacity = &self.capacity;
+        let idle: Vec<(usize, Labels)> = self
+            .created
+            .iter()
+            .filter(|k| capacity[*k] == 0 && !busy_keys.contains(k))
+            .cloned()
+            .collect();
+        for key in idle {
+            self.capacity.remove(&key);
+            self.created.retain(|k| *k != key);
+        }
+
         self.check_views(&context);
         if let Some(at) = self.core.next_wakeup() {
             assert!(at.0 > self.now, "wakeup {at} not in the future {context}");

@@ -13,7 +13,8 @@ impl Core {
     /// reservation). Returns the first violation found.
     pub fn check_invariants(&self) -> Result<(), String> {
         let g = &self.groups;
-        for (pi, pool) in g.pools.iter().enumerate() {
+        for (pi, pool) in g.live_pools() {
+            let pi = pi as usize;
             let (mut cap, mut busy, mut free) = (0u64, 0u64, 0u64);
             for &gi in &pool.groups {
                 let group = &g.groups[gi as usize];
@@ -43,7 +44,7 @@ impl Core {
                             group.labels, set.labels
                         ));
                     }
-                    let indexed = set.free_groups.iter().any(|&(_, _, x)| x == gi);
+                    let indexed = set.free_groups.iter().any(|&(_, _, _, x)| x == gi);
                     if indexed != (matches && group.free() > 0) {
                         return Err(format!(
                             "free index wrong for group {} / reqset {}",
@@ -124,6 +125,48 @@ impl Core {
                     }
                 }
             }
+        }
+        for (_, pool) in g.live_pools() {
+            let live = self
+                .tasks
+                .iter()
+                .filter(|t| t.phase != Phase::Free && g.pools[t.pool as usize].name == pool.name)
+                .count() as u64;
+            if live != pool.live {
+                return Err(format!(
+                    "pool {} live count {} is wrong",
+                    pool.name, pool.live
+                ));
+            }
+            if pool.is_idle() {
+                return Err(format!("pool {} is idle but not forgotten", pool.name));
+            }
+            for &gi in &pool.groups {
+                let group = &g.groups[gi as usize];
+                if group.capacity == 0 && group.busy == 0 {
+                    return Err(format!(
+                        "idle group {} of pool {} is not forgotten",
+                        group.labels, pool.name
+                    ));
+                }
+            }
+            for &ri in pool.reqsets.iter().skip(1) {
+                let set = &g.reqsets[ri as usize];
+                let users = self
+                    .tasks
+                    .iter()
+                    .filter(|t| t.phase != Phase::Free && t.reqset == ri)
+                    .count() as u64;
+                if users != set.live || users == 0 {
+                    return Err(format!(
+                        "reqset {} of pool {}: live {} but {} tasks use it",
+                        set.labels, pool.name, set.live, users
+                    ));
+                }
+            }
+        }
+        if g.pool_count() != g.live_pools().count() {
+            return Err("pool name index does not match the pools in use".into());
         }
         let live = self.tasks.iter().filter(|t| t.phase != Phase::Free).count();
         if live != self.by_id.len() {

@@ -16,6 +16,15 @@
 //! Every change of a group's free slots goes through [`Groups::set_busy`] or
 //! [`Groups::set_capacity`], which keep both indexes and the pool totals
 //! right.
+//!
+//! **Bounded memory.** Nothing here is kept for ever: a group with no
+//! capacity and no busy slot, a reqset no live task uses, and a pool that
+//! was never configured and has neither groups nor live tasks are
+//! *forgotten* ([`Groups::forget_group`], [`Groups::forget_reqset`],
+//! [`Groups::forget_pool`]); their slots go on free lists and are reused.
+//! Label pairs are interned per pool, so they leave with their pool. A
+//! group's place among equally preferred groups is its creation number
+//! (`Group::created`), not its (reused) index.
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
@@ -34,8 +43,9 @@ use super::queue::WaitQueue;
 pub struct GroupId(pub u32);
 
 /// Preference order among free groups (SPEC §2 rule 2): fewest labels, then
-/// most free slots, then the group that appeared first.
-pub(crate) type FreeKey = (u32, Reverse<u32>, u32);
+/// most free slots, then the group that appeared first (its creation
+/// number), then its index.
+pub(crate) type FreeKey = (u32, Reverse<u32>, u32, u32);
 
 /// What a freed slot reads of its group, in one cache line: a group with
 /// up to three labels lists its reqsets inline. Its interned label pairs,
@@ -47,6 +57,8 @@ pub(crate) struct Group {
     pub capacity: u32,
     pub busy: u32,
     pub pool: u32,
+    /// Creation number: the tie-break among equally preferred groups.
+    pub created: u32,
     pub labels: Labels,
     /// Reqsets (global indices) this group satisfies.
     pub reqsets: SmallVec<[u32; 8]>,
@@ -60,7 +72,23 @@ impl Group {
     }
 
     fn free_key(&self, id: u32) -> FreeKey {
-        (self.labels.len() as u32, Reverse(self.free()), id)
+        (
+            self.labels.len() as u32,
+            Reverse(self.free()),
+            self.created,
+            id,
+        )
+    }
+
+    fn vacant() -> Group {
+        Group {
+            capacity: 0,
+            busy: 0,
+            pool: u32::MAX,
+            created: 0,
+            labels: Labels::new(),
+            reqsets: SmallVec::new(),
+        }
     }
 }
 
@@ -73,6 +101,24 @@ pub(crate) struct ReqSet {
     /// Matching groups with a free slot, best first.
     pub free_groups: BTreeSet<FreeKey>,
     pub queue: WaitQueue,
+    /// Live tasks that require exactly these labels.
+    pub live: u64,
+    /// Its pool.
+    pub pool: u32,
+}
+
+impl ReqSet {
+    fn new(pool: u32, labels: Labels, pairs: Vec<u32>) -> ReqSet {
+        ReqSet {
+            pool,
+            labels,
+            pairs,
+            groups: Vec::new(),
+            free_groups: BTreeSet::new(),
+            queue: WaitQueue::default(),
+            live: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -98,8 +144,47 @@ pub(crate) struct Pool {
     pub scheduled: u64,
     /// Queued tasks (including ready fixed-start ones).
     pub waiting: u64,
+    /// Live (unfinished) tasks of the pool, in any phase.
+    pub live: u64,
+    /// Configured (`PoolConfigured`): never forgotten.
+    pub declared: bool,
+    /// A free slot of `Groups::pools`, to be reused.
+    pub vacant: bool,
+    /// Label pairs interned for this pool's groups and reqsets.
+    pair_ids: FxHashMap<(String, String), u32>,
     /// Finished tasks that ended after their deadline.
     pub deadline_missed: u64,
+}
+
+impl Pool {
+    fn new(name: PoolName) -> Pool {
+        Pool {
+            name,
+            config: PoolConfig::default(),
+            groups: Vec::new(),
+            group_by_labels: FxHashMap::default(),
+            reqsets: Vec::new(),
+            reqset_by_labels: FxHashMap::default(),
+            capacity: 0,
+            busy: 0,
+            free: 0,
+            reservations: BTreeSet::new(),
+            ready_fixed: BTreeSet::new(),
+            backfill: BTreeSet::new(),
+            scheduled: 0,
+            waiting: 0,
+            deadline_missed: 0,
+            live: 0,
+            declared: false,
+            vacant: false,
+            pair_ids: FxHashMap::default(),
+        }
+    }
+
+    /// Nothing keeps this pool: not configured, no group, no live task.
+    pub(crate) fn is_idle(&self) -> bool {
+        !self.vacant && !self.declared && self.live == 0 && self.groups.is_empty()
+    }
 }
 
 /// Every pool, group and reqset of one core, plus label interning.
@@ -111,7 +196,10 @@ pub(crate) struct Groups {
     /// Interned label pairs of each group, sorted: for fast subset tests.
     pub group_pairs: Vec<Box<[u32]>>,
     pub reqsets: Vec<ReqSet>,
-    pair_ids: FxHashMap<(String, String), u32>,
+    vacant_pools: Vec<u32>,
+    vacant_groups: Vec<u32>,
+    vacant_reqsets: Vec<u32>,
+    groups_created: u32,
 }
 
 /// `needle ⊆ hay` for sorted slices.
@@ -132,19 +220,36 @@ pub(crate) fn is_subset(needle: &[u32], hay: &[u32]) -> bool {
 }
 
 impl Groups {
-    fn intern(&mut self, labels: &Labels) -> Vec<u32> {
+    fn intern(&mut self, p: u32, labels: &Labels) -> Vec<u32> {
+        let ids = &mut self.pools[p as usize].pair_ids;
         let mut pairs: Vec<u32> = labels
             .iter()
             .map(|(k, v)| {
-                let next = self.pair_ids.len() as u32;
-                *self
-                    .pair_ids
-                    .entry((k.to_string(), v.to_string()))
-                    .or_insert(next)
+                let next = ids.len() as u32;
+                *ids.entry((k.to_string(), v.to_string())).or_insert(next)
             })
             .collect();
         pairs.sort_unstable();
         pairs
+    }
+
+    /// Pools in use (not vacant).
+    pub(crate) fn live_pools(&self) -> impl Iterator<Item = (u32, &Pool)> {
+        self.pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.vacant)
+            .map(|(i, p)| (i as u32, p))
+    }
+
+    /// How many pools are in use.
+    pub(crate) fn pool_count(&self) -> usize {
+        self.pool_by_name.len()
+    }
+
+    /// The pool's index, if it exists.
+    pub(crate) fn find_pool(&self, name: &PoolName) -> Option<u32> {
+        self.pool_by_name.get(name).copied()
     }
 
     /// The pool's index, creating it with default settings if new. A new
@@ -153,24 +258,17 @@ impl Groups {
         if let Some(&p) = self.pool_by_name.get(name) {
             return p;
         }
-        let p = self.pools.len() as u32;
-        self.pools.push(Pool {
-            name: name.clone(),
-            config: PoolConfig::default(),
-            groups: Vec::new(),
-            group_by_labels: FxHashMap::default(),
-            reqsets: Vec::new(),
-            reqset_by_labels: FxHashMap::default(),
-            capacity: 0,
-            busy: 0,
-            free: 0,
-            reservations: BTreeSet::new(),
-            ready_fixed: BTreeSet::new(),
-            backfill: BTreeSet::new(),
-            scheduled: 0,
-            waiting: 0,
-            deadline_missed: 0,
-        });
+        let pool = Pool::new(name.clone());
+        let p = match self.vacant_pools.pop() {
+            Some(p) => {
+                self.pools[p as usize] = pool;
+                p
+            }
+            None => {
+                self.pools.push(pool);
+                (self.pools.len() - 1) as u32
+            }
+        };
         self.pool_by_name.insert(name.clone(), p);
         self.reqset(p, &Labels::new());
         p
@@ -182,15 +280,16 @@ impl Groups {
         if let Some(&r) = self.pools[p as usize].reqset_by_labels.get(labels) {
             return r;
         }
-        let pairs = self.intern(labels);
-        let r = self.reqsets.len() as u32;
-        let mut set = ReqSet {
-            labels: labels.clone(),
-            pairs,
-            groups: Vec::new(),
-            free_groups: BTreeSet::new(),
-            queue: WaitQueue::default(),
+        let pairs = self.intern(p, labels);
+        let r = match self.vacant_reqsets.pop() {
+            Some(r) => r,
+            None => {
+                self.reqsets
+                    .push(ReqSet::new(u32::MAX, Labels::new(), Vec::new()));
+                (self.reqsets.len() - 1) as u32
+            }
         };
+        let mut set = ReqSet::new(p, labels.clone(), pairs);
         for &g in &self.pools[p as usize].groups {
             let group = &mut self.groups[g as usize];
             if is_subset(&set.pairs, &self.group_pairs[g as usize]) {
@@ -201,7 +300,7 @@ impl Groups {
                 }
             }
         }
-        self.reqsets.push(set);
+        self.reqsets[r as usize] = set;
         let pool = &mut self.pools[p as usize];
         pool.reqsets.push(r);
         pool.reqset_by_labels.insert(labels.clone(), r);
@@ -214,15 +313,24 @@ impl Groups {
         if let Some(&g) = self.pools[p as usize].group_by_labels.get(labels) {
             return g;
         }
-        let pairs = self.intern(labels);
-        let g = self.groups.len() as u32;
+        let pairs = self.intern(p, labels);
+        let g = match self.vacant_groups.pop() {
+            Some(g) => g,
+            None => {
+                self.groups.push(Group::vacant());
+                self.group_pairs.push(Box::new([]));
+                (self.groups.len() - 1) as u32
+            }
+        };
         let mut group = Group {
             pool: p,
+            created: self.groups_created,
             labels: labels.clone(),
             capacity: 0,
             busy: 0,
             reqsets: SmallVec::new(),
         };
+        self.groups_created = self.groups_created.wrapping_add(1);
         for &r in &self.pools[p as usize].reqsets {
             let set = &mut self.reqsets[r as usize];
             if is_subset(&set.pairs, &pairs) {
@@ -230,8 +338,8 @@ impl Groups {
                 group.reqsets.push(r);
             }
         }
-        self.groups.push(group);
-        self.group_pairs.push(pairs.into_boxed_slice());
+        self.groups[g as usize] = group;
+        self.group_pairs[g as usize] = pairs.into_boxed_slice();
         let pool = &mut self.pools[p as usize];
         pool.groups.push(g);
         pool.group_by_labels.insert(labels.clone(), g);
@@ -275,6 +383,51 @@ impl Groups {
         }
         let pool = &mut self.pools[group.pool as usize];
         pool.free = pool.free + u64::from(new_free) - u64::from(old_free);
+    }
+
+    /// Forgets group `g`, which must have no capacity and no busy slot.
+    /// O(its reqsets × their groups + the pool's groups).
+    pub(crate) fn forget_group(&mut self, g: u32) {
+        let group = std::mem::replace(&mut self.groups[g as usize], Group::vacant());
+        debug_assert!(group.capacity == 0 && group.busy == 0);
+        for &r in &group.reqsets {
+            self.reqsets[r as usize].groups.retain(|&x| x != g);
+        }
+        self.group_pairs[g as usize] = Box::new([]);
+        let pool = &mut self.pools[group.pool as usize];
+        pool.groups.retain(|&x| x != g);
+        pool.group_by_labels.remove(&group.labels);
+        self.vacant_groups.push(g);
+    }
+
+    /// Forgets reqset `r`, which no live task may use; the pool's empty
+    /// reqset stays while the pool does. O(its groups × their reqsets).
+    pub(crate) fn forget_reqset(&mut self, r: u32) {
+        let set = std::mem::replace(
+            &mut self.reqsets[r as usize],
+            ReqSet::new(u32::MAX, Labels::new(), Vec::new()),
+        );
+        debug_assert!(set.live == 0 && set.queue.is_empty());
+        for &g in &set.groups {
+            self.groups[g as usize].reqsets.retain(|x| *x != r);
+        }
+        let pool = &mut self.pools[set.pool as usize];
+        pool.reqsets.retain(|&x| x != r);
+        pool.reqset_by_labels.remove(&set.labels);
+        self.vacant_reqsets.push(r);
+    }
+
+    /// Forgets pool `p`, which must be idle ([`Pool::is_idle`]).
+    pub(crate) fn forget_pool(&mut self, p: u32) {
+        let pool = std::mem::replace(&mut self.pools[p as usize], Pool::new(PoolName::default()));
+        debug_assert!(pool.live == 0 && pool.groups.is_empty());
+        for &r in &pool.reqsets {
+            self.reqsets[r as usize] = ReqSet::new(u32::MAX, Labels::new(), Vec::new());
+            self.vacant_reqsets.push(r);
+        }
+        self.pool_by_name.remove(&pool.name);
+        self.pools[p as usize].vacant = true;
+        self.vacant_pools.push(p);
     }
 
     /// Whether some group with capacity satisfies the reqset.

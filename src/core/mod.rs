@@ -283,12 +283,76 @@ pub struct Core {
     timers: Timers,
     /// Pools whose free slots may serve more waiters (see `settle`).
     refill: Vec<u32>,
+    /// Groups, reqsets and pools that may have become idle (see `tidy`).
+    tidy: Vec<Tidy>,
+    limits: Limits,
+}
+
+/// Something that may be forgotten at the end of an event.
+#[derive(Clone, Copy, Debug)]
+enum Tidy {
+    Group(u32),
+    ReqSet(u32),
+    Pool(u32),
+}
+
+/// Bounds on what one core holds. Beyond them an event is refused with
+/// `RESOURCE_EXHAUSTED` (or `NOT_FOUND` for an undeclared pool) and changes
+/// nothing. The defaults bound nothing but undeclared pools are allowed;
+/// `cronoq server` sets its own from `[server]` (see the README's limits).
+///
+/// ```
+/// use cronoq::core::*;
+/// let mut core = Core::with_limits(Limits { max_pools: 1, ..Limits::default() });
+/// let slots = |pool: &str| Event::CapacitySet { pool: PoolName::new(pool).unwrap(), labels: Labels::new(), slots: 1 };
+/// core.handle(Millis(0), slots("a")).unwrap();
+/// let refused = core.handle(Millis(0), slots("b")).unwrap_err();
+/// assert_eq!(refused.code(), ErrorCode::RESOURCE_EXHAUSTED);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Pools held at once (declared ones included).
+    pub max_pools: usize,
+    /// Unfinished tasks (scheduled, waiting, in backoff or running) per pool.
+    pub max_tasks_per_pool: u64,
+    /// Whether a submission or capacity for a pool that no
+    /// `PoolConfigured` declared is accepted (creating the pool until it
+    /// is idle again); when false it is refused with `NOT_FOUND`.
+    pub allow_undeclared_pools: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_pools: usize::MAX,
+            max_tasks_per_pool: u64::MAX,
+            allow_undeclared_pools: true,
+        }
+    }
 }
 
 impl Core {
     /// An empty core: no pools, no tasks.
     pub fn new() -> Core {
         Core::default()
+    }
+
+    /// An empty core with these limits.
+    pub fn with_limits(limits: Limits) -> Core {
+        Core {
+            limits,
+            ..Core::default()
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Pools held now (forgotten idle pools not counted).
+    pub fn pool_count(&self) -> usize {
+        self.groups.pool_count()
     }
 
     /// The latest `now` handed in (time never runs backwards inside).
@@ -322,6 +386,7 @@ impl Core {
         out: &mut Vec<Action>,
     ) -> Result<(), Rejection> {
         check_arguments(&event)?;
+        self.check_limits(self.now.max(now), &event)?;
         // Refuse before firing timers: their actions would be lost with the
         // error (a Start nobody carries out, a slot busy forever).
         let mut slot = self.check_state(&event)?;
@@ -332,7 +397,10 @@ impl Core {
                 Ok(t) => slot = t,
                 // Only a Miss timer can get here: it finished the task this
                 // cancel names. Its Finished action stands; the event is moot.
-                Err(_) => return Ok(()),
+                Err(_) => {
+                    self.tidy();
+                    return Ok(());
+                }
             }
         }
         match event {
@@ -342,7 +410,9 @@ impl Core {
                 if old != config.backoff {
                     self.keep_backoff(p, old);
                 }
-                self.groups.pools[p as usize].config = config;
+                let pool = &mut self.groups.pools[p as usize];
+                pool.config = config;
+                pool.declared = true;
             }
             Event::CapacitySet {
                 pool,
@@ -354,6 +424,10 @@ impl Core {
                 self.groups.set_capacity(g, slots);
                 self.fill_group(g, out);
                 self.refill_if_reserved(p);
+                if slots == 0 {
+                    self.tidy.push(Tidy::Group(g));
+                    self.tidy.push(Tidy::Pool(p));
+                }
             }
             Event::Submitted(spec) => self.submit(spec, out),
             Event::CancelRequested(id) => self.cancel(slot.expect("checked"), id, out),
@@ -366,7 +440,88 @@ impl Core {
             Event::Tick => {}
         }
         self.settle(out);
+        self.tidy();
         Ok(())
+    }
+
+    /// Forgets what became idle during this event: groups with no
+    /// capacity and no busy slot, reqsets no live task uses, undeclared
+    /// pools with neither groups nor live tasks. Keeps memory bounded by
+    /// what is in use, whatever names and labels went by.
+    fn tidy(&mut self) {
+        while let Some(item) = self.tidy.pop() {
+            match item {
+                Tidy::Group(g) => {
+                    let group = &self.groups.groups[g as usize];
+                    if group.pool != u32::MAX && group.capacity == 0 && group.busy == 0 {
+                        let p = group.pool;
+                        self.groups.forget_group(g);
+                        self.tidy.push(Tidy::Pool(p));
+                    }
+                }
+                Tidy::ReqSet(r) => {
+                    let set = &self.groups.reqsets[r as usize];
+                    if set.pool != u32::MAX
+                        && set.live == 0
+                        && self.groups.pools[set.pool as usize].reqsets[0] != r
+                    {
+                        let p = set.pool;
+                        self.groups.forget_reqset(r);
+                        self.tidy.push(Tidy::Pool(p));
+                    }
+                }
+                Tidy::Pool(p) => {
+                    if self.groups.pools[p as usize].is_idle() {
+                        self.groups.forget_pool(p);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Refuses a submission or capacity the limits do not allow.
+    fn check_limits(&self, now: Millis, event: &Event) -> Result<(), Rejection> {
+        let (pool, creates) = match event {
+            Event::Submitted(spec) => {
+                spec.check_horizon(now)?;
+                (&spec.pool, true)
+            }
+            Event::CapacitySet { pool, slots, .. } => (pool, *slots > 0),
+            Event::PoolConfigured { pool, .. } => (pool, true),
+            _ => return Ok(()),
+        };
+        match self.groups.find_pool(pool) {
+            Some(p) => {
+                if let Event::Submitted(_) = event {
+                    let live = self.groups.pools[p as usize].live;
+                    if live >= self.limits.max_tasks_per_pool {
+                        return Err(Rejection::ResourceExhausted(format!(
+                            "pool {pool} holds {live} unfinished tasks, the limit"
+                        )));
+                    }
+                }
+                Ok(())
+            }
+            None if !creates => Ok(()),
+            None => {
+                let declaring = matches!(event, Event::PoolConfigured { .. });
+                if !declaring && !self.limits.allow_undeclared_pools {
+                    return Err(Rejection::UnknownPool(pool.clone()));
+                }
+                if self.groups.pool_count() >= self.limits.max_pools {
+                    return Err(Rejection::ResourceExhausted(format!(
+                        "{} pools are held, the limit",
+                        self.groups.pool_count()
+                    )));
+                }
+                if matches!(event, Event::Submitted(_)) && self.limits.max_tasks_per_pool == 0 {
+                    return Err(Rejection::ResourceExhausted(format!(
+                        "pool {pool} may hold no tasks"
+                    )));
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Rule 7 counts reservations per pool, so a change in one group can
@@ -482,6 +637,8 @@ impl Core {
             }
         };
         self.by_id.insert(spec.id, t);
+        self.groups.pools[p as usize].live += 1;
+        self.groups.reqsets[r as usize].live += 1;
 
         let Some(fixed) = spec.fixed_start else {
             self.enqueue_or_start(t, out);
@@ -772,6 +929,9 @@ impl Core {
         }
         let busy = self.groups.groups[g as usize].busy;
         self.groups.set_busy(g, busy - 1);
+        if busy == 1 && self.groups.groups[g as usize].capacity == 0 {
+            self.tidy.push(Tidy::Group(g));
+        }
         self.refill_if_reserved(self.groups.groups[g as usize].pool);
     }
 
@@ -795,7 +955,7 @@ impl Core {
         let free: Vec<u32> = self.groups.reqsets[all as usize]
             .free_groups
             .iter()
-            .map(|&(_, _, g)| g)
+            .map(|&(_, _, _, g)| g)
             .collect();
         for g in free {
             self.fill_group(g, out);
@@ -827,7 +987,12 @@ impl Core {
         self.by_id.remove(rec.id);
         rec.phase = Phase::Free;
         rec.extra = None;
+        let (p, r) = (rec.pool, rec.reqset);
         self.free_slab.push(t);
+        self.groups.pools[p as usize].live -= 1;
+        self.groups.reqsets[r as usize].live -= 1;
+        self.tidy.push(Tidy::ReqSet(r));
+        self.tidy.push(Tidy::Pool(p));
     }
 
     fn cancel(&mut self, t: u32, id: TaskId, out: &mut Vec<Action>) {

@@ -156,6 +156,12 @@ pub enum Rejection {
     /// The task already reached a terminal state.
     #[error("task {0} has already finished")]
     AlreadyFinished(TaskId),
+    /// A limit was reached: too many pools, tasks, labels; too long a key.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The pool is not declared and undeclared pools are not allowed.
+    #[error("pool {0} is not declared in the configuration")]
+    UnknownPool(PoolName),
 }
 
 impl Rejection {
@@ -164,16 +170,51 @@ impl Rejection {
         match self {
             Rejection::InvalidArgument(_) => ErrorCode::INVALID_ARGUMENT,
             Rejection::DuplicateTask(_) => ErrorCode::ALREADY_EXISTS,
-            Rejection::UnknownTask(_) => ErrorCode::NOT_FOUND,
+            Rejection::UnknownTask(_) | Rejection::UnknownPool(_) => ErrorCode::NOT_FOUND,
             Rejection::StaleAttempt { .. } | Rejection::AlreadyFinished(_) => {
                 ErrorCode::FAILED_PRECONDITION
             }
+            Rejection::ResourceExhausted(_) => ErrorCode::RESOURCE_EXHAUSTED,
         }
     }
 }
 
 /// The longest pool name, label name or label value accepted.
 pub const MAX_NAME_LEN: usize = 64;
+
+/// The most labels a worker may carry or a task may require
+/// (`RESOURCE_EXHAUSTED` beyond).
+pub const MAX_LABELS: usize = 16;
+
+/// The longest idempotency key accepted, in bytes (`RESOURCE_EXHAUSTED`
+/// beyond).
+pub const MAX_KEY_LEN: usize = 256;
+
+/// How far ahead a deadline or fixed start may lie, and the longest
+/// duration (tolerance, run-time estimate, attempt timeout, backoff)
+/// accepted: 10 years. Anything later is `INVALID_ARGUMENT`, so no time
+/// computation downstream can overflow.
+pub const MAX_HORIZON: Millis = Millis(10 * 366 * 24 * 3600 * 1000);
+
+/// At most the first 64 characters of an offending value, for an error
+/// message: a refusal never echoes a megabyte back.
+///
+/// ```
+/// use cronoq::core::excerpt;
+/// assert_eq!(excerpt("short"), "\"short\"");
+/// assert!(excerpt(&"x".repeat(100_000)).len() < 120);
+/// ```
+pub fn excerpt(text: &str) -> String {
+    const KEEP: usize = 64;
+    if text.len() <= KEEP {
+        return format!("{text:?}");
+    }
+    let mut end = KEEP;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &text[..end], text.len())
+}
 
 /// A validated pool name: 1–64 characters of `A-Z a-z 0-9 _ -`.
 ///
@@ -202,7 +243,8 @@ impl PoolName {
         }
         if name.len() > MAX_NAME_LEN {
             return Err(Rejection::InvalidArgument(format!(
-                "pool name {name:?} is longer than {MAX_NAME_LEN} characters"
+                "pool name {} is longer than {MAX_NAME_LEN} characters",
+                excerpt(name)
             )));
         }
         if !name
@@ -210,7 +252,8 @@ impl PoolName {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         {
             return Err(Rejection::InvalidArgument(format!(
-                "pool name {name:?} may only hold letters, digits, '_' and '-'"
+                "pool name {} may only hold letters, digits, '_' and '-'",
+                excerpt(name)
             )));
         }
         Ok(PoolName(Arc::from(name)))
@@ -303,6 +346,9 @@ impl Labels {
     pub fn parse(text: &str) -> Result<Labels, Rejection> {
         let mut labels = Labels::new();
         for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if labels.len() >= MAX_LABELS {
+                return Err(too_many_labels());
+            }
             labels.insert_parsed(item)?;
         }
         labels.validate()?;
@@ -317,13 +363,17 @@ impl Labels {
                 Ok(())
             }
             None => Err(Rejection::InvalidArgument(format!(
-                "label {item:?} is not of the form name=value"
+                "label {} is not of the form name=value",
+                excerpt(item)
             ))),
         }
     }
 
     /// Checks every rule of a well-formed label set.
     pub fn validate(&self) -> Result<(), Rejection> {
+        if self.0.len() > MAX_LABELS {
+            return Err(too_many_labels());
+        }
         let mut previous: Option<&str> = None;
         for (name, value) in self.0.iter() {
             check_token("label name", name, |b| {
@@ -377,18 +427,24 @@ impl Labels {
     }
 }
 
+fn too_many_labels() -> Rejection {
+    Rejection::ResourceExhausted(format!("more than {MAX_LABELS} labels"))
+}
+
 fn check_token(what: &str, token: &str, allowed: impl Fn(u8) -> bool) -> Result<(), Rejection> {
     if token.is_empty() {
         return Err(Rejection::InvalidArgument(format!("{what} is empty")));
     }
     if token.len() > MAX_NAME_LEN {
         return Err(Rejection::InvalidArgument(format!(
-            "{what} {token:?} is longer than {MAX_NAME_LEN} characters"
+            "{what} {} is longer than {MAX_NAME_LEN} characters",
+            excerpt(token)
         )));
     }
     if !token.bytes().all(allowed) {
         return Err(Rejection::InvalidArgument(format!(
-            "{what} {token:?} holds a character that is not allowed"
+            "{what} {} holds a character that is not allowed",
+            excerpt(token)
         )));
     }
     Ok(())
@@ -628,6 +684,38 @@ impl TaskSpec {
                 return Err(Rejection::InvalidArgument(
                     "backoff initial delay is above its max".into(),
                 ));
+            }
+        }
+        let spans = [
+            ("tolerance", self.fixed_start.map(|f| f.tolerance)),
+            ("est_runtime", self.est_runtime),
+            ("attempt_timeout", self.attempt_timeout),
+            ("backoff max", self.backoff.map(|b| b.max)),
+        ];
+        for (what, span) in spans {
+            if span.is_some_and(|s| s > MAX_HORIZON) {
+                return Err(Rejection::InvalidArgument(format!(
+                    "{what} is longer than the limit of 10 years"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a deadline or fixed start more than [`MAX_HORIZON`] after
+    /// `now` (so `start_at + tolerance` and every timer stay far from
+    /// overflow).
+    pub fn check_horizon(&self, now: Millis) -> Result<(), Rejection> {
+        let limit = now.plus(MAX_HORIZON);
+        let times = [
+            ("deadline", self.deadline),
+            ("start_at", self.fixed_start.map(|f| f.start_at)),
+        ];
+        for (what, time) in times {
+            if time.is_some_and(|t| t > limit) {
+                return Err(Rejection::InvalidArgument(format!(
+                    "{what} is more than 10 years ahead"
+                )));
             }
         }
         Ok(())

@@ -68,7 +68,7 @@ impl Core {
         self.groups.reqsets[r as usize]
             .free_groups
             .first()
-            .map(|&(_, _, g)| g)
+            .map(|&(_, _, _, g)| g)
     }
 
     /// The waiter that a free slot of group `g` goes to, counting `extra`

@@ -109,9 +109,8 @@ impl Core {
     pub fn snapshot(&self) -> Snapshot {
         let mut pools: Vec<PoolSnapshot> = self
             .groups
-            .pools
-            .iter()
-            .map(|pool| {
+            .live_pools()
+            .map(|(_, pool)| {
                 let mut groups: Vec<GroupSnapshot> = pool
                     .groups
                     .iter()
