@@ -281,11 +281,7 @@ impl SubmitRequest {
                 let at = with_field("start_at", parse_time(s, now))?;
                 task = task.start_at(at, tolerance.unwrap_or_default());
             }
-            (None, Some(_)) => {
-                return Err(Rejection::InvalidArgument(
-                    "tolerance is given without start_at".into(),
-                ))
-            }
+            (None, Some(_)) => return Err(crate::wire::tolerance_without_start()),
             (None, None) => {}
         }
         if let Some(n) = self.max_attempts {

@@ -196,6 +196,15 @@ impl Task {
         if let Some(e) = self.label_errors.first() {
             return Err(Rejection::InvalidArgument(e.clone()));
         }
+        if let Some(key) = &self.idempotency_key {
+            if key.len() > crate::core::MAX_KEY_LEN {
+                return Err(Rejection::ResourceExhausted(format!(
+                    "idempotency key of {} bytes is above the limit of {} bytes",
+                    key.len(),
+                    crate::core::MAX_KEY_LEN
+                )));
+            }
+        }
         if self.payload.len() > max_payload_bytes {
             return Err(Rejection::InvalidArgument(format!(
                 "payload of {} bytes is above the limit of {max_payload_bytes} bytes",

@@ -569,6 +569,7 @@ fn odd_snapshot() -> Snapshot {
             ],
         }],
         workers: vec![],
+        truncated: false,
     }
 }
 

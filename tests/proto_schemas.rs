@@ -191,6 +191,7 @@ fn registers() -> Vec<Register> {
         labels: labels(&[("gpu", "a100")]),
         slots: 2,
         credentials: None,
+        instance: Some("5f3a9c1e0b7d2a64-4242".into()),
     };
     let signed = Register {
         credentials: Some(Credentials {
@@ -217,6 +218,7 @@ fn registers_minimal() -> Register {
         labels: Labels::new(),
         slots: 1,
         credentials: None,
+        instance: None,
     }
 }
 
@@ -445,6 +447,7 @@ fn snapshots() -> Vec<Snapshot> {
             busy: 1,
             last_seen: Millis(1_800_000_000_000),
         }],
+        truncated: true,
     };
     let mut core = Core::new();
     let p = pool("inference");

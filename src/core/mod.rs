@@ -350,6 +350,11 @@ impl Core {
         self.limits
     }
 
+    /// Whether the core holds pool `name` now.
+    pub fn has_pool(&self, name: &PoolName) -> bool {
+        self.groups.find_pool(name).is_some()
+    }
+
     /// Pools held now (forgotten idle pools not counted).
     pub fn pool_count(&self) -> usize {
         self.groups.pool_count()

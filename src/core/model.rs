@@ -498,10 +498,11 @@ impl Serialize for Labels {
 
 impl<'de> Deserialize<'de> for Labels {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
+        // Not validated here: every entry point validates (`to_spec`,
+        // registration) and so answers with the right code for the value
+        // (`RESOURCE_EXHAUSTED` for too many labels), the same on every path.
         let map = std::collections::BTreeMap::<String, String>::deserialize(d)?;
-        let labels: Labels = map.into_iter().collect();
-        labels.validate().map_err(serde::de::Error::custom)?;
-        Ok(labels)
+        Ok(map.into_iter().collect())
     }
 }
 

@@ -18,6 +18,62 @@ pub struct Snapshot {
     pub pools: Vec<PoolSnapshot>,
     /// Remote workers, in distributed mode.
     pub workers: Vec<WorkerInfo>,
+    /// Lists were cut to fit one message (or a pool's demand past
+    /// [`MAX_DEMAND_ROWS`] label sets): the totals are whole, the lists not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// The most demand rows (required label sets) a pool lists, largest first.
+pub const MAX_DEMAND_ROWS: usize = 256;
+
+impl Snapshot {
+    /// Cuts lists until `size(self) <= max_bytes`: workers first, then each
+    /// pool's demand, then its groups, then pools; sets `truncated`.
+    /// Totals (capacity, busy, waiting) stay exact.
+    ///
+    /// ```
+    /// use cronoq::core::*;
+    /// let mut snap = Snapshot::default();
+    /// for i in 0..100 {
+    ///     snap.workers.push(WorkerInfo { id: format!("w{i}"), pool: PoolName::default(),
+    ///         labels: Labels::new(), slots: 1, busy: 0, last_seen: Millis(0) });
+    /// }
+    /// snap.trim_to(500, |s| serde_json::to_vec(s).unwrap().len());
+    /// assert!(snap.truncated && serde_json::to_vec(&snap).unwrap().len() <= 500);
+    /// ```
+    pub fn trim_to(&mut self, max_bytes: usize, size: impl Fn(&Snapshot) -> usize) {
+        if size(self) <= max_bytes {
+            return;
+        }
+        self.truncated = true;
+        while !self.workers.is_empty() && size(self) > max_bytes {
+            let keep = self.workers.len() / 2;
+            self.workers.truncate(keep);
+        }
+        loop {
+            if size(self) <= max_bytes {
+                return;
+            }
+            let mut cut = false;
+            for pool in &mut self.pools {
+                if !pool.demand.is_empty() {
+                    pool.demand.truncate(pool.demand.len() / 2);
+                    cut = true;
+                } else if !pool.groups.is_empty() {
+                    pool.groups.truncate(pool.groups.len() / 2);
+                    cut = true;
+                }
+            }
+            if !cut {
+                break;
+            }
+        }
+        while !self.pools.is_empty() && size(self) > max_bytes {
+            let keep = self.pools.len() / 2;
+            self.pools.truncate(keep);
+        }
+    }
 }
 
 /// Who leads, in distributed mode.
@@ -107,6 +163,7 @@ pub struct GroupSnapshot {
 impl Core {
     /// The pools, groups, demand and autoscaling signal now.
     pub fn snapshot(&self) -> Snapshot {
+        let mut truncated = false;
         let mut pools: Vec<PoolSnapshot> = self
             .groups
             .live_pools()
@@ -147,6 +204,11 @@ impl Core {
                         }),
                     }
                 }
+                if demand.len() > MAX_DEMAND_ROWS {
+                    demand.sort_by_key(|d| std::cmp::Reverse(d.waiting));
+                    demand.truncate(MAX_DEMAND_ROWS);
+                    truncated = true;
+                }
                 demand
                     .sort_by(|a, b| (a.labels.len(), &a.labels).cmp(&(b.labels.len(), &b.labels)));
                 let reserved = pool.reservations.len() as u64;
@@ -178,6 +240,7 @@ impl Core {
             leader: None,
             pools,
             workers: Vec::new(),
+            truncated,
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::core::{Backoff, Millis, OnMiss, PoolConfig, PoolName, Rejection};
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(|e| serde::de::Error::custom(format!("{text:?}: {e}")))
+    crate::wire::parse_duration(&text).map_err(serde::de::Error::custom)
 }
 
 fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -65,6 +65,33 @@ pub struct ServerSection {
     /// This server's id (default: host name and process id).
     #[serde(default)]
     pub id: Option<String>,
+    /// Accept workers and submissions for pools no `[[pools]]` declares
+    /// (created on first use, forgotten once idle). True by default, as
+    /// `cronoq dev` needs; production should list its pools and set false.
+    #[serde(default = "default_true")]
+    pub allow_undeclared_pools: bool,
+    /// Pools held at once, declared ones included (`RESOURCE_EXHAUSTED`).
+    #[serde(default = "default_max_pools")]
+    pub max_pools: usize,
+    /// Workers registered at once (`RESOURCE_EXHAUSTED`).
+    #[serde(default = "default_max_workers")]
+    pub max_workers: usize,
+    /// Unfinished tasks per pool (`RESOURCE_EXHAUSTED`).
+    #[serde(default = "default_max_tasks_per_pool")]
+    pub max_tasks_per_pool: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_max_pools() -> usize {
+    1_000
+}
+fn default_max_workers() -> usize {
+    10_000
+}
+fn default_max_tasks_per_pool() -> u64 {
+    1_000_000
 }
 
 fn default_nats() -> String {
@@ -100,6 +127,10 @@ impl Default for ServerSection {
             max_payload_bytes: default_max_payload(),
             results_ttl: default_results_ttl(),
             id: None,
+            allow_undeclared_pools: default_true(),
+            max_pools: default_max_pools(),
+            max_workers: default_max_workers(),
+            max_tasks_per_pool: default_max_tasks_per_pool(),
         }
     }
 }
@@ -219,6 +250,17 @@ pub struct NkeySection {
     pub labels: Vec<String>,
 }
 
+impl ServerSection {
+    /// The core's limits from these settings.
+    pub fn limits(&self) -> crate::core::Limits {
+        crate::core::Limits {
+            max_pools: self.max_pools,
+            max_tasks_per_pool: self.max_tasks_per_pool,
+            allow_undeclared_pools: self.allow_undeclared_pools,
+        }
+    }
+}
+
 impl ServerConfig {
     /// Parses TOML text and checks every pool.
     pub fn parse(text: &str) -> Result<ServerConfig, Rejection> {
@@ -269,6 +311,18 @@ impl ServerConfig {
                     "config: pool {name} is listed twice"
                 )));
             }
+        }
+        if self.pools.len() > self.server.max_pools {
+            return Err(Rejection::InvalidArgument(format!(
+                "config: {} pools are declared but max_pools is {}",
+                self.pools.len(),
+                self.server.max_pools
+            )));
+        }
+        if self.server.max_payload_bytes == 0 {
+            return Err(Rejection::InvalidArgument(
+                "config: max_payload_bytes must be positive".into(),
+            ));
         }
         if self.server.worker_timeout.is_zero() || self.server.lease_ttl.is_zero() {
             return Err(Rejection::InvalidArgument(

@@ -66,8 +66,13 @@ pub(crate) enum Input {
 pub(crate) enum Output {
     /// Publish on core NATS.
     Publish { subject: String, body: Bytes },
-    /// Store a finished task's result and drop its submission.
-    Persist { seq: u64, status: TaskStatus },
+    /// Store a finished task's result and drop its submission; a refused
+    /// submission is first copied to the dead-letter stream with its reason.
+    Persist {
+        seq: u64,
+        status: TaskStatus,
+        dead_letter: Option<WireError>,
+    },
     /// Drop a submission that duplicated another task (no result kept).
     Discard { seq: u64 },
 }
@@ -80,9 +85,18 @@ pub(crate) struct Settings {
     pub worker_timeout: Millis,
     pub heartbeat_interval: Millis,
     pub max_payload_bytes: usize,
+    /// The largest reply that fits in one NATS message.
+    pub max_reply_bytes: usize,
     pub retain_finished: usize,
     pub pools: Vec<(PoolName, PoolConfig)>,
+    pub max_workers: usize,
+    pub limits: crate::core::Limits,
 }
+
+/// The most slots one worker may offer.
+pub(crate) const MAX_SLOTS_PER_WORKER: u32 = 100_000;
+/// The longest `Register::instance` accepted.
+const MAX_INSTANCE_LEN: usize = 128;
 
 struct WorkerState {
     pool: PoolName,
@@ -90,7 +104,47 @@ struct WorkerState {
     slots: u32,
     draining: bool,
     last_seen: Millis,
+    instance: Option<String>,
     running: BTreeSet<(TaskId, u32)>,
+}
+
+impl WorkerState {
+    /// What the worker adds to its group's capacity: its slots, or while
+    /// draining one per attempt it still runs (those count as busy in the
+    /// core; without their slots the group would look full while its
+    /// other workers have free slots).
+    fn share(&self) -> u64 {
+        if self.draining {
+            self.running.len() as u64
+        } else {
+            u64::from(self.slots)
+        }
+    }
+
+    /// Its key in the group's free index, if it may take a lease.
+    fn free_key(&self) -> Option<std::cmp::Reverse<u32>> {
+        let free = self
+            .slots
+            .saturating_sub(u32::try_from(self.running.len()).unwrap_or(u32::MAX));
+        (!self.draining && free > 0).then_some(std::cmp::Reverse(free))
+    }
+}
+
+/// The workers of one group, summed up incrementally.
+#[derive(Default)]
+struct GroupState {
+    workers: u32,
+    /// The sum of the members' shares: `u64`, so it never wraps.
+    slots: u64,
+    /// Members that may take a lease: most free slots first, then id.
+    free: BTreeSet<(std::cmp::Reverse<u32>, String)>,
+}
+
+impl GroupState {
+    /// The capacity the core sees (its slots are `u32`: saturating).
+    fn capacity(&self) -> u32 {
+        u32::try_from(self.slots).unwrap_or(u32::MAX)
+    }
 }
 
 struct LeaseState {
@@ -116,7 +170,7 @@ pub(crate) struct Driver {
     epoch: u64,
     settings: Settings,
     workers: BTreeMap<String, WorkerState>,
-    groups: FxHashMap<(PoolName, Labels), BTreeSet<String>>,
+    groups: FxHashMap<(PoolName, Labels), GroupState>,
     leases: FxHashMap<TaskId, LeaseState>,
     tasks: FxHashMap<TaskId, TaskInfo>,
     finished: FxHashMap<TaskId, TaskStatus>,
@@ -139,7 +193,7 @@ fn stale(message: impl Into<String>) -> WireError {
 
 impl Driver {
     pub(crate) fn new(subjects: Subjects, epoch: u64, settings: Settings, now: Millis) -> Driver {
-        let mut core = Core::new();
+        let mut core = Core::with_limits(settings.limits);
         for (pool, config) in &settings.pools {
             core.handle(
                 now,
@@ -271,7 +325,13 @@ impl Driver {
                 self.respond(to, Ok(status));
             }
             Input::Snapshot(to) => {
-                let snap = self.snapshot(now);
+                let mut snap = self.snapshot(now);
+                if let Responder::Nats(_) = to {
+                    // One NATS message must carry it: drop workers (then
+                    // demand) from the end until it fits; `truncated` says so.
+                    let limit = self.settings.max_reply_bytes;
+                    snap.trim_to(limit, |s| wire::encode_reply(&Ok::<_, WireError>(s)).len());
+                }
                 self.respond(to, Ok(snap));
             }
         }
@@ -308,36 +368,18 @@ impl Driver {
         let (spec, payload, key) = match spec {
             Ok(x) => x,
             Err(e) => {
-                tracing::info!(task_id = %id, pool = %pool, error = %e, "submission refused");
-                self.record_finished(
-                    now,
-                    TaskStatus {
-                        id,
-                        pool,
-                        state: TaskState::Failed,
-                        reason: None,
-                        attempts: Vec::new(),
-                        output: None,
-                        output_base64: None,
-                        error: Some(format!("submission refused: {e}")),
-                        deadline_missed: false,
-                    },
-                    None,
-                    None,
-                );
+                self.refuse_submission(now, id, pool, e);
                 return;
             }
         };
         let fixed = spec.fixed_start.is_some();
-        if let Some(key) = &key {
-            self.keys.insert(key.clone(), id);
-        }
-        self.live_seqs.insert(seq);
+        let spec_pool = spec.pool.clone();
+        // Known before the core answers: a Start it returns reads the payload.
         self.tasks.insert(
             id,
             TaskInfo {
-                pool: spec.pool.clone(),
-                key,
+                pool: spec_pool.clone(),
+                key: key.clone(),
                 payload,
                 attempts: Vec::new(),
                 output: None,
@@ -345,12 +387,17 @@ impl Driver {
             },
         );
         if let Err(e) = self.apply(now, Event::Submitted(spec)) {
-            tracing::warn!(task_id = %id, error = %e, "submission refused by the core");
-            self.live_seqs.remove(&seq);
-            if let Some(key) = self.tasks.remove(&id).and_then(|i| i.key) {
-                self.keys.remove(&key);
-            }
+            // A limit or a time too far ahead: refused like a malformed
+            // submission (recorded failed, dead-lettered), never left queued.
+            self.tasks.remove(&id);
+            self.refuse_submission(now, id, spec_pool, e.into());
             return;
+        }
+        if let Some(key) = &key {
+            self.keys.insert(key.clone(), id);
+        }
+        if self.tasks.contains_key(&id) {
+            self.live_seqs.insert(seq);
         }
         tracing::debug!(task_id = %id, "task accepted");
         if self.tasks.contains_key(&id) && self.core.task(id).is_some_and(|v| v.attempts == 0) {
@@ -364,6 +411,37 @@ impl Driver {
         if self.cancel_on_arrival.remove(&id) {
             let _ = self.cancel(now, id);
         }
+    }
+
+    /// A submission that cannot run: recorded as a failed task with the
+    /// reason (so `task` answers and the stream can drop it) and copied to
+    /// the dead-letter stream. Never retried: the same bytes would be
+    /// refused again.
+    pub(crate) fn refuse_submission(
+        &mut self,
+        now: Millis,
+        id: TaskId,
+        pool: PoolName,
+        e: WireError,
+    ) {
+        tracing::info!(task_id = %id, pool = %pool, code = %e.code, error = %e.message, "submission refused");
+        self.record_finished(
+            now,
+            TaskStatus {
+                id,
+                pool,
+                state: TaskState::Failed,
+                reason: None,
+                attempts: Vec::new(),
+                output: None,
+                output_base64: None,
+                error: Some(format!("submission refused: {} [{}]", e.message, e.code)),
+                deadline_missed: false,
+            },
+            None,
+            None,
+            Some(e),
+        );
     }
 
     /// The task an id stands for: itself, or the task it duplicated.
@@ -430,6 +508,7 @@ impl Driver {
         status: TaskStatus,
         output: Option<Bytes>,
         key: Option<String>,
+        dead_letter: Option<WireError>,
     ) {
         let id = status.id;
         self.event(
@@ -445,6 +524,7 @@ impl Driver {
         self.out.push(Output::Persist {
             seq: id.0,
             status: status.clone(),
+            dead_letter,
         });
         self.finished.insert(id, status);
         self.finished_order.push_back((id, key));
@@ -504,9 +584,9 @@ impl Driver {
                     ttl: self.settings.lease_ttl,
                     epoch: self.epoch,
                 };
-                if let Some(w) = self.workers.get_mut(&worker_id) {
+                self.update_worker(now, &worker_id, |w| {
                     w.running.insert((task, attempt));
-                }
+                });
                 self.leases.insert(
                     task,
                     LeaseState {
@@ -602,109 +682,176 @@ impl Driver {
                     error: info.error,
                     deadline_missed,
                 };
-                self.record_finished(now, status, output, info.key);
+                self.record_finished(now, status, output, info.key, None);
             }
         }
     }
 
     // ---- workers ----------------------------------------------------------
 
+    /// The worker of the group with the most free slots (ties: the smallest
+    /// id): the first entry of the group's free index, O(log workers).
     fn pick_worker(&self, pool: &PoolName, labels: &Labels) -> Option<String> {
-        let members = self.groups.get(&(pool.clone(), labels.clone()))?;
-        members
-            .iter()
-            .filter_map(|id| {
-                let w = &self.workers[id];
-                let free = w.slots.saturating_sub(w.running.len() as u32);
-                (!w.draining && free > 0).then_some((std::cmp::Reverse(free), id))
-            })
-            .min()
-            .map(|(_, id)| id.clone())
+        let group = self.groups.get(&(pool.clone(), labels.clone()))?;
+        group.free.first().map(|(_, id)| id.clone())
     }
 
-    /// Tells the core the group's capacity: the slots of its live,
-    /// non-draining workers, plus one per attempt a draining worker still
-    /// runs (those count as busy in the core; without their slots the
-    /// group would look full while its other workers have free slots).
-    fn sync_group(&mut self, now: Millis, pool: &PoolName, labels: &Labels) {
-        let slots = self
-            .groups
-            .get(&(pool.clone(), labels.clone()))
-            .map(|members| {
-                members
-                    .iter()
-                    .map(|id| &self.workers[id])
-                    .map(|w| {
-                        if w.draining {
-                            u32::try_from(w.running.len()).unwrap_or(u32::MAX)
-                        } else {
-                            w.slots
-                        }
-                    })
-                    .sum()
-            })
-            .unwrap_or(0);
-        self.apply(
-            now,
-            Event::CapacitySet {
-                pool: pool.clone(),
-                labels: labels.clone(),
-                slots,
-            },
-        )
-        .expect("validated labels");
+    /// Changes a worker with `change`, keeping its group's slot total and
+    /// free index right, and tells the core the group's new capacity if it
+    /// changed. Every change of a worker's slots, running attempts or
+    /// draining goes through here: O(log workers), never a scan.
+    fn update_worker(
+        &mut self,
+        now: Millis,
+        worker_id: &str,
+        change: impl FnOnce(&mut WorkerState),
+    ) {
+        let Some(w) = self.workers.get_mut(worker_id) else {
+            return;
+        };
+        let (old_share, old_key) = (w.share(), w.free_key());
+        change(w);
+        let (new_share, new_key) = (w.share(), w.free_key());
+        let key = (w.pool.clone(), w.labels.clone());
+        let Some(group) = self.groups.get_mut(&key) else {
+            return;
+        };
+        if old_key != new_key {
+            if let Some(k) = old_key {
+                group.free.remove(&(k, worker_id.to_string()));
+            }
+            if let Some(k) = new_key {
+                group.free.insert((k, worker_id.to_string()));
+            }
+        }
+        if old_share != new_share {
+            group.slots = group.slots - old_share + new_share;
+            let slots = group.capacity();
+            self.set_capacity(now, &key.0, &key.1, slots);
+        }
+    }
+
+    /// Tells the core a group's capacity. Registration checked the pool and
+    /// labels, so a refusal here is a bug: logged, never a panic.
+    fn set_capacity(&mut self, now: Millis, pool: &PoolName, labels: &Labels, slots: u32) {
+        let event = Event::CapacitySet {
+            pool: pool.clone(),
+            labels: labels.clone(),
+            slots,
+        };
+        if let Err(e) = self.apply(now, event) {
+            tracing::error!(pool = %pool, group = %labels, error = %e, "capacity refused by the core");
+        }
     }
 
     /// An attempt no longer runs on `worker_id`. A draining worker's
     /// capacity shrinks with it, before the core hears that the attempt
     /// ended, so the freed slot is not offered to a waiter.
     fn release_slot(&mut self, now: Millis, worker_id: &str, task: TaskId, attempt: u32) {
-        let Some(w) = self.workers.get_mut(worker_id) else {
-            return;
-        };
-        if w.running.remove(&(task, attempt)) && w.draining {
-            let (pool, labels) = (w.pool.clone(), w.labels.clone());
-            self.sync_group(now, &pool, &labels);
-        }
+        self.update_worker(now, worker_id, |w| {
+            w.running.remove(&(task, attempt));
+        });
     }
 
     fn register(&mut self, now: Millis, r: Register) -> Result<RegisterReply, WireError> {
         wire::validate_worker_id(&r.worker_id)?;
         r.labels.validate()?;
-        if r.slots == 0 || r.slots > 100_000 {
+        if r.slots == 0 || r.slots > MAX_SLOTS_PER_WORKER {
             return Err(WireError::new(
                 ErrorCode::INVALID_ARGUMENT,
-                format!("slots must be between 1 and 100000, not {}", r.slots),
+                format!(
+                    "slots must be between 1 and {MAX_SLOTS_PER_WORKER}, not {}",
+                    r.slots
+                ),
             ));
         }
-        if self.workers.contains_key(&r.worker_id) {
-            // The same id again: a restarted process. What the old one ran is lost.
+        if let Some(instance) = &r.instance {
+            if instance.len() > MAX_INSTANCE_LEN {
+                return Err(WireError::new(
+                    ErrorCode::INVALID_ARGUMENT,
+                    format!("instance is longer than {MAX_INSTANCE_LEN} bytes"),
+                ));
+            }
+        }
+        if let Some(w) = self.workers.get(&r.worker_id) {
+            let same_process = r.instance.is_some() && w.instance == r.instance;
+            if !same_process {
+                // Alive (it would have been removed after worker_timeout of
+                // silence): a second process must not take over its id.
+                return Err(WireError::new(
+                    ErrorCode::ALREADY_EXISTS,
+                    format!(
+                        "worker id {} is held by another live process (last heard {} ms ago); \
+                         worker ids must be unique — it is free again once that process \
+                         deregisters or stays silent for worker_timeout",
+                        r.worker_id,
+                        now.0.saturating_sub(w.last_seen.0)
+                    ),
+                ));
+            }
+            if w.pool == r.pool && w.labels == r.labels && w.slots == r.slots {
+                // The same process again (a retried request): nothing changes.
+                self.update_worker(now, &r.worker_id, |w| w.last_seen = now);
+                return Ok(self.register_reply());
+            }
+            // The same process with new settings: what it ran is lost.
             self.remove_worker(now, &r.worker_id, "registered again");
         }
+        self.check_pool(&r.pool)?;
+        if self.workers.len() >= self.settings.max_workers {
+            return Err(WireError::new(
+                ErrorCode::RESOURCE_EXHAUSTED,
+                format!("{} workers are registered, the limit", self.workers.len()),
+            ));
+        }
         tracing::info!(worker_id = %r.worker_id, pool = %r.pool, group = %r.labels, slots = r.slots, "worker registered");
-        self.groups
-            .entry((r.pool.clone(), r.labels.clone()))
-            .or_default()
-            .insert(r.worker_id.clone());
+        let key = (r.pool.clone(), r.labels.clone());
+        let group = self.groups.entry(key).or_default();
+        group.workers += 1;
         self.workers.insert(
-            r.worker_id,
+            r.worker_id.clone(),
             WorkerState {
-                pool: r.pool.clone(),
-                labels: r.labels.clone(),
-                slots: r.slots,
+                pool: r.pool,
+                labels: r.labels,
+                slots: 0,
                 draining: false,
                 last_seen: now,
+                instance: r.instance,
                 running: BTreeSet::new(),
             },
         );
-        self.sync_group(now, &r.pool, &r.labels);
-        Ok(RegisterReply {
+        let slots = r.slots;
+        self.update_worker(now, &r.worker_id, |w| w.slots = slots);
+        Ok(self.register_reply())
+    }
+
+    /// Whether a worker may join `pool`: declared, or undeclared ones
+    /// allowed and room for one more pool.
+    fn check_pool(&self, pool: &PoolName) -> Result<(), WireError> {
+        if self.core.has_pool(pool) {
+            return Ok(());
+        }
+        let limits = self.core.limits();
+        if !limits.allow_undeclared_pools {
+            return Err(Rejection::UnknownPool(pool.clone()).into());
+        }
+        if self.core.pool_count() >= limits.max_pools {
+            return Err(WireError::new(
+                ErrorCode::RESOURCE_EXHAUSTED,
+                format!("{} pools are held, the limit", self.core.pool_count()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn register_reply(&self) -> RegisterReply {
+        RegisterReply {
             v: PROTOCOL_VERSION,
             epoch: self.epoch,
             heartbeat_interval: self.settings.heartbeat_interval,
             worker_timeout: self.settings.worker_timeout,
             lease_ttl: self.settings.lease_ttl,
-        })
+        }
     }
 
     fn heartbeat(&mut self, now: Millis, h: Heartbeat) -> Result<HeartbeatReply, WireError> {
@@ -716,9 +863,13 @@ impl Driver {
             });
         };
         w.last_seen = now;
+        // A worker runs at most its slots: anything past that in one
+        // heartbeat is not a real report, and costs nothing.
+        let bound = w.slots as usize + w.running.len();
         let unknown: Vec<RunningAttempt> = h
             .running
             .iter()
+            .take(bound)
             .filter(|a| !w.running.contains(&(a.task_id, a.attempt)))
             .copied()
             .collect();
@@ -750,10 +901,8 @@ impl Driver {
         w.last_seen = now;
         if d.drain {
             if !w.draining {
-                w.draining = true;
-                let (pool, labels) = (w.pool.clone(), w.labels.clone());
                 tracing::info!(worker_id = %d.worker_id, "worker draining");
-                self.sync_group(now, &pool, &labels);
+                self.update_worker(now, &d.worker_id, |w| w.draining = true);
             }
         } else {
             self.remove_worker(now, &d.worker_id, "deregistered");
@@ -763,19 +912,27 @@ impl Driver {
 
     /// Removes a worker: its capacity first, then its attempts are lost.
     fn remove_worker(&mut self, now: Millis, worker_id: &str, why: &str) {
-        let Some(w) = self.workers.remove(worker_id) else {
+        let Some(w) = self.workers.get(worker_id) else {
             return;
         };
         tracing::info!(worker_id = %worker_id, pool = %w.pool, group = %w.labels, running = w.running.len(), why, "worker removed");
         let key = (w.pool.clone(), w.labels.clone());
-        if let Some(members) = self.groups.get_mut(&key) {
-            members.remove(worker_id);
-            if members.is_empty() {
+        // Its share leaves the group first (no slots, nothing running), so
+        // the core never offers its slots again.
+        let mut running = BTreeSet::new();
+        self.update_worker(now, worker_id, |w| {
+            running = std::mem::take(&mut w.running);
+            w.slots = 0;
+            w.draining = false;
+        });
+        self.workers.remove(worker_id);
+        if let Some(group) = self.groups.get_mut(&key) {
+            group.workers -= 1;
+            if group.workers == 0 {
                 self.groups.remove(&key);
             }
         }
-        self.sync_group(now, &w.pool, &w.labels);
-        for (task, attempt) in w.running {
+        for (task, attempt) in running {
             self.leases.remove(&task);
             self.end_attempt(now, task, attempt, AttemptOutcome::Lost, None);
             let _ = self.apply(
@@ -944,7 +1101,7 @@ impl Driver {
                 group.workers = self
                     .groups
                     .get(&(pool.name.clone(), group.labels.clone()))
-                    .map_or(0, |m| m.len() as u32);
+                    .map_or(0, |m| m.workers);
             }
         }
         snap.workers = self
@@ -974,8 +1131,11 @@ mod tests {
             worker_timeout: Millis(5_000),
             heartbeat_interval: Millis(1_000),
             max_payload_bytes: 1024,
+            max_reply_bytes: 1 << 20,
             retain_finished: 100,
             pools: Vec::new(),
+            max_workers: 1_000_000,
+            limits: crate::core::Limits::default(),
         }
     }
 
@@ -984,22 +1144,268 @@ mod tests {
     }
 
     fn register(d: &mut Driver, id: &str, labels: &str, slots: u32) {
+        let reply = try_register(d, 0, id, "p", labels, slots, Some("i1"));
+        assert_eq!(reply.unwrap().epoch, 7);
+    }
+
+    fn try_register(
+        d: &mut Driver,
+        now: u64,
+        id: &str,
+        pool: &str,
+        labels: &str,
+        slots: u32,
+        instance: Option<&str>,
+    ) -> Result<RegisterReply, WireError> {
         let (tx, mut rx) = oneshot::channel();
         d.handle(
-            Millis(0),
+            Millis(now),
             Input::Register(
                 Register {
                     v: 1,
                     worker_id: id.into(),
-                    pool: PoolName::new("p").unwrap(),
+                    pool: PoolName::new(pool).unwrap(),
                     labels: Labels::parse(labels).unwrap(),
                     slots,
                     credentials: None,
+                    instance: instance.map(str::to_string),
                 },
                 Responder::Local(tx),
             ),
         );
-        assert_eq!(rx.try_recv().unwrap().unwrap().epoch, 7);
+        rx.try_recv().unwrap()
+    }
+
+    fn snapshot(d: &mut Driver) -> Snapshot {
+        let (tx, mut rx) = oneshot::channel();
+        d.handle(Millis(0), Input::Snapshot(Responder::Local(tx)));
+        rx.try_recv().unwrap().unwrap()
+    }
+
+    /// Issue 7 finding 6: a second process with a live worker's id is
+    /// refused; the same process again is idempotent; once the first has
+    /// timed out the id is free.
+    #[test]
+    fn a_live_worker_id_cannot_be_taken_by_another_process() {
+        let mut d = driver();
+        register(&mut d, "dup", "", 2);
+        submit(&mut d, 1, 1, "");
+        assert_eq!(leases(&mut d).len(), 1);
+        let e = try_register(&mut d, 1, "dup", "p", "", 2, Some("other")).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ALREADY_EXISTS, "{e:?}");
+        let e = try_register(&mut d, 1, "dup", "p", "", 2, None).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ALREADY_EXISTS);
+        // Nothing changed: one worker, its attempt still leased to it.
+        let snap = snapshot(&mut d);
+        assert_eq!(snap.workers.len(), 1);
+        assert_eq!(snap.workers[0].busy, 1);
+        assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+        // The same process retrying its registration: accepted, no change.
+        try_register(&mut d, 2, "dup", "p", "", 2, Some("i1")).unwrap();
+        assert_eq!(snapshot(&mut d).workers[0].busy, 1);
+        assert!(leases(&mut d).is_empty());
+        // Silent past worker_timeout: removed, and the id is free again.
+        d.housekeeping(Millis(10_000));
+        try_register(&mut d, 10_001, "dup", "p", "", 2, Some("other")).unwrap();
+    }
+
+    /// Issue 7 findings 4 and 5: registration is O(log n) (100,000 workers
+    /// into one group would take minutes with the old per-registration
+    /// re-sum), and the group total is u64, saturating at u32::MAX for the
+    /// core instead of wrapping.
+    #[test]
+    fn many_big_workers_in_one_group_neither_wrap_nor_rescan() {
+        let mut d = driver();
+        for i in 0..100_000u32 {
+            try_register(&mut d, 0, &format!("w{i}"), "p", "gpu=a100", 100_000, None).unwrap();
+        }
+        let snap = snapshot(&mut d);
+        let group = &snap.pools[0].groups[0];
+        assert_eq!(group.capacity, u32::MAX, "saturated, not wrapped");
+        assert_eq!(group.workers, 100_000);
+        // Removing one keeps the exact u64 total underneath.
+        let (tx, _rx) = oneshot::channel();
+        d.handle(
+            Millis(1),
+            Input::Deregister(
+                Deregister {
+                    v: 1,
+                    worker_id: "w0".into(),
+                    drain: false,
+                },
+                Responder::Local(tx),
+            ),
+        );
+        let key = (
+            PoolName::new("p").unwrap(),
+            Labels::parse("gpu=a100").unwrap(),
+        );
+        assert_eq!(d.groups[&key].slots, 99_999 * 100_000);
+    }
+
+    /// Issue 7 finding 3: a worker of an undeclared pool is refused when
+    /// they are not allowed; pools beyond max_pools and workers beyond
+    /// max_workers are RESOURCE_EXHAUSTED; nothing registers.
+    #[test]
+    fn registration_limits() {
+        let mut s = settings();
+        s.pools = vec![(
+            PoolName::new("p").unwrap(),
+            crate::core::PoolConfig::default(),
+        )];
+        s.limits.allow_undeclared_pools = false;
+        s.max_workers = 2;
+        let mut d = Driver::new(Subjects::default(), 7, s, Millis(0));
+        let e = try_register(&mut d, 0, "x", "elsewhere", "", 1, None).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NOT_FOUND);
+        try_register(&mut d, 0, "a", "p", "", 1, None).unwrap();
+        try_register(&mut d, 0, "b", "p", "", 1, None).unwrap();
+        let e = try_register(&mut d, 0, "c", "p", "", 1, None).unwrap_err();
+        assert_eq!(e.code, ErrorCode::RESOURCE_EXHAUSTED);
+        assert_eq!(snapshot(&mut d).workers.len(), 2);
+
+        let mut s = settings();
+        s.limits.max_pools = 1;
+        let mut d = Driver::new(Subjects::default(), 7, s, Millis(0));
+        try_register(&mut d, 0, "a", "p1", "", 1, None).unwrap();
+        let e = try_register(&mut d, 0, "b", "p2", "", 1, None).unwrap_err();
+        assert_eq!(e.code, ErrorCode::RESOURCE_EXHAUSTED);
+        assert_eq!(snapshot(&mut d).pools.len(), 1);
+    }
+
+    /// Issue 7 finding 3: an undeclared pool is forgotten once it has no
+    /// workers and no tasks, so 10,000 names leave nothing behind.
+    #[test]
+    fn idle_undeclared_pools_are_forgotten() {
+        let mut d = driver();
+        for i in 0..10_000u64 {
+            let pool = format!("pool{i}");
+            d.handle(
+                Millis(1),
+                Input::Submitted {
+                    seq: i + 1,
+                    pool: PoolName::new(&pool).unwrap(),
+                    task: Ok(Task::new("x")
+                        .pool(pool.as_str())
+                        .label("k", format!("v{i}"))),
+                },
+            );
+        }
+        assert_eq!(d.core.pool_count(), 10_000);
+        for i in 0..10_000u64 {
+            let (tx, _rx) = oneshot::channel();
+            d.handle(
+                Millis(2),
+                Input::Cancel(TaskId(i + 1), Responder::Local(tx)),
+            );
+        }
+        assert_eq!(d.core.pool_count(), 0);
+        assert!(snapshot(&mut d).pools.is_empty());
+        // A worker's pool goes when the worker does.
+        register(&mut d, "w", "", 1);
+        assert_eq!(d.core.pool_count(), 1);
+        let (tx, _rx) = oneshot::channel();
+        d.handle(
+            Millis(3),
+            Input::Deregister(
+                Deregister {
+                    v: 1,
+                    worker_id: "w".into(),
+                    drain: false,
+                },
+                Responder::Local(tx),
+            ),
+        );
+        assert_eq!(d.core.pool_count(), 0);
+        d.core.check_invariants().unwrap();
+    }
+
+    /// Issue 7 finding 1: a submission the core refuses (a deadline more
+    /// than 10 years ahead) is recorded failed with its reason and goes to
+    /// the dead-letter stream, and the next submission runs as usual.
+    #[test]
+    fn a_refused_submission_fails_with_its_reason_and_is_dead_lettered() {
+        let mut d = driver();
+        register(&mut d, "a", "", 1);
+        let far = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 40);
+        d.handle(
+            Millis(1),
+            Input::Submitted {
+                seq: 1,
+                pool: PoolName::new("p").unwrap(),
+                task: Ok(Task::new("x").pool("p").deadline(far)),
+            },
+        );
+        let outputs = d.take_outputs();
+        let dead = outputs.iter().find_map(|o| match o {
+            Output::Persist {
+                seq: 1,
+                status,
+                dead_letter: Some(e),
+            } => Some((status.clone(), e.clone())),
+            _ => None,
+        });
+        let (status, reason) = dead.expect("a dead letter for submission 1");
+        assert_eq!(status.state, TaskState::Failed);
+        assert_eq!(reason.code, ErrorCode::INVALID_ARGUMENT);
+        assert!(status.error.unwrap().contains("10 years"));
+        submit(&mut d, 2, 2, "");
+        assert_eq!(leases(&mut d).len(), 1);
+        assert_eq!(d.purge_floor(), 2);
+    }
+
+    /// Issue 7 finding 3: the snapshot a NATS request gets fits in one
+    /// message however many workers there are.
+    #[test]
+    fn a_nats_snapshot_reply_fits_in_one_message() {
+        let mut s = settings();
+        s.max_reply_bytes = 64 * 1024;
+        let mut d = Driver::new(Subjects::default(), 7, s, Millis(0));
+        for i in 0..5_000u32 {
+            try_register(&mut d, 0, &format!("worker-{i:05}"), "p", "", 1, None).unwrap();
+        }
+        let _ = d.take_outputs();
+        d.handle(
+            Millis(1),
+            Input::Snapshot(Responder::Nats(Some("reply".into()))),
+        );
+        let out = d.take_outputs();
+        let Output::Publish { body, .. } = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert!(body.len() <= 64 * 1024, "{} bytes", body.len());
+        let snap: Snapshot = wire::decode_reply(body).unwrap();
+        assert!(snap.truncated);
+        assert!(!snap.workers.is_empty());
+        assert_eq!(snap.pools[0].capacity, 5_000);
+    }
+
+    /// Issue 9's heartbeat flood, bounded here: a heartbeat listing 35,000
+    /// attempts this leader never leased costs at most its slots' worth of
+    /// revocations.
+    #[test]
+    fn a_heartbeat_listing_thousands_of_attempts_costs_at_most_its_slots() {
+        let mut d = driver();
+        register(&mut d, "a", "", 2);
+        let (tx, _rx) = oneshot::channel();
+        d.handle(
+            Millis(1),
+            Input::Heartbeat(
+                Heartbeat {
+                    v: 1,
+                    worker_id: "a".into(),
+                    free_slots: 2,
+                    running: (0..35_000)
+                        .map(|i| RunningAttempt {
+                            task_id: TaskId(i),
+                            attempt: 1,
+                        })
+                        .collect(),
+                },
+                Responder::Local(tx),
+            ),
+        );
+        assert!(d.take_outputs().len() <= 2);
     }
 
     fn submit(d: &mut Driver, now: u64, seq: u64, labels: &str) {

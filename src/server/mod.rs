@@ -31,7 +31,7 @@ pub(crate) mod driver;
 pub use config::*;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -139,6 +139,32 @@ struct LeaderInner {
     stream_name: String,
     max_payload_bytes: usize,
     driver_alive: AtomicBool,
+    /// Wall-clock ms of the last turn of the driver and of the consumer
+    /// loop: a loop that stops turning makes the server unready.
+    driver_beat: AtomicU64,
+    consumer_beat: AtomicU64,
+    allow_undeclared_pools: bool,
+    declared_pools: BTreeSet<PoolName>,
+}
+
+/// A loop that has not turned for this long is not making progress.
+const STALL_AFTER: Millis = Millis(10_000);
+
+/// Room left in a NATS message for everything but the payload: the lease
+/// or submission envelope (ids, 16 labels of 64+64 bytes, a 256-byte key)
+/// and headers. The payload limit is NATS' `max_payload` minus this.
+pub const ENVELOPE_RESERVE: usize = 16 * 1024;
+
+/// The payload limit in force: the configured one, lowered to what fits in
+/// one NATS message of `nats_max_payload` bytes with its envelope.
+///
+/// ```
+/// use cronoq::server::{effective_payload_limit, ENVELOPE_RESERVE};
+/// assert_eq!(effective_payload_limit(1 << 20, 1 << 20), (1 << 20) - ENVELOPE_RESERVE);
+/// assert_eq!(effective_payload_limit(1000, 1 << 20), 1000);
+/// ```
+pub fn effective_payload_limit(configured: usize, nats_max_payload: usize) -> usize {
+    configured.min(nats_max_payload.saturating_sub(ENVELOPE_RESERVE))
 }
 
 fn unavailable(message: impl Into<String>) -> WireError {
@@ -190,8 +216,14 @@ impl LeaderApi {
     }
 
     /// Submits through the stream: durable before the id is returned.
+    /// Checked here as the driver will check it (payload limit, horizon,
+    /// declared pools), so a bad submission is refused at once.
     pub async fn submit(&self, task: Task) -> Result<TaskId, WireError> {
-        task.to_spec(TaskId(1), self.inner.max_payload_bytes)?;
+        let spec = task.to_spec(TaskId(1), self.inner.max_payload_bytes)?;
+        spec.check_horizon(wall_now())?;
+        if !self.inner.allow_undeclared_pools && !self.inner.declared_pools.contains(&spec.pool) {
+            return Err(crate::core::Rejection::UnknownPool(spec.pool).into());
+        }
         let (subject, headers, body) = wire::submission(&self.inner.subjects, &task)?;
         let ack = self
             .inner
@@ -264,14 +296,20 @@ impl LeaderApi {
             self.inner.client.connection_state(),
             async_nats::connection::State::Connected
         );
-        let driving = self.inner.driver_alive.load(Ordering::Relaxed);
+        let now = wall_now();
+        let turning =
+            |beat: &AtomicU64| now.0.saturating_sub(beat.load(Ordering::Relaxed)) < STALL_AFTER.0;
+        let driving =
+            self.inner.driver_alive.load(Ordering::Relaxed) && turning(&self.inner.driver_beat);
+        let consuming = turning(&self.inner.consumer_beat);
         Health {
             live: driving,
-            ready: connected && driving,
-            detail: match (connected, driving) {
-                (true, true) => "leader".into(),
-                (false, _) => "not connected to NATS".into(),
-                (_, false) => "driver stopped".into(),
+            ready: connected && driving && consuming,
+            detail: match (connected, driving, consuming) {
+                (true, true, true) => "leader".into(),
+                (false, _, _) => "not connected to NATS".into(),
+                (_, false, _) => "driver stopped or stalled".into(),
+                (_, _, false) => "submit consumer stalled".into(),
             },
         }
     }
@@ -364,18 +402,41 @@ pub async fn serve(
 
     let client = connect_nats(&s.nats_url, &format!("cronoq-server {server_id}"), None).await?;
     tracing::info!(url = %s.nats_url, server_id = %server_id, "connected to nats");
+    let nats_max_payload = client.server_info().max_payload;
+    let max_payload_bytes = effective_payload_limit(s.max_payload_bytes, nats_max_payload);
+    if max_payload_bytes < s.max_payload_bytes {
+        tracing::warn!(
+            configured = s.max_payload_bytes,
+            nats_max_payload,
+            limit = max_payload_bytes,
+            "max_payload_bytes lowered to what fits in one NATS message with its envelope"
+        );
+    }
     let js = jetstream::new(client.clone());
-    let submit_stream = js
-        .get_or_create_stream(stream::Config {
-            name: subjects.submit_stream(),
-            subjects: vec![subjects.submit_all()],
+    let submit_config = stream::Config {
+        name: subjects.submit_stream(),
+        subjects: vec![subjects.submit_all()],
+        storage: stream::StorageType::File,
+        duplicate_window: Duration::from_secs(120),
+        // Headers and body together: JetStream refuses a larger publish.
+        max_message_size: i32::try_from(nats_max_payload).unwrap_or(i32::MAX),
+        ..Default::default()
+    };
+    let submit_stream = ensure_stream(&js, submit_config, "the submit stream").await?;
+    ensure_stream(
+        &js,
+        stream::Config {
+            name: subjects.dead_letter_stream(),
+            subjects: vec![subjects.dead_letter_all()],
             storage: stream::StorageType::File,
-            duplicate_window: Duration::from_secs(120),
-            max_message_size: i32::try_from(s.max_payload_bytes + 64 * 1024).unwrap_or(i32::MAX),
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_messages: 100_000,
+            discard: stream::DiscardPolicy::Old,
             ..Default::default()
-        })
-        .await
-        .map_err(nats_err("creating the submit stream"))?;
+        },
+        "the dead-letter stream",
+    )
+    .await?;
     let results = match js.get_key_value(subjects.results_bucket()).await {
         Ok(kv) => kv,
         Err(_) => js
@@ -402,14 +463,17 @@ pub async fn serve(
             lease_ttl: Millis::from_duration(s.lease_ttl),
             worker_timeout,
             heartbeat_interval: Millis((worker_timeout.0 / 3).max(100)),
-            max_payload_bytes: s.max_payload_bytes,
+            max_payload_bytes,
+            max_reply_bytes: nats_max_payload.saturating_sub(1024),
             retain_finished: 10_000,
             pools,
+            max_workers: s.max_workers,
+            limits: s.limits(),
         },
         now,
     );
     let (inputs, input_rx) = mpsc::channel(65_536);
-    let (persist_tx, persist_rx) = mpsc::unbounded_channel();
+    let (persist_tx, persist_rx) = mpsc::unbounded_channel::<Persisted>();
     let pending: Pending = Arc::default();
     let (floor_tx, floor_rx) = watch::channel(1u64);
     let api = LeaderApi {
@@ -420,8 +484,16 @@ pub async fn serve(
             inputs: inputs.clone(),
             results: results.clone(),
             stream_name: subjects.submit_stream(),
-            max_payload_bytes: s.max_payload_bytes,
+            max_payload_bytes,
             driver_alive: AtomicBool::new(true),
+            driver_beat: AtomicU64::new(now.0),
+            consumer_beat: AtomicU64::new(now.0),
+            allow_undeclared_pools: s.allow_undeclared_pools,
+            declared_pools: config
+                .pools
+                .iter()
+                .filter_map(|p| PoolName::new(&p.name).ok())
+                .collect(),
         }),
     };
 
@@ -438,9 +510,17 @@ pub async fn serve(
         results.clone(),
         startup_last,
         inputs.clone(),
+        api.clone(),
     ));
     let api_requests = tokio::spawn(serve_api(client.clone(), api.clone()));
-    let persister = tokio::spawn(persist(persist_rx, results, pending.clone()));
+    let persister = tokio::spawn(persist(
+        persist_rx,
+        results,
+        pending.clone(),
+        js.clone(),
+        submit_stream.clone(),
+        subjects.clone(),
+    ));
     let purger = tokio::spawn(purge(submit_stream, floor_rx, pending.clone()));
     let driver_task = {
         let api = api.clone();
@@ -452,6 +532,7 @@ pub async fn serve(
                 persist_tx,
                 pending,
                 floor_tx,
+                &api.inner.driver_beat,
             )
             .await;
             api.inner.driver_alive.store(false, Ordering::Relaxed);
@@ -489,6 +570,40 @@ pub async fn serve(
     purger.abort();
     let _ = api.inner.client.flush().await;
     result
+}
+
+/// Gets or creates a stream, then brings an existing one's limits up to
+/// `config` (a `max_message_size` set by an older build, say).
+async fn ensure_stream(
+    js: &jetstream::Context,
+    config: stream::Config,
+    what: &str,
+) -> Result<stream::Stream, Error> {
+    let mut stream = js
+        .get_or_create_stream(config.clone())
+        .await
+        .map_err(nats_err(format!("creating {what}")))?;
+    let current = stream
+        .info()
+        .await
+        .map_err(nats_err(format!("reading {what}")))?
+        .config
+        .clone();
+    if current.max_message_size != config.max_message_size
+        || current.max_age != config.max_age
+        || current.max_messages != config.max_messages
+    {
+        let updated = stream::Config {
+            max_message_size: config.max_message_size,
+            max_age: config.max_age,
+            max_messages: config.max_messages,
+            ..current
+        };
+        if let Err(e) = js.update_stream(updated).await {
+            tracing::warn!(stream = %config.name, error = %e, "cannot update the stream's limits");
+        }
+    }
+    Ok(stream)
 }
 
 fn client_for(api: &LeaderApi) -> async_nats::Client {
@@ -551,9 +666,16 @@ async fn consume(
     results: kv::Store,
     startup_last: u64,
     inputs: mpsc::Sender<Input>,
+    api: LeaderApi,
 ) {
+    let beat = || {
+        api.inner
+            .consumer_beat
+            .store(wall_now().0, Ordering::Relaxed)
+    };
     let mut next_seq = 1u64;
     loop {
+        beat();
         // After a reconnect (a NATS restart) the ephemeral consumer may be
         // gone, and async-nats only notices when its 15 s idle heartbeat
         // is missed: new submissions would wait that long. So watch the
@@ -584,6 +706,7 @@ async fn consume(
             }
         };
         loop {
+            beat();
             let message = tokio::select! {
                 message = messages.next() => message,
                 _ = reconnect_check.tick() => {
@@ -617,13 +740,33 @@ async fn consume(
                 }
             }
             let m = &message.message;
-            let (pool, task) = wire::decode_submission(
-                &subjects,
-                m.subject.as_str(),
-                m.headers.as_ref(),
-                m.payload.clone(),
-                published,
-            );
+            // Decoding is checked arithmetic throughout; should anything in
+            // it still panic, that message fails alone — the loop goes on.
+            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                wire::decode_submission(
+                    &subjects,
+                    m.subject.as_str(),
+                    m.headers.as_ref(),
+                    m.payload.clone(),
+                    published,
+                )
+            }));
+            let (pool, task) = match decoded {
+                Ok(decoded) => decoded,
+                Err(panic) => {
+                    let why = crate::task::panic_message(&*panic);
+                    tracing::error!(seq, panic = %why, "decoding a submission panicked; refusing it");
+                    (
+                        subjects
+                            .pool_of_submit(m.subject.as_str())
+                            .unwrap_or_default(),
+                        Err(WireError::new(
+                            ErrorCode::INTERNAL,
+                            format!("the submission could not be processed: {why}"),
+                        )),
+                    )
+                }
+            };
             if inputs
                 .send(Input::Submitted { seq, pool, task })
                 .await
@@ -726,14 +869,16 @@ async fn drive(
     mut driver: Driver,
     mut inputs: mpsc::Receiver<Input>,
     client: async_nats::Client,
-    persist: mpsc::UnboundedSender<(u64, TaskStatus)>,
+    persist: mpsc::UnboundedSender<Persisted>,
     pending: Pending,
     floor: watch::Sender<u64>,
+    beat: &AtomicU64,
 ) {
     let housekeeping_every = Millis(100);
     let mut last_housekeeping = wall_now();
     loop {
         let now = wall_now();
+        beat.store(now.0, Ordering::Relaxed);
         let due = driver
             .next_wakeup()
             .map_or(last_housekeeping.plus(housekeeping_every), |w| {
@@ -743,10 +888,10 @@ async fn drive(
         tokio::select! {
             input = inputs.recv() => {
                 let Some(input) = input else { return };
-                driver.handle(wall_now(), input);
+                handle_guarded(&mut driver, wall_now(), input);
                 for _ in 0..1024 {
                     match inputs.try_recv() {
-                        Ok(input) => driver.handle(wall_now(), input),
+                        Ok(input) => handle_guarded(&mut driver, wall_now(), input),
                         Err(_) => break,
                     }
                 }
@@ -757,7 +902,12 @@ async fn drive(
         if now >= last_housekeeping.plus(housekeeping_every)
             || driver.next_wakeup().is_some_and(|w| w <= now)
         {
-            driver.housekeeping(now);
+            let turn =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.housekeeping(now)));
+            if let Err(panic) = turn {
+                let why = crate::task::panic_message(&*panic);
+                tracing::error!(panic = %why, "housekeeping panicked; going on");
+            }
             last_housekeeping = now;
         }
         for output in driver.take_outputs() {
@@ -767,13 +917,21 @@ async fn drive(
                         tracing::warn!(error = %e, "publish failed");
                     }
                 }
-                Output::Persist { seq, status } => {
+                Output::Persist {
+                    seq,
+                    status,
+                    dead_letter,
+                } => {
                     // Marked before the floor can pass it (below).
                     pending
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .insert(seq);
-                    let _ = persist.send((seq, status));
+                    let _ = persist.send(Persisted {
+                        seq,
+                        status,
+                        dead_letter,
+                    });
                 }
                 // A discarded duplicate has no result: the purge takes it.
                 Output::Discard { .. } => {}
@@ -786,12 +944,56 @@ async fn drive(
     }
 }
 
+/// Hands one input to the driver. A panic (a bug: every input is checked)
+/// is caught and logged with the submission's sequence; a submission that
+/// caused one is refused, so a restart does not meet it again, and the
+/// loop goes on.
+fn handle_guarded(driver: &mut Driver, now: Millis, input: Input) {
+    let submitted = match &input {
+        Input::Submitted { seq, pool, .. } => Some((*seq, pool.clone())),
+        _ => None,
+    };
+    let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.handle(now, input)));
+    if let Err(panic) = turn {
+        let why = crate::task::panic_message(&*panic);
+        match submitted {
+            Some((seq, pool)) => {
+                tracing::error!(seq, panic = %why, "a submission panicked the driver; refusing it");
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    driver.refuse_submission(
+                        now,
+                        TaskId(seq),
+                        pool,
+                        WireError::new(
+                            ErrorCode::INTERNAL,
+                            format!("the submission could not be processed: {why}"),
+                        ),
+                    )
+                }));
+            }
+            None => tracing::error!(panic = %why, "an input panicked the driver; going on"),
+        }
+    }
+}
+
+/// A finished task's result to store; a refused submission's dead letter
+/// to write first.
+struct Persisted {
+    seq: u64,
+    status: TaskStatus,
+    dead_letter: Option<WireError>,
+}
+
 /// Stores finished tasks' results (up to 64 at once); retries while NATS
-/// is away.
+/// is away. A refused submission is first copied to the dead-letter
+/// stream, so it is there before the purge can drop the original.
 async fn persist(
-    rx: mpsc::UnboundedReceiver<(u64, TaskStatus)>,
+    rx: mpsc::UnboundedReceiver<Persisted>,
     results: kv::Store,
     pending: Pending,
+    js: jetstream::Context,
+    submit_stream: stream::Stream,
+    subjects: Subjects,
 ) {
     let items = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
@@ -799,8 +1001,17 @@ async fn persist(
     // Borrowed, not cloned per result: a Store clone copies four strings.
     let results = &results;
     let pending = &pending;
+    let (js, submit_stream, subjects) = (&js, &submit_stream, &subjects);
     items
-        .for_each_concurrent(64, |(seq, status)| async move {
+        .for_each_concurrent(64, |item| async move {
+            let Persisted {
+                seq,
+                status,
+                dead_letter,
+            } = item;
+            if let Some(reason) = dead_letter {
+                dead_letter_copy(js, submit_stream, subjects, seq, &status.pool, &reason).await;
+            }
             let body: Bytes = wire::encode(&status).into();
             let mut delay = Duration::from_millis(100);
             while let Err(e) = results.put(seq.to_string(), body.clone()).await {
@@ -814,6 +1025,76 @@ async fn persist(
                 .remove(&seq);
         })
         .await;
+}
+
+/// Copies submission `seq` to `P.deadletter.<pool>` with its headers and
+/// body as they were, plus `Cronoq-Dead-Letter-Code`, `-Reason` (at most
+/// 1,000 bytes) and `-Seq`. A few tries; a dead letter that cannot be
+/// written is logged, never allowed to block the pipeline.
+async fn dead_letter_copy(
+    js: &jetstream::Context,
+    submit_stream: &stream::Stream,
+    subjects: &Subjects,
+    seq: u64,
+    pool: &PoolName,
+    reason: &WireError,
+) {
+    let original = match submit_stream.get_raw_message(seq).await {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(seq, error = %e, "dead letter: the submission is gone");
+            return;
+        }
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    for (name, values) in original.headers.iter() {
+        // A copied Nats-Msg-Id would make the stream drop a second letter.
+        if name.to_string().eq_ignore_ascii_case("Nats-Msg-Id") {
+            continue;
+        }
+        for value in values {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers.insert("Cronoq-Dead-Letter-Code", reason.code.as_str());
+    let mut text = reason.message.clone();
+    if text.len() > 1_000 {
+        let mut end = 1_000;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    // Header values are one line.
+    let text: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    headers.insert("Cronoq-Dead-Letter-Reason", text.as_str());
+    headers.insert("Cronoq-Dead-Letter-Seq", seq.to_string().as_str());
+    for attempt in 0..5u32 {
+        let sent = js
+            .publish_with_headers(
+                subjects.dead_letter(pool),
+                headers.clone(),
+                original.payload.clone(),
+            )
+            .await;
+        let acked = match sent {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match acked {
+            Ok(()) => {
+                tracing::info!(seq, pool = %pool, code = %reason.code, "submission dead-lettered");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(seq, error = %e, attempt, "writing a dead letter failed");
+                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+            }
+        }
+    }
 }
 
 /// Once a second, purges the submissions of finished tasks whose results

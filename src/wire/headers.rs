@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use crate::core::{PoolName, Rejection};
+use crate::core::{excerpt, Millis, PoolName, Rejection, MAX_HORIZON, MAX_LABELS};
 use crate::task::Task;
 
 /// The `Cronoq-*` headers a plain publish may carry.
@@ -35,30 +35,66 @@ pub const SUBMIT_HEADERS: [&str; 9] = [
     "Cronoq-Idempotency-Key",
 ];
 
-/// Parses `30s`, `5m`, `1h 30m`, `250ms`.
+/// Parses `30s`, `5m`, `1h 30m`, `250ms`; at most 10 years
+/// ([`MAX_HORIZON`]).
+///
+/// ```
+/// use cronoq::wire::parse_duration;
+/// assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
+/// assert!(parse_duration("300000000000y").is_err());
+/// ```
 pub fn parse_duration(text: &str) -> Result<Duration, Rejection> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| Rejection::InvalidArgument(format!("duration {text:?}: {e}")))
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| Rejection::InvalidArgument(format!("duration {}: {e}", excerpt(text))))?;
+    if Millis::from_duration(d) > MAX_HORIZON {
+        return Err(Rejection::InvalidArgument(format!(
+            "duration {} is longer than the limit of 10 years",
+            excerpt(text)
+        )));
+    }
+    Ok(d)
 }
 
-/// Parses an RFC 3339 time, or a duration meaning "that long after `now`".
+/// Parses an RFC 3339 time, or a duration meaning "that long after `now`"
+/// (at most 10 years; the sum never overflows).
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use cronoq::wire::parse_time;
+/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+/// assert_eq!(parse_time("30s", now).unwrap(), now + Duration::from_secs(30));
+/// assert!(parse_time("10000000000000000000s", now).is_err());
+/// ```
 pub fn parse_time(text: &str, now: SystemTime) -> Result<SystemTime, Rejection> {
     let text = text.trim();
     if let Ok(t) = humantime::parse_rfc3339_weak(text) {
         return Ok(t);
     }
     match humantime::parse_duration(text) {
-        Ok(d) => Ok(now + d),
+        Ok(d) if Millis::from_duration(d) <= MAX_HORIZON => now.checked_add(d).ok_or_else(|| {
+            Rejection::InvalidArgument(format!("time {} is out of range", excerpt(text)))
+        }),
+        Ok(_) => Err(Rejection::InvalidArgument(format!(
+            "time {} is more than 10 years ahead",
+            excerpt(text)
+        ))),
         Err(_) => Err(Rejection::InvalidArgument(format!(
-            "time {text:?} is neither RFC 3339 (2026-12-02T16:00:00Z) nor a duration from now (30s)"
+            "time {} is neither RFC 3339 (2026-12-02T16:00:00Z) nor a duration from now (30s)",
+            excerpt(text)
         ))),
     }
 }
 
+/// The refusal of a tolerance given without a fixed start (the same on
+/// every path: headers, MessagePack, HTTP).
+pub fn tolerance_without_start() -> Rejection {
+    Rejection::InvalidArgument("tolerance is given without start_at".into())
+}
+
 fn parse_int<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, Rejection> {
-    text.trim()
-        .parse()
-        .map_err(|_| Rejection::InvalidArgument(format!("{name}: {text:?} is not an integer")))
+    text.trim().parse().map_err(|_| {
+        Rejection::InvalidArgument(format!("{name}: {} is not an integer", excerpt(text)))
+    })
 }
 
 /// A task from a plain publish: `headers` yields `(name, value)` pairs.
@@ -70,7 +106,7 @@ pub fn task_from_headers<'a>(
 ) -> Result<Task, Rejection> {
     let mut task = Task::new(payload).pool(pool.as_str());
     let mut start_at = None;
-    let mut tolerance = Duration::ZERO;
+    let mut tolerance = None;
     for (name, value) in headers {
         let known = SUBMIT_HEADERS
             .iter()
@@ -78,29 +114,38 @@ pub fn task_from_headers<'a>(
             .copied();
         match known {
             Some("Cronoq-Labels") => {
-                for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let items = value.split(',').map(str::trim).filter(|s| !s.is_empty());
+                for (n, item) in items.enumerate() {
+                    if n >= MAX_LABELS {
+                        return Err(Rejection::ResourceExhausted(format!(
+                            "more than {MAX_LABELS} labels"
+                        )));
+                    }
                     task = task.label_text(item);
                 }
             }
             Some("Cronoq-Priority") => task = task.priority(parse_int(name, value)?),
             Some("Cronoq-Deadline") => task = task.deadline(parse_time(value, now)?),
             Some("Cronoq-Start-At") => start_at = Some(parse_time(value, now)?),
-            Some("Cronoq-Tolerance") => tolerance = parse_duration(value)?,
+            Some("Cronoq-Tolerance") => tolerance = Some(parse_duration(value)?),
             Some("Cronoq-Est-Runtime") => task = task.est_runtime(parse_duration(value)?),
             Some("Cronoq-Max-Attempts") => task = task.max_attempts(parse_int(name, value)?),
             Some("Cronoq-Attempt-Timeout") => task = task.attempt_timeout(parse_duration(value)?),
             Some("Cronoq-Idempotency-Key") => task = task.idempotency_key(value),
             _ if name.len() >= 7 && name[..7].eq_ignore_ascii_case("cronoq-") => {
                 return Err(Rejection::InvalidArgument(format!(
-                    "unknown header {name}; known: {}",
+                    "unknown header {}; known: {}",
+                    excerpt(name),
                     SUBMIT_HEADERS.join(", ")
                 )))
             }
             _ => {}
         }
     }
-    if let Some(at) = start_at {
-        task = task.start_at(at, tolerance);
+    match (start_at, tolerance) {
+        (Some(at), tolerance) => task = task.start_at(at, tolerance.unwrap_or_default()),
+        (None, Some(_)) => return Err(tolerance_without_start()),
+        (None, None) => {}
     }
     Ok(task)
 }
@@ -128,6 +173,76 @@ mod tests {
         assert_eq!(task.required_labels().to_string(), "gpu=a100,zone=eu");
         assert_eq!(task.priority, 7);
         assert_eq!(task.deadline, Some(now + Duration::from_secs(30)));
+    }
+
+    /// Issue 7 findings 1 and 8: values that used to panic or pass are
+    /// refused with a stable code and a short message.
+    #[test]
+    fn hostile_header_values_are_refused_not_panicked() {
+        use crate::core::ErrorCode;
+        let pool = PoolName::new("p").unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let huge = "x".repeat(1 << 20);
+        let many_labels: String = (0..10_000).map(|i| format!("k{i}=v,")).collect();
+        let long_key = "k".repeat(crate::core::MAX_KEY_LEN + 1);
+        let cases: Vec<(&str, &str, ErrorCode)> = vec![
+            (
+                "Cronoq-Deadline",
+                "10000000000000000000s",
+                ErrorCode::INVALID_ARGUMENT,
+            ),
+            (
+                "Cronoq-Start-At",
+                "300000000000y",
+                ErrorCode::INVALID_ARGUMENT,
+            ),
+            ("Cronoq-Deadline", "11y", ErrorCode::INVALID_ARGUMENT),
+            ("Cronoq-Tolerance", "5s", ErrorCode::INVALID_ARGUMENT),
+            (
+                "Cronoq-Attempt-Timeout",
+                "300000000000y",
+                ErrorCode::INVALID_ARGUMENT,
+            ),
+            (
+                "Cronoq-Priority",
+                huge.as_str(),
+                ErrorCode::INVALID_ARGUMENT,
+            ),
+            (
+                "Cronoq-Labels",
+                many_labels.as_str(),
+                ErrorCode::RESOURCE_EXHAUSTED,
+            ),
+            (
+                "Cronoq-Idempotency-Key",
+                long_key.as_str(),
+                ErrorCode::RESOURCE_EXHAUSTED,
+            ),
+        ];
+        for (name, value, code) in cases {
+            let refused = task_from_headers(&pool, Bytes::new(), [(name, value)], now)
+                .and_then(|t| t.to_spec(crate::core::TaskId(1), 1 << 20).map(|_| ()));
+            let e = refused.expect_err(name);
+            assert_eq!(e.code(), code, "{name}: {e}");
+            assert!(
+                e.to_string().len() < 300,
+                "{name}: a {} byte message",
+                e.to_string().len()
+            );
+        }
+        // Far absolute times parse, and the core refuses them (horizon).
+        let t = task_from_headers(
+            &pool,
+            Bytes::new(),
+            [("Cronoq-Deadline", "9999-01-01T00:00:00Z")],
+            now,
+        )
+        .unwrap();
+        let spec = t.to_spec(crate::core::TaskId(1), 1 << 20).unwrap();
+        let e = spec
+            .check_horizon(crate::core::Millis(1_800_000_000_000))
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT);
     }
 
     #[test]

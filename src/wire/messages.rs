@@ -46,6 +46,7 @@ pub enum Reply<T> {
 /// A MessagePack submission to `P.submit.<pool>` (the pool is the subject's
 /// last token). Times are ms since the Unix epoch, spans in ms.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Submit {
     /// Protocol version.
     #[serde(default = "v")]
@@ -111,9 +112,19 @@ impl Submit {
         }
     }
 
-    /// Back to a [`Task`] for `pool`.
-    pub fn into_task(self, pool: &PoolName) -> Task {
-        let at = |m: Millis| UNIX_EPOCH + Duration::from_millis(m.0);
+    /// Back to a [`Task`] for `pool`; a tolerance without a start is
+    /// refused as on every other path.
+    pub fn into_task(self, pool: &PoolName) -> Result<Task, crate::core::Rejection> {
+        if self.start_at.is_none() && self.tolerance.is_some() {
+            return Err(super::tolerance_without_start());
+        }
+        // Saturating: a far time is refused by the core's horizon check,
+        // never an overflow here.
+        let at = |m: Millis| {
+            UNIX_EPOCH
+                .checked_add(Duration::from_millis(m.0))
+                .unwrap_or(UNIX_EPOCH + Duration::from_secs(i32::MAX as u64 * 1000))
+        };
         let mut task = Task::new(self.payload)
             .pool(pool.as_str())
             .labels(&self.labels)
@@ -139,7 +150,7 @@ impl Submit {
         if let Some(k) = self.idempotency_key {
             task = task.idempotency_key(k);
         }
-        task
+        Ok(task)
     }
 }
 
@@ -179,6 +190,11 @@ pub struct Register {
     /// Its credentials, if auth is on.
     #[serde(default)]
     pub credentials: Option<Credentials>,
+    /// A value unique to this worker process: a registration of an id
+    /// that another live instance holds is refused (`ALREADY_EXISTS`),
+    /// one from the same instance is idempotent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 /// The leader accepted a registration.

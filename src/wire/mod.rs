@@ -131,7 +131,7 @@ pub fn decode_submission(
         .and_then(|h| h.get("Content-Type"))
         .is_some_and(|v| v.as_str() == SUBMIT_CONTENT_TYPE);
     let task = if is_msgpack {
-        decode::<Submit>(&payload).map(|s| s.into_task(&pool))
+        decode_request::<Submit>(&payload).and_then(|s| s.into_task(&pool).map_err(WireError::from))
     } else {
         let pairs: Vec<(String, String)> = headers
             .map(|h| {
@@ -170,5 +170,51 @@ mod tests {
         assert_eq!(err.code, ErrorCode::FAILED_PRECONDITION);
         let garbage = decode_request::<Ack>(b"\xc1").unwrap_err();
         assert_eq!(garbage.code, ErrorCode::INVALID_ARGUMENT);
+    }
+
+    /// Issue 7 finding 8: a MessagePack submission gets the same checks as
+    /// every other path: protocol version, unknown fields, a tolerance
+    /// without a start.
+    #[test]
+    fn msgpack_submissions_are_checked_like_every_other_path() {
+        let subjects = Subjects::default();
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
+        let decode_with = |body: Vec<u8>| {
+            decode_submission(
+                &subjects,
+                "cronoq.submit.p",
+                Some(&headers),
+                body.into(),
+                std::time::SystemTime::UNIX_EPOCH,
+            )
+            .1
+        };
+        let good = Submit::from_task(&crate::task::Task::new("x"));
+        assert!(decode_with(encode(&good)).is_ok());
+        for v in [0, PROTOCOL_VERSION + 1] {
+            let e = decode_with(encode(&Submit { v, ..good.clone() })).unwrap_err();
+            assert_eq!(e.code, ErrorCode::FAILED_PRECONDITION, "v={v}");
+        }
+        let e = decode_with(encode(&Submit {
+            tolerance: Some(crate::core::Millis(5_000)),
+            ..good.clone()
+        }))
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT);
+        #[derive(serde::Serialize)]
+        struct WithExtra {
+            v: u16,
+            payload: bytes::Bytes,
+            surprise: u32,
+        }
+        let e = decode_with(encode(&WithExtra {
+            v: PROTOCOL_VERSION,
+            payload: bytes::Bytes::new(),
+            surprise: 1,
+        }))
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT);
+        assert!(e.message.contains("surprise"), "{}", e.message);
     }
 }

@@ -112,6 +112,10 @@ struct SnapshotSchema {
     pools: Vec<PoolSnapshot>,
     /// Remote workers, in distributed mode.
     workers: Vec<WorkerInfo>,
+    /// Lists were cut to fit one message (or a pool's demand past 256
+    /// label sets): the totals are whole, the lists not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    truncated: bool,
 }
 
 mirrored_schema!(LeaderInfo, LeaderInfoSchema, "LeaderInfo");

@@ -106,6 +106,22 @@ impl Subjects {
         format!("{}.events.>", self.prefix)
     }
 
+    /// Where a refused or unprocessable submission is copied, with the
+    /// reason in `Cronoq-Dead-Letter-*` headers (`P.deadletter.<pool>`).
+    pub fn dead_letter(&self, pool: &PoolName) -> String {
+        format!("{}.deadletter.{}", self.prefix, pool)
+    }
+
+    /// Every dead-letter subject.
+    pub fn dead_letter_all(&self) -> String {
+        format!("{}.deadletter.>", self.prefix)
+    }
+
+    /// The JetStream stream of dead letters (7 days, 100,000 at most).
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}_DEADLETTER", self.upper())
+    }
+
     /// The JetStream stream that holds accepted, unfinished submissions.
     pub fn submit_stream(&self) -> String {
         format!("{}_SUBMIT", self.upper())

@@ -128,7 +128,24 @@ struct Link {
     client: async_nats::Client,
     subjects: Subjects,
     worker_id: String,
+    /// Tells this process apart from another one using the same worker id
+    /// (the leader refuses the second with `ALREADY_EXISTS`).
+    instance: String,
     request_timeout: Duration,
+}
+
+/// A value that differs between processes and between runs of one.
+fn new_instance() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    format!("{:016x}-{}", h.finish(), std::process::id())
 }
 
 impl Link {
@@ -230,6 +247,7 @@ pub(super) async fn run(
             client,
             subjects,
             worker_id,
+            instance: new_instance(),
             request_timeout: options.request_timeout,
         }),
         handler,
@@ -391,6 +409,7 @@ impl Session {
                 pool: self.pool.clone(),
                 labels: self.labels.clone(),
                 slots: self.slots,
+                instance: Some(self.link.instance.clone()),
                 credentials: credentials(
                     self.token.as_deref(),
                     self.signer.as_ref(),
