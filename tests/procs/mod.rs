@@ -505,6 +505,12 @@ impl CronoqWorker {
         }
     }
 
+    /// The last lines of its log.
+    #[allow(dead_code)]
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.proc.log_tail(lines)
+    }
+
     /// The worker id.
     pub fn id(&self) -> &str {
         &self.id
@@ -904,4 +910,42 @@ impl CronoqDev {
         let log = std::fs::read_to_string(&self.proc.log).unwrap_or_default();
         (status, log)
     }
+}
+
+/// One HTTP/1.1 request over a fresh connection (`Connection: close`):
+/// the status and the body. Raw, so a test sees exactly what was sent.
+#[allow(dead_code)]
+pub async fn http_request(method: &str, url: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").expect("an http:// url");
+    let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connecting");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("writing");
+    stream.write_all(body.as_bytes()).await.expect("writing");
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let status = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}
+
+/// `POST url` with a JSON body.
+#[allow(dead_code)]
+pub async fn http_post(url: &str, body: &str) -> (u16, String) {
+    http_request("POST", url, body).await
+}
+
+/// `GET url`.
+#[allow(dead_code)]
+pub async fn http_get(url: &str) -> (u16, String) {
+    http_request("GET", url, "").await
 }

@@ -1,0 +1,190 @@
+//! Hostile input against real processes (issue 7): a plain NATS client and
+//! an HTTP client send what used to stop or confuse a `cronoq server` — a
+//! poison submission, payloads at the NATS size limit, a second worker
+//! process with a live worker's id — and the server refuses each with a
+//! stable code, records and dead-letters what it cannot run, and goes on
+//! serving, across a restart too.
+//!
+//! No test sleeps to wait for something: every wait polls with a deadline.
+
+mod procs;
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use cronoq::core::{TaskId, TaskState};
+use futures_util::StreamExt;
+use procs::{describe, eventually, Cluster, CronoqServer, CronoqWorker};
+
+/// The dead letters in the stream so far: (seq header, code, reason).
+async fn dead_letters(js: &jetstream::Context) -> Vec<(String, String, String)> {
+    let Ok(stream) = js.get_stream("CRONOQ_DEADLETTER").await else {
+        return Vec::new();
+    };
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .expect("dead-letter consumer");
+    let mut messages = consumer.messages().await.expect("dead-letter messages");
+    let mut out = Vec::new();
+    while let Ok(Some(Ok(m))) =
+        tokio::time::timeout(std::time::Duration::from_millis(500), messages.next()).await
+    {
+        let h = m.message.headers.clone().unwrap_or_default();
+        let get = |k: &str| h.get(k).map(|v| v.to_string()).unwrap_or_default();
+        out.push((
+            get("Cronoq-Dead-Letter-Seq"),
+            get("Cronoq-Dead-Letter-Code"),
+            get("Cronoq-Dead-Letter-Reason"),
+        ));
+    }
+    out
+}
+
+/// Finding 1: `Cronoq-Deadline: 10000000000000000000s` used to panic the
+/// submit consumer for good (and again after every restart). Now it is
+/// refused, recorded failed with its reason, dead-lettered, and the next
+/// submissions run — before and after a `kill -9` and restart.
+#[tokio::test]
+async fn a_poison_submission_is_refused_dead_lettered_and_survives_a_restart() {
+    let mut c = Cluster::start(&[("cpu", "", 2)]).await;
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let js = jetstream::new(nats.clone());
+    let mut poison_ids = Vec::new();
+    for (header, value) in [
+        ("Cronoq-Deadline", "10000000000000000000s"),
+        ("Cronoq-Start-At", "300000000000y"),
+        ("Cronoq-Deadline", "9999-12-31T00:00:00Z"),
+    ] {
+        let mut headers = HeaderMap::new();
+        headers.insert(header, value);
+        let ack = js
+            .publish_with_headers("cronoq.submit.default", headers, "poison".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("puback");
+        poison_ids.push(TaskId(ack.sequence));
+    }
+    for &id in &poison_ids {
+        let status = c.finished(id).await;
+        assert_eq!(status.state, TaskState::Failed, "{}", describe(&status));
+        let error = status.error.clone().unwrap_or_default();
+        assert!(
+            error.contains("submission refused") && error.contains("INVALID_ARGUMENT"),
+            "{}",
+            describe(&status)
+        );
+        assert!(status.attempts.is_empty());
+    }
+    let ok = c.submit_payload("after-poison", "").await;
+    assert_eq!(c.succeeded(ok).await, "after-poison on [] by cpu");
+
+    let letters = eventually("three dead letters", || {
+        let js = js.clone();
+        async move {
+            let letters = dead_letters(&js).await;
+            if letters.len() == 3 {
+                Ok(letters)
+            } else {
+                Err(format!("{letters:?}"))
+            }
+        }
+    })
+    .await;
+    for ((seq, code, reason), id) in letters.iter().zip(&poison_ids) {
+        assert_eq!(seq, &id.0.to_string());
+        assert_eq!(code, "INVALID_ARGUMENT");
+        assert!(!reason.is_empty());
+    }
+    assert!(!c.run_names().contains(&"poison".to_string()));
+
+    // A restart meets no poison: submissions still run, the refusals stay.
+    c.server.kill9();
+    c.server = CronoqServer::start(&c.nats, c.dir.path()).await;
+    let again = c.submit_payload("after-restart", "").await;
+    assert_eq!(c.succeeded(again).await, "after-restart on [] by cpu");
+    for &id in &poison_ids {
+        assert_eq!(c.finished(id).await.state, TaskState::Failed);
+    }
+    // The same values over HTTP: a JSON INVALID_ARGUMENT, not an empty reply.
+    let http = c.server.http_url();
+    for body in [
+        r#"{"payload":"x","deadline":"10000000000000000000s"}"#,
+        r#"{"payload":"x","start_at":"300000000000y"}"#,
+    ] {
+        let (status, reply) = procs::http_post(&format!("{http}/v1/tasks"), body).await;
+        assert_eq!(status, 400, "{reply}");
+        assert!(reply.contains("INVALID_ARGUMENT"), "{reply}");
+    }
+    let health = procs::http_get(&format!("{http}/readyz")).await;
+    assert_eq!(health.0, 200, "{}", health.1);
+}
+
+/// Finding 2: a payload that could never be leased is refused at submit:
+/// over HTTP at once, over a plain publish by the server (failed, with a
+/// reason, dead-lettered) — never leased and lost three times.
+#[tokio::test]
+async fn a_payload_that_cannot_be_leased_is_refused_on_every_path() {
+    let c = Cluster::start(&[("cpu", "", 1)]).await;
+    let http = c.server.http_url();
+    // 1 MiB minus a little: passed the old check, failed every lease.
+    let text = "x".repeat((1 << 20) - 20);
+    let body = format!(r#"{{"payload":"{text}"}}"#);
+    let (status, reply) = procs::http_post(&format!("{http}/v1/tasks"), &body).await;
+    assert_eq!(status, 400, "{}", &reply[..reply.len().min(300)]);
+    assert!(reply.contains("INVALID_ARGUMENT") && reply.len() < 1_000, "{reply}");
+
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let js = jetstream::new(nats);
+    let ack = js
+        .publish("cronoq.submit.default", vec![b'y'; 1 << 20].into())
+        .await
+        .expect("publish")
+        .await
+        .expect("puback: exactly max_payload is accepted by the stream");
+    let status = c.finished(TaskId(ack.sequence)).await;
+    assert_eq!(status.state, TaskState::Failed, "{}", describe(&status));
+    assert!(status.attempts.is_empty(), "never leased: {}", describe(&status));
+    assert!(
+        status.error.as_deref().unwrap_or("").contains("payload"),
+        "{}",
+        describe(&status)
+    );
+    // The largest payload that is accepted runs.
+    let ok = c
+        .submit(cronoq::Task::new(vec![b'z'; (1 << 20) - 16 * 1024]))
+        .await;
+    assert_eq!(c.finished(ok).await.state, TaskState::Succeeded);
+}
+
+/// Finding 6: two `cronoq worker --id dup` processes used to run every
+/// task twice. The second is refused (`ALREADY_EXISTS`) while the first
+/// lives, so each task runs once.
+#[tokio::test]
+async fn a_second_worker_process_with_a_live_id_is_refused() {
+    let mut c = Cluster::start(&[("dup", "", 2)]).await;
+    let second = CronoqWorker::start(&c.nats_url(), c.dir.path(), "dup", "", 2);
+    c.workers.insert("dup-second".into(), second);
+    eventually("the second process to be refused", || {
+        let log = c.workers["dup-second"].log_tail(50);
+        async move {
+            if log.contains("ALREADY_EXISTS") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        }
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(c.submit_payload(&format!("t{i}"), "").await);
+    }
+    for id in &ids {
+        c.finished(*id).await;
+    }
+    let runs = c.runs();
+    assert_eq!(runs.len(), 4, "each task ran once: {runs:?}");
+    let snap = c.client.snapshot().await.expect("snapshot");
+    assert_eq!(snap.workers.len(), 1, "{:?}", snap.workers);
+}
