@@ -490,6 +490,60 @@ async fn bad_input_is_refused_and_changes_nothing() {
 }
 
 #[tokio::test]
+async fn an_oversized_body_is_413_and_a_long_value_is_not_echoed() {
+    let sched = scheduler();
+    let app = cronoq::http::router(Arc::new(sched.clone()));
+    let before = sched.snapshot();
+    // Over axum's 2 MB body limit: 413 with the payload limit's code.
+    let body = format!(r#"{{"pool":"p","payload":"{}"}}"#, "x".repeat(3 << 20));
+    let answer = post(&app, "/v1/tasks", &body).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        answer.text
+    );
+    assert_eq!(answer.content_type, "application/json");
+    assert_eq!(answer.json()["code"], "INVALID_ARGUMENT");
+    // A bad value of a megabyte comes back cut, in every error path that
+    // quotes it: serde's, a field's parser, the label checks.
+    let huge = "9".repeat(1 << 20);
+    for body in [
+        format!(r#"{{"pool":"p","priority":"{huge}"}}"#),
+        format!(r#"{{"pool":"p","{huge}":1}}"#),
+        format!(r#"{{"pool":"p","deadline":"{huge}y"}}"#),
+        format!(r#"{{"pool":"p","backoff":{{"initial":"{huge}","max":"1s"}}}}"#),
+        format!(r#"{{"pool":"p","labels":{{"gpu":"{huge}"}}}}"#),
+        format!(r#"{{"pool":"{huge}"}}"#),
+    ] {
+        let answer = post(&app, "/v1/tasks", &body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{:.300}",
+            answer.text
+        );
+        assert_eq!(answer.json()["code"], "INVALID_ARGUMENT");
+        assert!(
+            answer.text.len() < 500,
+            "{} bytes: {:.300}",
+            answer.text.len(),
+            answer.text
+        );
+    }
+    // hyper takes URIs up to 64 KiB.
+    let answer = get(&app, &format!("/v1/tasks/{}", &huge[..60_000])).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::BAD_REQUEST,
+        "{:.300}",
+        answer.text
+    );
+    assert!(answer.text.len() < 500, "{:.300}", answer.text);
+    assert_eq!(sched.snapshot(), before);
+}
+
+#[tokio::test]
 async fn health_and_readiness() {
     let app = cronoq::http::router(Arc::new(scheduler()));
     for uri in ["/healthz", "/readyz"] {

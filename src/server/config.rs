@@ -65,6 +65,26 @@ pub struct ServerSection {
     /// This server's id (default: host name and process id).
     #[serde(default)]
     pub id: Option<String>,
+    /// HTTP: the longest wait for a request head (also closes a keep-alive
+    /// connection idle this long); see [`crate::http::HttpLimits`].
+    #[serde(default = "default_http_header_timeout", deserialize_with = "duration")]
+    pub http_header_timeout: Duration,
+    /// HTTP: a connection with no byte moving this long is closed.
+    #[serde(default = "default_http_idle_timeout", deserialize_with = "duration")]
+    pub http_idle_timeout: Duration,
+    /// HTTP: connections open at once; more are answered 503 and closed.
+    #[serde(default = "default_http_max_connections")]
+    pub http_max_connections: usize,
+}
+
+fn default_http_header_timeout() -> Duration {
+    crate::http::HttpLimits::default().header_timeout
+}
+fn default_http_idle_timeout() -> Duration {
+    crate::http::HttpLimits::default().idle_timeout
+}
+fn default_http_max_connections() -> usize {
+    crate::http::HttpLimits::default().max_connections
 }
 
 fn default_nats() -> String {
@@ -100,6 +120,9 @@ impl Default for ServerSection {
             max_payload_bytes: default_max_payload(),
             results_ttl: default_results_ttl(),
             id: None,
+            http_header_timeout: default_http_header_timeout(),
+            http_idle_timeout: default_http_idle_timeout(),
+            http_max_connections: default_http_max_connections(),
         }
     }
 }
