@@ -8,12 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cronoq::api::{Api, ApiFuture, Health};
+use cronoq::core::{Snapshot, TaskId};
 use cronoq::http::HttpLimits;
-use cronoq::Scheduler;
+use cronoq::{Scheduler, Task, TaskStatus};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::time::{timeout, Instant};
 
 /// How long any single wait may take before the test fails: far above
@@ -27,12 +29,17 @@ struct Served {
 }
 
 impl Served {
+    /// The router over an embedded scheduler with pool `p`.
     async fn start(limits: HttpLimits) -> Served {
         let sched = Scheduler::new();
         sched.set_capacity("p", 1).unwrap();
+        Served::start_with(Arc::new(sched), limits).await
+    }
+
+    async fn start_with(api: Arc<dyn Api>, limits: HttpLimits) -> Served {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = cronoq::http::router(Arc::new(sched));
+        let app = cronoq::http::router(api);
         let (stop, stopped) = oneshot::channel();
         let done = tokio::spawn(cronoq::http::serve(listener, app, limits, async {
             let _ = stopped.await;
@@ -292,4 +299,95 @@ async fn shutdown_closes_idle_connections_and_returns() {
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
     served.stop().await;
     assert!(read_to_close(&mut idle).await.is_some());
+}
+
+/// The embedded scheduler, except that `snapshot` says it has started and
+/// then waits to be released: a request held in flight on purpose.
+struct Gate {
+    sched: Scheduler,
+    entered: Notify,
+    release: Notify,
+}
+
+impl Api for Gate {
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
+        Api::submit(&self.sched, task)
+    }
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Api::task(&self.sched, id)
+    }
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
+        Api::cancel(&self.sched, id)
+    }
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(async move {
+            self.entered.notify_one();
+            self.release.notified().await;
+            Api::snapshot(&self.sched).await
+        })
+    }
+    fn health(&self) -> Health {
+        Api::health(&self.sched)
+    }
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_request_in_flight_finish_and_accepts_no_more() {
+    let gate = Arc::new(Gate {
+        sched: Scheduler::new(),
+        entered: Notify::new(),
+        release: Notify::new(),
+    });
+    let served = Served::start_with(gate.clone(), HttpLimits::default()).await;
+    let addr = served.addr;
+    let mut conn = served.connect().await;
+    conn.write_all(b"GET /v1/snapshot HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    timeout(DEADLINE, gate.entered.notified())
+        .await
+        .expect("the request reaches the handler");
+    let Served { stop, mut done, .. } = served;
+    let _ = stop.unwrap().send(());
+    // No new connection is taken once shutdown has begun.
+    let end = Instant::now() + DEADLINE;
+    while TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < end, "still accepting after shutdown");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !done.is_finished(),
+        "serve returned with a request in flight"
+    );
+    gate.release.notify_one();
+    let answer = read_to_close(&mut conn)
+        .await
+        .expect("the connection is closed after its answer");
+    let (status, json) = parse(&answer);
+    assert_eq!(status, 200, "{json}");
+    assert!(json["pools"].is_array(), "{json}");
+    timeout(DEADLINE, &mut done)
+        .await
+        .expect("serve returns once the request is answered")
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn the_limits_come_from_the_server_config() {
+    let config = cronoq::server::ServerConfig::parse(
+        "[server]\nhttp_header_timeout = \"2s\"\nhttp_idle_timeout = \"5m\"\nhttp_max_connections = 7\n",
+    )
+    .unwrap();
+    assert_eq!(config.server.http_header_timeout, Duration::from_secs(2));
+    assert_eq!(config.server.http_idle_timeout, Duration::from_secs(300));
+    assert_eq!(config.server.http_max_connections, 7);
+    let defaults = cronoq::server::ServerConfig::parse("").unwrap().server;
+    let limits = HttpLimits::default();
+    assert_eq!(defaults.http_header_timeout, limits.header_timeout);
+    assert_eq!(defaults.http_idle_timeout, limits.idle_timeout);
+    assert_eq!(defaults.http_max_connections, limits.max_connections);
+    assert!(
+        cronoq::server::ServerConfig::parse("[server]\nhttp_idle_timeout = \"soon\"\n").is_err()
+    );
 }
