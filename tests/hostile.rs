@@ -132,7 +132,10 @@ async fn a_payload_that_cannot_be_leased_is_refused_on_every_path() {
     let body = format!(r#"{{"payload":"{text}"}}"#);
     let (status, reply) = procs::http_post(&format!("{http}/v1/tasks"), &body).await;
     assert_eq!(status, 400, "{}", &reply[..reply.len().min(300)]);
-    assert!(reply.contains("INVALID_ARGUMENT") && reply.len() < 1_000, "{reply}");
+    assert!(
+        reply.contains("INVALID_ARGUMENT") && reply.len() < 1_000,
+        "{reply}"
+    );
 
     let nats = async_nats::connect(c.nats_url()).await.expect("nats");
     let js = jetstream::new(nats);
@@ -144,7 +147,11 @@ async fn a_payload_that_cannot_be_leased_is_refused_on_every_path() {
         .expect("puback: exactly max_payload is accepted by the stream");
     let status = c.finished(TaskId(ack.sequence)).await;
     assert_eq!(status.state, TaskState::Failed, "{}", describe(&status));
-    assert!(status.attempts.is_empty(), "never leased: {}", describe(&status));
+    assert!(
+        status.attempts.is_empty(),
+        "never leased: {}",
+        describe(&status)
+    );
     assert!(
         status.error.as_deref().unwrap_or("").contains("payload"),
         "{}",

@@ -490,6 +490,60 @@ async fn bad_input_is_refused_and_changes_nothing() {
 }
 
 #[tokio::test]
+async fn an_oversized_body_is_413_and_a_long_value_is_not_echoed() {
+    let sched = scheduler();
+    let app = cronoq::http::router(Arc::new(sched.clone()));
+    let before = sched.snapshot();
+    // Over axum's 2 MB body limit: 413 with the payload limit's code.
+    let body = format!(r#"{{"pool":"p","payload":"{}"}}"#, "x".repeat(3 << 20));
+    let answer = post(&app, "/v1/tasks", &body).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        answer.text
+    );
+    assert_eq!(answer.content_type, "application/json");
+    assert_eq!(answer.json()["code"], "INVALID_ARGUMENT");
+    // A bad value of a megabyte comes back cut, in every error path that
+    // quotes it: serde's, a field's parser, the label checks.
+    let huge = "9".repeat(1 << 20);
+    for body in [
+        format!(r#"{{"pool":"p","priority":"{huge}"}}"#),
+        format!(r#"{{"pool":"p","{huge}":1}}"#),
+        format!(r#"{{"pool":"p","deadline":"{huge}y"}}"#),
+        format!(r#"{{"pool":"p","backoff":{{"initial":"{huge}","max":"1s"}}}}"#),
+        format!(r#"{{"pool":"p","labels":{{"gpu":"{huge}"}}}}"#),
+        format!(r#"{{"pool":"{huge}"}}"#),
+    ] {
+        let answer = post(&app, "/v1/tasks", &body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{:.300}",
+            answer.text
+        );
+        assert_eq!(answer.json()["code"], "INVALID_ARGUMENT");
+        assert!(
+            answer.text.len() < 500,
+            "{} bytes: {:.300}",
+            answer.text.len(),
+            answer.text
+        );
+    }
+    // hyper takes URIs up to 64 KiB.
+    let answer = get(&app, &format!("/v1/tasks/{}", &huge[..60_000])).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::BAD_REQUEST,
+        "{:.300}",
+        answer.text
+    );
+    assert!(answer.text.len() < 500, "{:.300}", answer.text);
+    assert_eq!(sched.snapshot(), before);
+}
+
+#[tokio::test]
 async fn health_and_readiness() {
     let app = cronoq::http::router(Arc::new(scheduler()));
     for uri in ["/healthz", "/readyz"] {
@@ -517,6 +571,48 @@ async fn health_and_readiness() {
     assert_eq!(v["ready"], false);
     assert_eq!(v["code"], "UNAVAILABLE");
     assert_eq!(v["message"], "following nobody");
+}
+
+/// An `Api` that panics in every call: a bug somewhere below the routes.
+struct Panicky;
+
+impl Api for Panicky {
+    fn submit(&self, _task: Task) -> ApiFuture<'_, TaskId> {
+        Box::pin(async move { panic!("overflow when adding duration to instant") })
+    }
+    fn task(&self, _id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Box::pin(async move { panic!("boom") })
+    }
+    fn cancel(&self, _id: TaskId) -> ApiFuture<'_, ()> {
+        Box::pin(async move { panic!("boom") })
+    }
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(async move { panic!("boom") })
+    }
+    fn health(&self) -> Health {
+        Health {
+            live: true,
+            ready: true,
+            detail: "ok".into(),
+        }
+    }
+}
+
+/// Issue 7 finding 1 (HTTP): a panicking handler used to drop the
+/// connection with an empty reply; now it is a JSON `INTERNAL` error and
+/// the next request is served.
+#[tokio::test]
+async fn a_panicking_handler_answers_a_json_internal_error() {
+    let app = cronoq::http::router(Arc::new(Panicky));
+    let answer = call(&app, Method::POST, "/v1/tasks", Some(r#"{"payload":"x"}"#)).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(answer.json()["code"], "INTERNAL");
+    assert!(
+        !answer.text.contains("overflow"),
+        "detail stays in the log: {}",
+        answer.text
+    );
+    assert_eq!(get(&app, "/healthz").await.status, StatusCode::OK);
 }
 
 /// An `Api` whose answers the test chooses.

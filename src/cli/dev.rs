@@ -104,10 +104,14 @@ async fn embedded(args: DevArgs) -> anyhow::Result<ExitCode> {
     let addr = listener.local_addr()?;
     let router = crate::http::router(Arc::new(sched));
     print_welcome(&format!("http://{addr}"), None);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(super::server_cmd::shutdown_signal())
-        .await
-        .context("serving http")?;
+    crate::http::serve(
+        listener,
+        router,
+        crate::http::HttpLimits::default(),
+        super::server_cmd::shutdown_signal(),
+    )
+    .await
+    .context("serving http")?;
     eprintln!("stopped");
     Ok(ExitCode::SUCCESS)
 }

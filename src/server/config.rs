@@ -79,6 +79,16 @@ pub struct ServerSection {
     /// Unfinished tasks per pool (`RESOURCE_EXHAUSTED`).
     #[serde(default = "default_max_tasks_per_pool")]
     pub max_tasks_per_pool: u64,
+    /// HTTP: the longest wait for a request head (also closes a keep-alive
+    /// connection idle this long); see [`crate::http::HttpLimits`].
+    #[serde(default = "default_http_header_timeout", deserialize_with = "duration")]
+    pub http_header_timeout: Duration,
+    /// HTTP: a connection with no byte moving this long is closed.
+    #[serde(default = "default_http_idle_timeout", deserialize_with = "duration")]
+    pub http_idle_timeout: Duration,
+    /// HTTP: connections open at once; more are answered 503 and closed.
+    #[serde(default = "default_http_max_connections")]
+    pub http_max_connections: usize,
 }
 
 fn default_true() -> bool {
@@ -92,6 +102,15 @@ fn default_max_workers() -> usize {
 }
 fn default_max_tasks_per_pool() -> u64 {
     1_000_000
+}
+fn default_http_header_timeout() -> Duration {
+    crate::http::HttpLimits::default().header_timeout
+}
+fn default_http_idle_timeout() -> Duration {
+    crate::http::HttpLimits::default().idle_timeout
+}
+fn default_http_max_connections() -> usize {
+    crate::http::HttpLimits::default().max_connections
 }
 
 fn default_nats() -> String {
@@ -131,6 +150,9 @@ impl Default for ServerSection {
             max_pools: default_max_pools(),
             max_workers: default_max_workers(),
             max_tasks_per_pool: default_max_tasks_per_pool(),
+            http_header_timeout: default_http_header_timeout(),
+            http_idle_timeout: default_http_idle_timeout(),
+            http_max_connections: default_http_max_connections(),
         }
     }
 }

@@ -555,8 +555,13 @@ pub async fn serve(
         api: api.clone(),
         http_addr,
     });
-    let result = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
+    let limits = crate::http::HttpLimits {
+        header_timeout: s.http_header_timeout,
+        idle_timeout: s.http_idle_timeout,
+        max_connections: s.http_max_connections,
+        ..Default::default()
+    };
+    let result = crate::http::serve(listener, router, limits, shutdown)
         .await
         .map_err(|e| Error::Http {
             addr: http_addr.to_string(),

@@ -878,7 +878,9 @@ const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
          label, worker id or subject prefix outside the allowed characters or 64-character \
          limit; a bad `Cronoq-*` header value or an unknown `Cronoq-*` header; a payload above \
          the server's `max_payload_bytes`; `Register.slots` outside 1–100000; over HTTP, \
-         malformed JSON, an unknown field or a task id that is not a number. A submission \
+         malformed JSON, an unknown field or a task id that is not a number, and, with their \
+         own status, a body over 2 MB (413), too many or too large headers (431), a URI over \
+         64 KiB (414) or a malformed request line or header (400). A submission \
          refused after the submit stream stored it becomes a `failed` task (error `submission \
          refused: …`). A worker refused with it at registration stops.",
     ),
@@ -946,7 +948,9 @@ const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
         "Try again later: no leader answering, NATS unreachable, the server shutting down.",
         "No server answers a request on `P.api.*` in time; JetStream does not acknowledge a \
          submission; the submit stream or results bucket cannot be read; the leader's driver \
-         has stopped; `/healthz` or `/readyz` when not live or not ready. Clients and workers \
+         has stopped; `/healthz` or `/readyz` when not live or not ready; over HTTP, a request \
+         not answered within 30 s, or a connection beyond `http_max_connections` (then closed). \
+         Clients and workers \
          retry it.",
     ),
     (

@@ -918,8 +918,12 @@ impl CronoqDev {
 pub async fn http_request(method: &str, url: &str, body: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").expect("an http:// url");
-    let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
-    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connecting");
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let mut stream = tokio::net::TcpStream::connect(host)
+        .await
+        .expect("connecting");
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -934,7 +938,10 @@ pub async fn http_request(method: &str, url: &str, body: &str) -> (u16, String) 
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
     (status, body)
 }
 

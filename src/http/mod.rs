@@ -21,6 +21,12 @@
 //! A 503 of `/healthz` or `/readyz` carries both shapes: the [`Health`]
 //! fields and `code`/`message`.
 //!
+//! A message never echoes a long value back: one over
+//! [`MAX_MESSAGE_CHARS`] characters is cut (see [`HttpError`]). A body over
+//! the router's limit (axum's 2 MB) is 413 `INVALID_ARGUMENT`. [`serve`]
+//! serves the router with timeouts and connection and header limits
+//! ([`HttpLimits`]); its refusals are JSON too.
+//!
 //! The request body of `POST /v1/tasks` is read as JSON whatever its
 //! `Content-Type` (so `curl -d` works). This module knows JSON and HTTP
 //! only; the wire (MessagePack) is [`crate::wire`]'s.
@@ -45,6 +51,10 @@ use crate::core::{ErrorCode, Labels, Rejection, Snapshot, TaskId};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{parse_duration, parse_time, WireError};
 
+mod serve;
+
+pub use serve::{serve, HttpLimits};
+
 /// The HTTP API over `api`.
 ///
 /// ```
@@ -53,7 +63,7 @@ use crate::wire::{parse_duration, parse_time, WireError};
 /// use std::sync::Arc;
 /// let app = cronoq::http::router(Arc::new(cronoq::Scheduler::new()));
 /// # let _ = app;
-/// // axum::serve(tokio::net::TcpListener::bind("127.0.0.1:7070").await?, app).await?;
+/// // Serve it with `cronoq::http::serve` (timeouts, connection limit).
 /// # }
 /// ```
 pub fn router(api: Arc<dyn Api>) -> Router {
@@ -67,7 +77,27 @@ pub fn router(api: Arc<dyn Api>) -> Router {
         .route("/readyz", get(readyz))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn(catch_panics))
         .with_state(api)
+}
+
+/// A handler that panics (a bug: every input is checked) answers a JSON
+/// `INTERNAL` error instead of dropping the connection, and the server
+/// goes on.
+async fn catch_panics(request: Request, next: axum::middleware::Next) -> Response {
+    use futures_util::FutureExt as _;
+    let (method, uri) = (request.method().clone(), request.uri().path().to_string());
+    match std::panic::AssertUnwindSafe(next.run(request))
+        .catch_unwind()
+        .await
+    {
+        Ok(response) => response,
+        Err(panic) => {
+            let why = crate::task::panic_message(&*panic);
+            tracing::error!(%method, path = %uri, panic = %why, "a request handler panicked");
+            HttpError(WireError::new(ErrorCode::INTERNAL, why)).into_response()
+        }
+    }
 }
 
 /// The HTTP status of a stable code; an unknown code is 500.
@@ -114,16 +144,43 @@ impl From<Rejection> for HttpError {
     }
 }
 
+/// The longest message an HTTP error carries, in characters. Messages quote
+/// the offending value (`deadline "…": …`); a value of a megabyte must not
+/// come back whole.
+pub const MAX_MESSAGE_CHARS: usize = 200;
+
+/// `message`, cut to [`MAX_MESSAGE_CHARS`] characters with a note of how
+/// long it was.
+///
+/// ```
+/// let long = format!("deadline {:?}: bad", "x".repeat(100_000));
+/// let short = cronoq::http::clamp_message(&long);
+/// assert!(short.len() < 300 && short.starts_with("deadline \"xxx"));
+/// assert_eq!(cronoq::http::clamp_message("short"), "short");
+/// ```
+pub fn clamp_message(message: &str) -> std::borrow::Cow<'_, str> {
+    match message.char_indices().nth(MAX_MESSAGE_CHARS) {
+        None => message.into(),
+        Some((cut, _)) => format!(
+            "{}… (message cut, {} bytes in all)",
+            &message[..cut],
+            message.len()
+        )
+        .into(),
+    }
+}
+
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let status = status_of(&self.0.code);
         let body = if status == StatusCode::INTERNAL_SERVER_ERROR {
             // Internal detail goes to the log, not to the caller.
-            tracing::error!(code = %self.0.code, error = %self.0.message, "request failed");
+            tracing::error!(code = %self.0.code, error = %clamp_message(&self.0.message), "request failed");
             WireError::new(self.0.code, "internal error; the server log has the detail")
         } else {
-            tracing::debug!(code = %self.0.code, error = %self.0.message, "request refused");
-            self.0
+            let message = clamp_message(&self.0.message).into_owned();
+            tracing::debug!(code = %self.0.code, error = %message, "request refused");
+            WireError::new(self.0.code, message)
         };
         (status, Json(body)).into_response()
     }
@@ -134,19 +191,34 @@ impl IntoResponse for HttpError {
 struct JsonBody<T>(T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
-    type Rejection = HttpError;
+    type Rejection = Response;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, HttpError> {
-        let body = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| HttpError::invalid(format!("reading the body: {}", e.body_text())))?;
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let body = match Bytes::from_request(req, state).await {
+            Ok(body) => body,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                // 413 rather than `status_of`'s 400: the status says which
+                // limit it was; the code is the payload limit's.
+                return Err(serve::refusal(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    ErrorCode::INVALID_ARGUMENT,
+                    format!("reading the body: {}", e.body_text()),
+                ));
+            }
+            Err(e) => {
+                return Err(
+                    HttpError::invalid(format!("reading the body: {}", e.body_text()))
+                        .into_response(),
+                )
+            }
+        };
         // A struct would also accept a JSON array of its fields in order.
         if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(HttpError::invalid("the body must be a JSON object"));
+            return Err(HttpError::invalid("the body must be a JSON object").into_response());
         }
         serde_json::from_slice(&body)
             .map(JsonBody)
-            .map_err(|e| HttpError::invalid(format!("malformed JSON body: {e}")))
+            .map_err(|e| HttpError::invalid(format!("malformed JSON body: {e}")).into_response())
     }
 }
 
