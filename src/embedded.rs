@@ -262,7 +262,11 @@ impl Clock {
     }
 
     fn instant(&self, at: Millis) -> tokio::time::Instant {
-        self.base + Duration::from_millis(at.0.saturating_sub(self.base_unix))
+        // Checked: a timer decades away sleeps "for ever", never panics.
+        let after = Duration::from_millis(at.0.saturating_sub(self.base_unix));
+        self.base
+            .checked_add(after)
+            .unwrap_or_else(|| self.base + Duration::from_secs(100 * 365 * 24 * 3600))
     }
 }
 

@@ -640,14 +640,18 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
         "gauge",
         "Remote workers registered in the pool.",
     );
-    for p in &snapshot.pools {
-        let n = snapshot.workers.iter().filter(|w| w.pool == p.name).count();
-        family.sample(
-            "cronoq_pool_workers",
-            &[("pool", p.name.as_str())],
-            n as u64,
-        );
+    let mut per_pool: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for w in &snapshot.workers {
+        *per_pool.entry(w.pool.as_str()).or_default() += 1;
     }
+    for p in &snapshot.pools {
+        let n = per_pool.get(p.name.as_str()).copied().unwrap_or(0);
+        family.sample("cronoq_pool_workers", &[("pool", p.name.as_str())], n);
+    }
+    // Series per label set are bounded (the first MAX_LABEL_SET_SERIES of
+    // each family, pools by name), so a flood of label sets cannot make a
+    // scrape huge; what was left out is counted.
+    let mut dropped = 0u64;
 
     let mut family = Family::start(
         &mut out,
@@ -655,8 +659,16 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
         "gauge",
         "Tasks waiting with exactly these required labels.",
     );
-    for p in &snapshot.pools {
-        for d in &p.demand {
+    let demand = snapshot
+        .pools
+        .iter()
+        .flat_map(|p| p.demand.iter().map(move |d| (p, d)));
+    for (n, (p, d)) in demand.enumerate() {
+        if n >= MAX_LABEL_SET_SERIES {
+            dropped += 1;
+            continue;
+        }
+        {
             let labels = d.labels.to_string();
             family.sample(
                 "cronoq_demand_waiting",
@@ -682,18 +694,34 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
             |g| g.workers,
         ),
     ];
-    for (name, help, value) in group_gauges {
+    for (i, (name, help, value)) in group_gauges.into_iter().enumerate() {
         let mut family = Family::start(&mut out, name, "gauge", help);
-        for p in &snapshot.pools {
-            for g in &p.groups {
-                let labels = g.labels.to_string();
-                family.sample(
-                    name,
-                    &[("pool", p.name.as_str()), ("labels", &labels)],
-                    u64::from(value(g)),
-                );
+        let groups = snapshot
+            .pools
+            .iter()
+            .flat_map(|p| p.groups.iter().map(move |g| (p, g)));
+        for (n, (p, g)) in groups.enumerate() {
+            if n >= MAX_LABEL_SET_SERIES {
+                dropped += u64::from(i == 0);
+                continue;
             }
+            let labels = g.labels.to_string();
+            family.sample(
+                name,
+                &[("pool", p.name.as_str()), ("labels", &labels)],
+                u64::from(value(g)),
+            );
         }
     }
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_metrics_label_sets_dropped",
+        "gauge",
+        "Label sets (demand rows and groups) left out of this scrape to bound its size.",
+    );
+    family.sample("cronoq_metrics_label_sets_dropped", &[], dropped);
     out
 }
+
+/// The most series per label set (per family) one scrape carries.
+pub const MAX_LABEL_SET_SERIES: usize = 1_000;
