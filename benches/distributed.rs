@@ -53,6 +53,7 @@
 
 mod common;
 
+use cronoq::api::Api as _;
 use std::future::Future;
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};

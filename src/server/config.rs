@@ -79,6 +79,11 @@ pub struct ServerSection {
     /// Unfinished tasks per pool (`RESOURCE_EXHAUSTED`).
     #[serde(default = "default_max_tasks_per_pool")]
     pub max_tasks_per_pool: u64,
+    /// A follower takes over when the leader has not renewed its record
+    /// for this long; a leader that could not renew for this long stops
+    /// acting. Failover after a crash takes about this long.
+    #[serde(default = "default_election_timeout", deserialize_with = "duration")]
+    pub election_timeout: Duration,
     /// HTTP: the longest wait for a request head (also closes a keep-alive
     /// connection idle this long); see [`crate::http::HttpLimits`].
     #[serde(default = "default_http_header_timeout", deserialize_with = "duration")]
@@ -91,6 +96,9 @@ pub struct ServerSection {
     pub http_max_connections: usize,
 }
 
+fn default_election_timeout() -> Duration {
+    Duration::from_secs(1)
+}
 fn default_true() -> bool {
     true
 }
@@ -146,6 +154,7 @@ impl Default for ServerSection {
             max_payload_bytes: default_max_payload(),
             results_ttl: default_results_ttl(),
             id: None,
+            election_timeout: default_election_timeout(),
             allow_undeclared_pools: default_true(),
             max_pools: default_max_pools(),
             max_workers: default_max_workers(),
@@ -344,6 +353,11 @@ impl ServerConfig {
         if self.server.max_payload_bytes == 0 {
             return Err(Rejection::InvalidArgument(
                 "config: max_payload_bytes must be positive".into(),
+            ));
+        }
+        if self.server.election_timeout < Duration::from_millis(100) {
+            return Err(Rejection::InvalidArgument(
+                "config: election_timeout must be at least 100ms".into(),
             ));
         }
         if self.server.worker_timeout.is_zero() || self.server.lease_ttl.is_zero() {

@@ -27,6 +27,7 @@
 
 mod config;
 pub(crate) mod driver;
+pub mod election;
 
 pub use config::*;
 
@@ -145,6 +146,7 @@ struct LeaderInner {
     consumer_beat: AtomicU64,
     allow_undeclared_pools: bool,
     declared_pools: BTreeSet<PoolName>,
+    epoch: u64,
 }
 
 /// A loop that has not turned for this long is not making progress.
@@ -366,7 +368,7 @@ pub async fn connect_nats(
 /// A running server's handles, for embedding (tests, `cronoq dev`).
 pub struct Running {
     /// The API the HTTP routes serve.
-    pub api: LeaderApi,
+    pub api: NodeApi,
     /// The HTTP address actually bound.
     pub http_addr: std::net::SocketAddr,
 }
@@ -395,9 +397,8 @@ pub async fn serve(
     let s = &config.server;
     let subjects = Subjects::new(&s.subject_prefix)?;
     let server_id = s.id.clone().unwrap_or_else(default_server_id);
-    let mut pools = Vec::new();
     for p in &config.pools {
-        pools.push(p.to_core()?);
+        p.to_core()?;
     }
 
     let client = connect_nats(&s.nats_url, &format!("cronoq-server {server_id}"), None).await?;
@@ -450,94 +451,6 @@ pub async fn serve(
             .await
             .map_err(nats_err("creating the results bucket"))?,
     };
-    let epoch = next_epoch(&js, &subjects).await?;
-    tracing::info!(epoch, "leading");
-
-    let now = wall_now();
-    let worker_timeout = Millis::from_duration(s.worker_timeout);
-    let driver = Driver::new(
-        subjects.clone(),
-        epoch,
-        Settings {
-            server_id: server_id.clone(),
-            lease_ttl: Millis::from_duration(s.lease_ttl),
-            worker_timeout,
-            heartbeat_interval: Millis((worker_timeout.0 / 3).max(100)),
-            max_payload_bytes,
-            max_reply_bytes: nats_max_payload.saturating_sub(1024),
-            retain_finished: 10_000,
-            pools,
-            max_workers: s.max_workers,
-            limits: s.limits(),
-        },
-        now,
-    );
-    let (inputs, input_rx) = mpsc::channel(65_536);
-    let (persist_tx, persist_rx) = mpsc::unbounded_channel::<Persisted>();
-    let pending: Pending = Arc::default();
-    let (floor_tx, floor_rx) = watch::channel(1u64);
-    let api = LeaderApi {
-        inner: Arc::new(LeaderInner {
-            client: client.clone(),
-            js: js.clone(),
-            subjects: subjects.clone(),
-            inputs: inputs.clone(),
-            results: results.clone(),
-            stream_name: subjects.submit_stream(),
-            max_payload_bytes,
-            driver_alive: AtomicBool::new(true),
-            driver_beat: AtomicU64::new(now.0),
-            consumer_beat: AtomicU64::new(now.0),
-            allow_undeclared_pools: s.allow_undeclared_pools,
-            declared_pools: config
-                .pools
-                .iter()
-                .filter_map(|p| PoolName::new(&p.name).ok())
-                .collect(),
-        }),
-    };
-
-    let startup_last = submit_stream
-        .get_info()
-        .await
-        .map_err(nats_err("reading the submit stream"))?
-        .state
-        .last_sequence;
-    let consumer = tokio::spawn(consume(
-        client.clone(),
-        submit_stream.clone(),
-        subjects.clone(),
-        results.clone(),
-        startup_last,
-        inputs.clone(),
-        api.clone(),
-    ));
-    let api_requests = tokio::spawn(serve_api(client.clone(), api.clone()));
-    let persister = tokio::spawn(persist(
-        persist_rx,
-        results,
-        pending.clone(),
-        js.clone(),
-        submit_stream.clone(),
-        subjects.clone(),
-    ));
-    let purger = tokio::spawn(purge(submit_stream, floor_rx, pending.clone()));
-    let driver_task = {
-        let api = api.clone();
-        tokio::spawn(async move {
-            drive(
-                driver,
-                input_rx,
-                client_for(&api),
-                persist_tx,
-                pending,
-                floor_tx,
-                &api.inner.driver_beat,
-            )
-            .await;
-            api.inner.driver_alive.store(false, Ordering::Relaxed);
-        })
-    };
 
     let listener = tokio::net::TcpListener::bind(&s.http_addr)
         .await
@@ -549,10 +462,39 @@ pub async fn serve(
         addr: s.http_addr.clone(),
         source: e,
     })?;
+    let election = election::Election::new(
+        js.clone(),
+        &subjects.results_bucket(),
+        server_id.clone(),
+        http_addr.to_string(),
+        s.election_timeout,
+    );
+    let remote = crate::client::ClientOptions::new()
+        .prefix(subjects.prefix())
+        .connect(&s.nats_url)
+        .await
+        .map_err(nats_err("connecting the follower's client"))?;
+    let (seen_tx, seen_rx) = watch::channel(None);
+    let node = NodeApi {
+        inner: Arc::new(NodeInner {
+            client: client.clone(),
+            leading: std::sync::RwLock::new(None),
+            remote,
+            seen: seen_rx,
+            election_timeout: s.election_timeout,
+        }),
+    };
+
+    // One stop signal for the HTTP server and the election loop.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
     tracing::info!(addr = %http_addr, "http api listening");
-    let router = crate::http::router(Arc::new(api.clone()));
+    let router = crate::http::router(Arc::new(node.clone()));
     let _ = ready.send(Running {
-        api: api.clone(),
+        api: node.clone(),
         http_addr,
     });
     let limits = crate::http::HttpLimits {
@@ -561,20 +503,395 @@ pub async fn serve(
         max_connections: s.http_max_connections,
         ..Default::default()
     };
-    let result = crate::http::serve(listener, router, limits, shutdown)
-        .await
-        .map_err(|e| Error::Http {
+    let http = tokio::spawn(crate::http::serve(
+        listener,
+        router,
+        limits,
+        stopped(stop_rx.clone()),
+    ));
+
+    let base = Base {
+        config: config.clone(),
+        server_id,
+        subjects,
+        client: client.clone(),
+        js,
+        submit_stream,
+        results,
+        max_payload_bytes,
+        nats_max_payload,
+    };
+    loop {
+        tracing::info!("standing by");
+        let epoch = tokio::select! {
+            epoch = election.campaign(&seen_tx) => epoch,
+            () = stopped(stop_rx.clone()) => break,
+        };
+        tracing::info!(epoch, "leading");
+        let renewed = Arc::new(election::AtomicInstant::new());
+        renewed.set_now();
+        let mut leadership = match lead(&base, epoch, &election, renewed.clone()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(epoch, error = %e, "cannot start leading; standing by");
+                election.resign(epoch).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        node.set_leading(Some(leadership.api.clone()));
+        let mut lost = leadership.lost.clone();
+        let why = tokio::select! {
+            why = election.hold(epoch, &renewed) => Some(why),
+            why = lost.wait_for(|l| l.is_some()) => {
+                Some(why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default())
+            }
+            _ = &mut leadership.driver => Some("the driver stopped".to_string()),
+            () = stopped(stop_rx.clone()) => None,
+        };
+        let Some(why) = why else {
+            node.set_leading(None);
+            leadership.stop();
+            election.resign(epoch).await;
+            break;
+        };
+        tracing::warn!(epoch, why = %why, "lost leadership; standing by");
+        node.set_leading(None);
+        leadership.stop();
+        election.fence.store(0, Ordering::SeqCst);
+    }
+    tracing::info!("shutting down");
+    let result = match http.await {
+        Ok(r) => r.map_err(|e| Error::Http {
             addr: http_addr.to_string(),
             source: e,
-        });
-    tracing::info!("shutting down");
-    consumer.abort();
-    api_requests.abort();
-    driver_task.abort();
-    persister.abort();
-    purger.abort();
-    let _ = api.inner.client.flush().await;
+        }),
+        Err(_) => Ok(()),
+    };
+    let _ = client.flush().await;
     result
+}
+
+/// Resolves once `stop` turns true.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// What every leadership of this process shares.
+struct Base {
+    config: ServerConfig,
+    server_id: String,
+    subjects: Subjects,
+    client: async_nats::Client,
+    js: jetstream::Context,
+    submit_stream: stream::Stream,
+    results: kv::Store,
+    max_payload_bytes: usize,
+    nats_max_payload: usize,
+}
+
+/// One leadership's tasks.
+struct Leadership {
+    api: LeaderApi,
+    driver: tokio::task::JoinHandle<()>,
+    others: Vec<tokio::task::JoinHandle<()>>,
+    /// Set when a fenced write is refused: a successor took over.
+    lost: watch::Receiver<Option<String>>,
+}
+
+impl Leadership {
+    fn stop(self) {
+        self.driver.abort();
+        for task in self.others {
+            task.abort();
+        }
+    }
+}
+
+/// Starts leading with `epoch`: a fresh driver reads the submit stream
+/// from its first message, answers `P.api.*`, and writes results fenced on
+/// the leader subject.
+async fn lead(
+    base: &Base,
+    epoch: u64,
+    election: &election::Election,
+    renewed: Arc<election::AtomicInstant>,
+) -> Result<Leadership, Error> {
+    let s = &base.config.server;
+    let mut pools = Vec::new();
+    for p in &base.config.pools {
+        pools.push(p.to_core()?);
+    }
+    let now = wall_now();
+    let worker_timeout = Millis::from_duration(s.worker_timeout);
+    let driver = Driver::new(
+        base.subjects.clone(),
+        epoch,
+        Settings {
+            server_id: base.server_id.clone(),
+            lease_ttl: Millis::from_duration(s.lease_ttl),
+            worker_timeout,
+            heartbeat_interval: Millis((worker_timeout.0 / 3).max(100)),
+            max_payload_bytes: base.max_payload_bytes,
+            max_reply_bytes: base.nats_max_payload.saturating_sub(1024),
+            retain_finished: 10_000,
+            pools,
+            max_workers: s.max_workers,
+            limits: s.limits(),
+        },
+        now,
+    );
+    let (inputs, input_rx) = mpsc::channel(65_536);
+    let (persist_tx, persist_rx) = mpsc::unbounded_channel::<Persisted>();
+    let pending: Pending = Arc::default();
+    let (floor_tx, floor_rx) = watch::channel(1u64);
+    let (lost_tx, lost_rx) = watch::channel(None);
+    let api = LeaderApi {
+        inner: Arc::new(LeaderInner {
+            client: base.client.clone(),
+            js: base.js.clone(),
+            subjects: base.subjects.clone(),
+            inputs: inputs.clone(),
+            results: base.results.clone(),
+            stream_name: base.subjects.submit_stream(),
+            max_payload_bytes: base.max_payload_bytes,
+            driver_alive: AtomicBool::new(true),
+            driver_beat: AtomicU64::new(now.0),
+            consumer_beat: AtomicU64::new(now.0),
+            allow_undeclared_pools: s.allow_undeclared_pools,
+            declared_pools: base
+                .config
+                .pools
+                .iter()
+                .filter_map(|p| PoolName::new(&p.name).ok())
+                .collect(),
+            epoch,
+        }),
+    };
+    let startup_last = base
+        .submit_stream
+        .clone()
+        .info()
+        .await
+        .map_err(nats_err("reading the submit stream"))?
+        .state
+        .last_sequence;
+    let consumer = tokio::spawn(consume(
+        base.client.clone(),
+        base.submit_stream.clone(),
+        base.subjects.clone(),
+        base.results.clone(),
+        startup_last,
+        inputs.clone(),
+        api.clone(),
+    ));
+    let api_requests = tokio::spawn(serve_api(base.client.clone(), api.clone()));
+    let persister = tokio::spawn(persist(
+        persist_rx,
+        Fenced {
+            js: base.js.clone(),
+            bucket: base.subjects.results_bucket(),
+            subject: election.subject().to_string(),
+            fence: election.fence.clone(),
+            lost: lost_tx,
+        },
+        pending.clone(),
+        base.js.clone(),
+        base.submit_stream.clone(),
+        base.subjects.clone(),
+    ));
+    let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
+    let driver = {
+        let api = api.clone();
+        let timeout = election.timeout();
+        tokio::spawn(async move {
+            drive(
+                driver,
+                input_rx,
+                client_for(&api),
+                persist_tx,
+                pending,
+                floor_tx,
+                &api.inner.driver_beat,
+                Lease {
+                    renewed,
+                    timeout,
+                },
+            )
+            .await;
+            api.inner.driver_alive.store(false, Ordering::Relaxed);
+        })
+    };
+    Ok(Leadership {
+        api,
+        driver,
+        others: vec![consumer, api_requests, persister, purger],
+        lost: lost_rx,
+    })
+}
+
+/// The driver's right to act: the last renewal of its leadership is
+/// younger than the election timeout (a follower takes over only after
+/// seeing no renewal for that long on its own clock).
+struct Lease {
+    renewed: Arc<election::AtomicInstant>,
+    timeout: Duration,
+}
+
+impl Lease {
+    fn valid(&self) -> bool {
+        self.renewed.elapsed() < self.timeout
+    }
+}
+
+/// Results writes fenced on the leader subject.
+struct Fenced {
+    js: jetstream::Context,
+    bucket: String,
+    subject: String,
+    fence: Arc<AtomicU64>,
+    lost: watch::Sender<Option<String>>,
+}
+
+impl Fenced {
+    /// Stores `body` under `key` if this server still leads. `Ok(false)`:
+    /// refused, a successor took over (and `lost` is set).
+    async fn put(&self, key: &str, body: Bytes) -> Result<bool, String> {
+        loop {
+            let expected = self.fence.load(Ordering::SeqCst);
+            if expected == 0 {
+                return Ok(false);
+            }
+            let headers = election::fence_headers(&self.subject, expected);
+            let sent = self
+                .js
+                .publish_with_headers(format!("$KV.{}.{key}", self.bucket), headers, body.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            match sent.await {
+                Ok(_) => return Ok(true),
+                Err(e)
+                    if e.kind()
+                        == async_nats::jetstream::context::PublishErrorKind::WrongLastSequence =>
+                {
+                    // A renewal moved the fence meanwhile: try again with
+                    // the new one. Unchanged: someone else wrote it.
+                    if self.fence.load(Ordering::SeqCst) != expected {
+                        continue;
+                    }
+                    let _ = self
+                        .lost
+                        .send(Some("a result write was fenced out: another server leads".into()));
+                    return Ok(false);
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+}
+
+/// The server's API whoever leads: the local leader while this server
+/// leads, the leader over NATS while it follows.
+#[derive(Clone)]
+pub struct NodeApi {
+    inner: Arc<NodeInner>,
+}
+
+struct NodeInner {
+    client: async_nats::Client,
+    leading: std::sync::RwLock<Option<LeaderApi>>,
+    remote: crate::client::Client,
+    seen: watch::Receiver<Option<election::Observed>>,
+    election_timeout: Duration,
+}
+
+impl NodeApi {
+    fn set_leading(&self, api: Option<LeaderApi>) {
+        *self.inner.leading.write().unwrap_or_else(|e| e.into_inner()) = api;
+    }
+
+    fn leader(&self) -> Option<LeaderApi> {
+        self.inner
+            .leading
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn health(&self) -> Health {
+        if let Some(leader) = self.leader() {
+            let mut health = leader.health();
+            if health.ready {
+                health.detail = format!("leader (epoch {})", leader.inner.epoch);
+            }
+            return health;
+        }
+        let connected = matches!(
+            self.inner.client.connection_state(),
+            async_nats::connection::State::Connected
+        );
+        let seen = self.inner.seen.borrow().clone();
+        let _ = self.inner.election_timeout;
+        match (connected, seen) {
+            (false, _) => Health {
+                live: true,
+                ready: false,
+                detail: "not connected to NATS".into(),
+            },
+            (true, Some(o)) if o.record.as_ref().is_some_and(|r| !r.resigned) => Health {
+                live: true,
+                ready: true,
+                detail: format!(
+                    "follower of {} (epoch {})",
+                    o.record.as_ref().map_or("?", |r| r.id.as_str()),
+                    o.epoch()
+                ),
+            },
+            (true, _) => Health {
+                live: true,
+                ready: false,
+                detail: "no leader known yet".into(),
+            },
+        }
+    }
+}
+
+impl Api for NodeApi {
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.submit(task).await,
+                None => Api::submit(&self.inner.remote, task).await,
+            }
+        })
+    }
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.task(id).await,
+                None => Api::task(&self.inner.remote, id).await,
+            }
+        })
+    }
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.cancel(id).await,
+                None => Api::cancel(&self.inner.remote, id).await,
+            }
+        })
+    }
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.snapshot().await,
+                None => Api::snapshot(&self.inner.remote).await,
+            }
+        })
+    }
+    fn health(&self) -> Health {
+        NodeApi::health(self)
+    }
 }
 
 /// Gets or creates a stream, then brings an existing one's limits up to
@@ -613,52 +930,6 @@ async fn ensure_stream(
 
 fn client_for(api: &LeaderApi) -> async_nats::Client {
     api.inner.client.clone()
-}
-
-/// Bumps the epoch counter in the state bucket (compare-and-set).
-async fn next_epoch(js: &jetstream::Context, subjects: &Subjects) -> Result<u64, Error> {
-    let bucket = subjects.state_bucket();
-    let state = match js.get_key_value(&bucket).await {
-        Ok(kv) => kv,
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: bucket.clone(),
-                history: 1,
-                storage: stream::StorageType::File,
-                ..Default::default()
-            })
-            .await
-            .map_err(nats_err("creating the state bucket"))?,
-    };
-    for _ in 0..100 {
-        let entry = state
-            .entry("epoch")
-            .await
-            .map_err(nats_err("reading the epoch"))?;
-        let (current, revision) = match &entry {
-            Some(e) => (
-                std::str::from_utf8(&e.value)
-                    .ok()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0),
-                Some(e.revision),
-            ),
-            None => (0, None),
-        };
-        let next = current + 1;
-        let value = Bytes::from(next.to_string());
-        let written = match revision {
-            Some(r) => state.update("epoch", value, r).await.is_ok(),
-            None => state.create("epoch", value).await.is_ok(),
-        };
-        if written {
-            return Ok(next);
-        }
-    }
-    Err(Error::Nats {
-        context: "bumping the epoch".into(),
-        source: "too many concurrent writers".into(),
-    })
 }
 
 /// Reads the submit stream from its first message, forever; recreates the
@@ -878,6 +1149,7 @@ async fn drive(
     pending: Pending,
     floor: watch::Sender<u64>,
     beat: &AtomicU64,
+    lease: Lease,
 ) {
     let housekeeping_every = Millis(100);
     let mut last_housekeeping = wall_now();
@@ -914,6 +1186,13 @@ async fn drive(
                 tracing::error!(panic = %why, "housekeeping panicked; going on");
             }
             last_housekeeping = now;
+        }
+        if !lease.valid() {
+            // No renewal for the election timeout: a follower may take
+            // over any moment. Publish nothing more (leases, replies);
+            // the election loop steps down.
+            tracing::warn!("leadership not renewed in time; the driver stops");
+            return;
         }
         for output in driver.take_outputs() {
             match output {
@@ -994,7 +1273,7 @@ struct Persisted {
 /// stream, so it is there before the purge can drop the original.
 async fn persist(
     rx: mpsc::UnboundedReceiver<Persisted>,
-    results: kv::Store,
+    results: Fenced,
     pending: Pending,
     js: jetstream::Context,
     submit_stream: stream::Stream,
@@ -1003,7 +1282,6 @@ async fn persist(
     let items = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
-    // Borrowed, not cloned per result: a Store clone copies four strings.
     let results = &results;
     let pending = &pending;
     let (js, submit_stream, subjects) = (&js, &submit_stream, &subjects);
@@ -1019,10 +1297,19 @@ async fn persist(
             }
             let body: Bytes = wire::encode(&status).into();
             let mut delay = Duration::from_millis(100);
-            while let Err(e) = results.put(seq.to_string(), body.clone()).await {
-                tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+            loop {
+                match results.put(&seq.to_string(), body.clone()).await {
+                    Ok(true) => break,
+                    // Fenced out: a successor leads and will finish the
+                    // task itself. The submission stays (pending): this
+                    // server purges nothing past it.
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
             }
             pending
                 .lock()

@@ -132,7 +132,9 @@ pub fn task_from_headers<'a>(
             Some("Cronoq-Max-Attempts") => task = task.max_attempts(parse_int(name, value)?),
             Some("Cronoq-Attempt-Timeout") => task = task.attempt_timeout(parse_duration(value)?),
             Some("Cronoq-Idempotency-Key") => task = task.idempotency_key(value),
-            _ if name.len() >= 7 && name[..7].eq_ignore_ascii_case("cronoq-") => {
+            // `get`, not `[..7]`: a non-ASCII header name has no char
+            // boundary at 7 bytes, and slicing there panicked (fuzzing).
+            _ if name.get(..7).is_some_and(|p| p.eq_ignore_ascii_case("cronoq-")) => {
                 return Err(Rejection::InvalidArgument(format!(
                     "unknown header {}; known: {}",
                     excerpt(name),

@@ -216,7 +216,7 @@ struct Session {
     epoch: u64,
     heartbeat_interval: Duration,
     running: HashMap<AttemptKey, Running>,
-    finished_tx: mpsc::UnboundedSender<AttemptKey>,
+    finished_tx: mpsc::UnboundedSender<(AttemptKey, u64)>,
 }
 
 /// Runs the worker until it is stopped or fails.
@@ -307,8 +307,12 @@ pub(super) async fn run(
                 );
                 break;
             }
-            Some(key) = finished_rx.recv() => {
-                session.running.remove(&key);
+            Some((key, epoch)) = finished_rx.recv() => {
+                // Only the run that ended: a newer leader's lease of the
+                // same attempt may have replaced it meanwhile.
+                if session.running.get(&key).is_some_and(|r| r.epoch == epoch) {
+                    session.running.remove(&key);
+                }
             }
             message = inbox.next() => {
                 let Some(message) = message else {
@@ -609,14 +613,32 @@ impl Session {
             );
             return;
         }
-        if self.running.contains_key(&key) {
-            tracing::debug!(
+        if let Some(old) = self.running.get(&key) {
+            if old.epoch >= lease.epoch {
+                tracing::debug!(
+                    worker_id = %self.link.worker_id,
+                    task_id = %lease.task_id,
+                    attempt = lease.attempt,
+                    "duplicate lease ignored"
+                );
+                return;
+            }
+            // The same (task, attempt) leased again by a newer leader: the
+            // run of the older leadership reports to nobody who listens.
+            // Stop it and run this lease, rather than ignore it and let the
+            // new leader's lease expire.
+            tracing::info!(
                 worker_id = %self.link.worker_id,
                 task_id = %lease.task_id,
                 attempt = lease.attempt,
-                "duplicate lease ignored"
+                old_epoch = old.epoch,
+                epoch = lease.epoch,
+                "attempt leased again by a newer leader; restarting it"
             );
-            return;
+            if let Some(old) = self.running.remove(&key) {
+                old.stop(StopReason::Shutdown);
+                old.join.abort();
+            }
         }
         if self.free_slots() == 0 {
             // The leader counts slots; run it rather than lose it.
@@ -720,7 +742,7 @@ struct Attempt {
     handler: Handler,
     stop: Arc<Mutex<Option<StopReason>>>,
     reporting: Arc<AtomicBool>,
-    finished: mpsc::UnboundedSender<AttemptKey>,
+    finished: mpsc::UnboundedSender<(AttemptKey, u64)>,
 }
 
 impl Attempt {
@@ -776,7 +798,7 @@ impl Attempt {
         if let Some(result) = result {
             self.report(&lease, result).await;
         }
-        let _ = self.finished.send(key);
+        let _ = self.finished.send((key, lease.epoch));
     }
 
     /// Renews every ttl/3; returns only once the leader says the lease is

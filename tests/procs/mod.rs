@@ -374,6 +374,33 @@ impl NatsServer {
     pub fn kill9(&mut self) {
         self.proc.kill9();
     }
+
+    /// `kill -STOP` (`resume` sends `-CONT`).
+    #[allow(dead_code)]
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// `kill -CONT`.
+    #[allow(dead_code)]
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.proc.pid().expect("running").to_string();
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// The last lines of its log.
+    #[allow(dead_code)]
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.proc.log_tail(lines)
+    }
 }
 
 /// The `cronoq` binary under test.
@@ -405,6 +432,17 @@ impl CronoqServer {
     /// Starts a server against `nats` (files in `dir`) and waits until it
     /// answers a snapshot over HTTP as leader.
     pub async fn start(nats: &NatsServer, dir: &Path) -> CronoqServer {
+        CronoqServer::start_as(nats, dir, true).await
+    }
+
+    /// Starts another server and waits until it answers a snapshot over
+    /// HTTP (as a follower, naming whoever leads).
+    #[allow(dead_code)]
+    pub async fn start_follower(nats: &NatsServer, dir: &Path) -> CronoqServer {
+        CronoqServer::start_as(nats, dir, false).await
+    }
+
+    async fn start_as(nats: &NatsServer, dir: &Path, leading: bool) -> CronoqServer {
         let config = dir.join("cronoq.toml");
         std::fs::write(&config, SERVER_CONFIG).expect("writing the server config");
         let id = unique("server");
@@ -418,23 +456,23 @@ impl CronoqServer {
                 .args(["--id", &id])
                 .env("CRONOQ_LOG", "info,cronoq=debug,async_nats=warn");
             let mut server = CronoqServer {
-                proc: Proc::spawn("cronoq server", cmd, &dir.join("server.log")),
+                proc: Proc::spawn("cronoq server", cmd, &dir.join(format!("{id}.log"))),
                 id: id.clone(),
                 http,
             };
-            if server.ready().await {
+            if server.ready(leading).await {
                 return server;
             }
         }
         panic!(
             "cronoq server did not start; see {}",
-            dir.join("server.log").display()
+            dir.join(format!("{id}.log")).display()
         );
     }
 
     /// Waits until this server answers as leader: true; false if it exited
     /// (its HTTP port was taken, say).
-    async fn ready(&mut self) -> bool {
+    async fn ready(&mut self, leading: bool) -> bool {
         let http = ClientOptions::new()
             .request_timeout(Duration::from_secs(2))
             .http(&self.http_url())
@@ -445,7 +483,7 @@ impl CronoqServer {
                 return false;
             }
             if let Ok(snap) = http.snapshot().await {
-                if snap.leader.as_ref().is_some_and(|l| l.id == self.id) {
+                if snap.leader.as_ref().is_some_and(|l| l.id == self.id || !leading) {
                     return true;
                 }
             }
@@ -471,6 +509,33 @@ impl CronoqServer {
     /// `kill -9`.
     pub fn kill9(&mut self) {
         self.proc.kill9();
+    }
+
+    /// `kill -STOP` (`resume` sends `-CONT`).
+    #[allow(dead_code)]
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// `kill -CONT`.
+    #[allow(dead_code)]
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.proc.pid().expect("running").to_string();
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// The last lines of its log.
+    #[allow(dead_code)]
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.proc.log_tail(lines)
     }
 }
 

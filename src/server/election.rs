@@ -1,0 +1,298 @@
+//! Leader election and fencing over one JetStream subject.
+//!
+//! **The leader subject** `$KV.<P>_RESULTS._leader` lives in the results
+//! bucket's stream, beside every result the leader writes. Each message on
+//! it is a [`LeaderRecord`]; every write is a compare-and-set
+//! (`Nats-Expected-Last-Subject-Sequence` = the sequence the writer last
+//! saw there), so the messages on that subject form one chain and whoever
+//! wrote its last link owns it.
+//!
+//! * **Taking over**: a candidate writes a record expecting the sequence it
+//!   observed. The sequence of that write is the new **epoch**: stream
+//!   sequences only grow, so epochs do too.
+//! * **Holding**: the leader renews every `election_timeout / 4`, expecting
+//!   its own last sequence. A renewal refused as "wrong last sequence" means
+//!   someone took over: the leader steps down at once.
+//! * **Standing by**: a follower polls the subject; if its sequence has not
+//!   moved for `election_timeout` (measured on the follower's own clock) it
+//!   takes over, expecting that sequence — so of two candidates only one
+//!   wins, and a leader that renewed meanwhile keeps its place.
+//! * **Resigning**: a leader that stops writes a record with `resigned`;
+//!   followers take over at their next poll, without waiting.
+//! * **Fencing**: every result the leader stores carries
+//!   `Nats-Expected-Last-Subject-Sequence-Subject: <leader subject>` with
+//!   the leader's last sequence there, so once a successor has written the
+//!   subject, a deposed leader (paused, partitioned, slow) can no longer
+//!   change durable state: NATS refuses the write (error 10071), not good
+//!   manners. A leader also stops acting (no leases) once its last
+//!   successful renewal is older than `election_timeout`, before a
+//!   follower may take over.
+//!
+//! No TTL is involved in liveness (replicas' clocks may disagree about
+//! one): only "the sequence did not move for this long" on one clock, and
+//! compare-and-set for safety.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// What the leader subject holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderRecord {
+    /// The server id.
+    pub id: String,
+    /// Its HTTP address, for operators.
+    #[serde(default)]
+    pub http: String,
+    /// The leadership's epoch: the sequence of its first record (0 in that
+    /// first record itself, which is its own sequence).
+    #[serde(default)]
+    pub epoch: u64,
+    /// The leader stopped and handed over.
+    #[serde(default)]
+    pub resigned: bool,
+}
+
+/// The last record on the leader subject and its sequence (0: none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Sequence of the last message on the subject.
+    pub seq: u64,
+    /// Its record, if there is one and it decodes.
+    pub record: Option<LeaderRecord>,
+}
+
+impl Observed {
+    /// The epoch the record stands for.
+    pub fn epoch(&self) -> u64 {
+        match &self.record {
+            Some(r) if r.epoch != 0 => r.epoch,
+            _ => self.seq,
+        }
+    }
+}
+
+/// How a write on the leader subject went.
+#[derive(Debug)]
+pub(crate) enum Write {
+    /// Stored at this sequence.
+    Stored(u64),
+    /// Someone else wrote the subject first.
+    Lost,
+    /// NATS did not answer; nothing is known.
+    Failed(String),
+}
+
+/// One server's view of the election.
+#[derive(Clone)]
+pub(crate) struct Election {
+    js: jetstream::Context,
+    stream: String,
+    subject: String,
+    server_id: String,
+    http: String,
+    timeout: Duration,
+    /// The leader's last sequence on the subject (0: not leading): the
+    /// value every fenced write expects.
+    pub fence: Arc<AtomicU64>,
+}
+
+/// The header pair that fences a write on `subject`'s last sequence.
+pub(crate) fn fence_headers(subject: &str, seq: u64) -> async_nats::HeaderMap {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string().as_str());
+    headers.insert("Nats-Expected-Last-Subject-Sequence-Subject", subject);
+    headers
+}
+
+impl Election {
+    pub(crate) fn new(
+        js: jetstream::Context,
+        results_bucket: &str,
+        server_id: String,
+        http: String,
+        timeout: Duration,
+    ) -> Election {
+        Election {
+            js,
+            stream: format!("KV_{results_bucket}"),
+            subject: format!("$KV.{results_bucket}._leader"),
+            server_id,
+            http,
+            timeout,
+            fence: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The leader subject.
+    pub(crate) fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// The election timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Reads the last record.
+    pub(crate) async fn observe(&self) -> Result<Observed, String> {
+        let stream = self
+            .js
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        match stream.get_last_raw_message_by_subject(&self.subject).await {
+            Ok(m) => Ok(Observed {
+                seq: m.sequence,
+                record: serde_json::from_slice(&m.payload).ok(),
+            }),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
+                Ok(Observed::default())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    async fn write(&self, expected: u64, record: &LeaderRecord) -> Write {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            "Nats-Expected-Last-Subject-Sequence",
+            expected.to_string().as_str(),
+        );
+        let body = Bytes::from(serde_json::to_vec(record).expect("a record serializes"));
+        let sent = self
+            .js
+            .publish_with_headers(self.subject.clone(), headers, body)
+            .await;
+        let ack = match sent {
+            Ok(ack) => ack.await,
+            Err(e) => return Write::Failed(e.to_string()),
+        };
+        match ack {
+            Ok(ack) => Write::Stored(ack.sequence),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Write::Lost,
+            Err(e) => Write::Failed(e.to_string()),
+        }
+    }
+
+    /// Stands by until this server takes over; returns the new epoch.
+    /// Follower state (who leads) is reported through `seen`.
+    pub(crate) async fn campaign(&self, seen: &tokio::sync::watch::Sender<Option<Observed>>) -> u64 {
+        let poll = (self.timeout / 8).max(Duration::from_millis(20));
+        let mut last: Option<(u64, Instant)> = None;
+        loop {
+            match self.observe().await {
+                Ok(observed) => {
+                    let now = Instant::now();
+                    let stale = match (&observed.record, last) {
+                        (None, _) => true,
+                        (Some(r), _) if r.resigned => true,
+                        (Some(_), Some((seq, since))) if seq == observed.seq => {
+                            now.duration_since(since) >= self.timeout
+                        }
+                        _ => {
+                            last = Some((observed.seq, now));
+                            false
+                        }
+                    };
+                    seen.send_replace(observed.record.is_some().then(|| observed.clone()));
+                    if stale {
+                        let record = LeaderRecord {
+                            id: self.server_id.clone(),
+                            http: self.http.clone(),
+                            epoch: 0,
+                            resigned: false,
+                        };
+                        match self.write(observed.seq, &record).await {
+                            Write::Stored(seq) => {
+                                self.fence.store(seq, Ordering::SeqCst);
+                                return seq;
+                            }
+                            Write::Lost => last = None,
+                            Write::Failed(e) => {
+                                tracing::warn!(error = %e, "taking over failed; retrying")
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot read the leader record yet"),
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+
+    /// Renews leadership `epoch` until it is lost: returns why. `renewed`
+    /// gets the instant of every successful renewal.
+    pub(crate) async fn hold(&self, epoch: u64, renewed: &AtomicInstant) -> String {
+        let every = (self.timeout / 4).max(Duration::from_millis(10));
+        let record = LeaderRecord {
+            id: self.server_id.clone(),
+            http: self.http.clone(),
+            epoch,
+            resigned: false,
+        };
+        renewed.set_now();
+        loop {
+            tokio::time::sleep(every).await;
+            let expected = self.fence.load(Ordering::SeqCst);
+            match self.write(expected, &record).await {
+                Write::Stored(seq) => {
+                    self.fence.store(seq, Ordering::SeqCst);
+                    renewed.set_now();
+                }
+                Write::Lost => return "another server took over".into(),
+                Write::Failed(e) => {
+                    if renewed.elapsed() >= self.timeout {
+                        return format!("could not renew within the election timeout: {e}");
+                    }
+                    tracing::warn!(error = %e, "renewing leadership failed; retrying");
+                }
+            }
+        }
+    }
+
+    /// Hands over: followers take over at their next poll.
+    pub(crate) async fn resign(&self, epoch: u64) {
+        let record = LeaderRecord {
+            id: self.server_id.clone(),
+            http: self.http.clone(),
+            epoch,
+            resigned: true,
+        };
+        let expected = self.fence.swap(0, Ordering::SeqCst);
+        match self.write(expected, &record).await {
+            Write::Stored(_) => tracing::info!(epoch, "resigned leadership"),
+            other => tracing::info!(epoch, result = ?other, "could not resign (no longer leading?)"),
+        }
+    }
+}
+
+/// An instant shared between tasks (ms since a base instant).
+pub(crate) struct AtomicInstant {
+    base: Instant,
+    ms: AtomicU64,
+}
+
+impl AtomicInstant {
+    pub(crate) fn new() -> AtomicInstant {
+        AtomicInstant {
+            base: Instant::now(),
+            ms: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn set_now(&self) {
+        let ms = Instant::now().duration_since(self.base).as_millis() as u64;
+        self.ms.store(ms, Ordering::SeqCst);
+    }
+
+    pub(crate) fn elapsed(&self) -> Duration {
+        let now = Instant::now().duration_since(self.base).as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.ms.load(Ordering::SeqCst)))
+    }
+}
