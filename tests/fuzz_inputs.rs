@@ -483,9 +483,15 @@ proptest! {
             wire::encode(&submit).into(),
             a_now(),
         );
-        let task = task.map_err(|e| TestCaseError::fail(e.to_string()))?;
-        if let Err(e) = task.to_spec(TaskId(1), MAX_PAYLOAD) {
-            prop_assert!(e.code() == ErrorCode::INVALID_ARGUMENT || e.code() == ErrorCode::RESOURCE_EXHAUSTED);
+        // Decoding refuses (with a stable code: a tolerance without a start,
+        // say) or yields a task that validation accepts or refuses.
+        match task {
+            Err(e) => prop_assert!(e.code == ErrorCode::INVALID_ARGUMENT, "{e:?}"),
+            Ok(task) => {
+                if let Err(e) = task.to_spec(TaskId(1), MAX_PAYLOAD) {
+                    prop_assert!(e.code() == ErrorCode::INVALID_ARGUMENT || e.code() == ErrorCode::RESOURCE_EXHAUSTED);
+                }
+            }
         }
     }
 
@@ -511,7 +517,6 @@ proptest! {
     /// `parse_time` on hostile times: huge spans (`10000000000000000000s`,
     /// `300000000000y`) and RFC 3339 edges, with a sane `now`.
     #[test]
-    #[ignore = "fixed by the hostile-input work on main"]
     fn parse_time_refuses_hostile_times(text in hostile_time()) {
         if let Err(e) = wire::parse_time(&text, a_now()) {
             prop_assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT);
@@ -520,7 +525,6 @@ proptest! {
 
     /// `parse_time` of a short span with `now` at the edges of `SystemTime`.
     #[test]
-    #[ignore = "fixed by the hostile-input work on main"]
     fn parse_time_never_panics_at_the_edges_of_system_time(now in any_now(), secs in 0u64..100_000) {
         let _ = wire::parse_time(&format!("{secs}s"), now);
     }
@@ -534,7 +538,6 @@ proptest! {
 
     /// `Cronoq-Deadline` and `Cronoq-Start-At` with hostile values.
     #[test]
-    #[ignore = "fixed by the hostile-input work on main"]
     fn hostile_time_headers_are_refused_or_accepted(
         headers in prop::collection::vec(prop_oneof![hostile_time_header(), hostile_non_time_header()], 1..6),
     ) {
@@ -543,7 +546,6 @@ proptest! {
 
     /// Header names and values of any text (non-ASCII names included).
     #[test]
-    #[ignore = "panics today: task_from_headers slices a header name at byte 7, not a char boundary (src/wire/headers.rs:93); reported to main"]
     fn arbitrary_header_names_and_values_never_panic(
         headers in prop::collection::vec(("\\PC{0,12}", "\\PC{0,12}"), 0..6),
     ) {
@@ -598,7 +600,6 @@ proptest! {
 
     /// `POST /v1/tasks` with hostile `deadline` and `start_at`.
     #[test]
-    #[ignore = "fixed by the hostile-input work on main"]
     fn http_bodies_with_hostile_times_are_refused_or_accepted(body in hostile_http_body()) {
         http_then_spec(&serde_json::to_vec(&body).unwrap(), a_now())?;
     }
@@ -665,7 +666,6 @@ proptest! {
 /// 10,000 labels on one task: the issue asks for a limit (e.g. 16) with
 /// `RESOURCE_EXHAUSTED`; today they are accepted.
 #[test]
-#[ignore = "fixed by the hostile-input work on main (label limit)"]
 fn ten_thousand_labels_are_refused_with_resource_exhausted() {
     let rt = paused_runtime();
     let _guard = rt.enter();

@@ -105,7 +105,10 @@ pub(crate) struct Election {
 /// The header pair that fences a write on `subject`'s last sequence.
 pub(crate) fn fence_headers(subject: &str, seq: u64) -> async_nats::HeaderMap {
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string().as_str());
+    headers.insert(
+        "Nats-Expected-Last-Subject-Sequence",
+        seq.to_string().as_str(),
+    );
     headers.insert("Nats-Expected-Last-Subject-Sequence-Subject", subject);
     headers
 }
@@ -182,7 +185,10 @@ impl Election {
 
     /// Stands by until this server takes over; returns the new epoch.
     /// Follower state (who leads) is reported through `seen`.
-    pub(crate) async fn campaign(&self, seen: &tokio::sync::watch::Sender<Option<Observed>>) -> u64 {
+    pub(crate) async fn campaign(
+        &self,
+        seen: &tokio::sync::watch::Sender<Option<Observed>>,
+    ) -> u64 {
         let poll = (self.timeout / 8).max(Duration::from_millis(20));
         let mut last: Option<(u64, Instant)> = None;
         loop {
@@ -267,7 +273,9 @@ impl Election {
         let expected = self.fence.swap(0, Ordering::SeqCst);
         match self.write(expected, &record).await {
             Write::Stored(_) => tracing::info!(epoch, "resigned leadership"),
-            other => tracing::info!(epoch, result = ?other, "could not resign (no longer leading?)"),
+            other => {
+                tracing::info!(epoch, result = ?other, "could not resign (no longer leading?)")
+            }
         }
     }
 }

@@ -134,7 +134,10 @@ pub fn task_from_headers<'a>(
             Some("Cronoq-Idempotency-Key") => task = task.idempotency_key(value),
             // `get`, not `[..7]`: a non-ASCII header name has no char
             // boundary at 7 bytes, and slicing there panicked (fuzzing).
-            _ if name.get(..7).is_some_and(|p| p.eq_ignore_ascii_case("cronoq-")) => {
+            _ if name
+                .get(..7)
+                .is_some_and(|p| p.eq_ignore_ascii_case("cronoq-")) =>
+            {
                 return Err(Rejection::InvalidArgument(format!(
                     "unknown header {}; known: {}",
                     excerpt(name),

@@ -483,7 +483,11 @@ impl CronoqServer {
                 return false;
             }
             if let Ok(snap) = http.snapshot().await {
-                if snap.leader.as_ref().is_some_and(|l| l.id == self.id || !leading) {
+                if snap
+                    .leader
+                    .as_ref()
+                    .is_some_and(|l| l.id == self.id || !leading)
+                {
                     return true;
                 }
             }

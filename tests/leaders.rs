@@ -1,0 +1,137 @@
+//! Several `cronoq server`s on one NATS (issue 8, election and fencing):
+//! exactly one leads and every server's snapshot names it; `kill -9` of the
+//! leader hands over to a follower and the workers follow it by
+//! themselves; a leader paused past the election timeout is replaced, and
+//! once resumed it steps down instead of leading beside its successor.
+//!
+//! No test sleeps to wait for something: every wait polls with a deadline.
+
+mod procs;
+
+use cronoq::client::ClientOptions;
+use cronoq::core::{Snapshot, TaskState};
+use procs::{eventually, http_get, Cluster, CronoqServer};
+
+/// The snapshot a server answers over its own HTTP API.
+async fn snapshot_of(server: &CronoqServer) -> Result<Snapshot, String> {
+    let http = ClientOptions::new()
+        .request_timeout(std::time::Duration::from_secs(2))
+        .http(&server.http_url())
+        .map_err(|e| e.to_string())?;
+    http.snapshot().await.map_err(|e| e.to_string())
+}
+
+/// (leader id, epoch) as `server` reports it.
+async fn leader_seen_by(server: &CronoqServer) -> Result<(String, u64), String> {
+    let snap = snapshot_of(server).await?;
+    let leader = snap.leader.ok_or("no leader in the snapshot")?;
+    Ok((leader.id, leader.epoch))
+}
+
+#[tokio::test]
+async fn two_servers_never_both_lead_and_a_killed_leader_is_replaced() {
+    let mut c = Cluster::start(&[("cpu", "", 2)]).await;
+    let first = c.server.id().to_string();
+    let mut second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
+
+    // Both name the same leader and epoch; the second is a ready follower.
+    let (leader, epoch) = leader_seen_by(&c.server).await.expect("leader's view");
+    assert_eq!(leader, first);
+    assert_eq!(
+        leader_seen_by(&second).await.expect("follower's view"),
+        (leader.clone(), epoch)
+    );
+    let (status, health) = http_get(&format!("{}/readyz", second.http_url())).await;
+    assert_eq!(status, 200, "{health}");
+    assert!(health.contains("follower"), "{health}");
+
+    // Tasks run once each, submitted through either server.
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(c.submit_payload(&format!("before-{i}"), "").await);
+    }
+    for id in &ids {
+        assert_eq!(c.finished(*id).await.state, TaskState::Succeeded);
+    }
+    let runs = c.runs();
+    assert_eq!(runs.len(), 10, "each ran once: {runs:?}");
+
+    // kill -9 of the leader: the follower takes over with a newer epoch,
+    // the worker follows it, and new tasks run.
+    c.server.kill9();
+    let (new_leader, new_epoch) = eventually("the follower to take over", || async {
+        match leader_seen_by(&second).await {
+            Ok((id, e)) if id == second.id() => Ok((id, e)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(new_epoch > epoch, "epoch {new_epoch} after {epoch}");
+    assert_eq!(new_leader, second.id());
+    std::mem::swap(&mut c.server, &mut second);
+    let after = c.submit_payload("after-kill", "").await;
+    assert_eq!(c.succeeded(after).await, "after-kill on [] by cpu");
+    for id in &ids {
+        // Finished before the kill: still finished, never run again.
+        assert_eq!(c.finished(*id).await.state, TaskState::Succeeded);
+    }
+    let names = c.run_names();
+    assert_eq!(
+        names.iter().filter(|n| n.starts_with("before-")).count(),
+        10,
+        "{names:?}"
+    );
+    drop(second);
+}
+
+#[tokio::test]
+async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
+    let c = Cluster::start(&[("cpu", "", 2)]).await;
+    let second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
+    let (_, epoch) = leader_seen_by(&second).await.expect("follower's view");
+
+    c.server.pause();
+    let (_, new_epoch) = eventually("the follower to take over from a paused leader", || async {
+        match leader_seen_by(&second).await {
+            Ok((id, e)) if id == second.id() => Ok((id, e)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(new_epoch > epoch);
+    let during = c.submit_payload("during-pause", "").await;
+    assert_eq!(c.finished(during).await.state, TaskState::Succeeded);
+
+    // Resumed, the old leader finds its leadership gone and follows.
+    c.server.resume();
+    eventually("the resumed server to follow its successor", || async {
+        match leader_seen_by(&c.server).await {
+            Ok((id, e)) if id == second.id() && e == new_epoch => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let (status, health) = http_get(&format!("{}/readyz", c.server.http_url())).await;
+    assert!(
+        status == 200 && health.contains("follower"),
+        "{status} {health}"
+    );
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(c.submit_payload(&format!("after-{i}"), "").await);
+    }
+    for id in &ids {
+        assert_eq!(c.finished(*id).await.state, TaskState::Succeeded);
+    }
+    let runs = c.runs();
+    let after: Vec<_> = runs
+        .iter()
+        .filter(|r| r.name.starts_with("after-"))
+        .collect();
+    assert_eq!(after.len(), 10, "each ran once: {runs:?}");
+    let log = c.server.log_tail(200);
+    assert!(
+        log.contains("lost leadership") || log.contains("driver stops"),
+        "{log}"
+    );
+}
