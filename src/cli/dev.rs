@@ -202,6 +202,24 @@ async fn with_nats(args: DevArgs) -> anyhow::Result<ExitCode> {
         workers.push(tokio::spawn(worker.run_until(stopped(stop_rx.clone()))));
     }
 
+    // Welcome the user once both workers are registered with the leader,
+    // so a first `submit` already sees both groups (rule 2 picks dev-cpu).
+    let registered = async {
+        loop {
+            if let Ok(snap) = crate::api::Api::snapshot(&running.api).await {
+                if snap.workers.len() >= 2 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(30), registered)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the demo workers did not register within 30 s");
+    }
     print_welcome(&format!("http://{}", running.http_addr), Some(&url));
     tokio::select! {
         _ = super::server_cmd::shutdown_signal() => {}

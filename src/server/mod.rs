@@ -22,8 +22,14 @@
 //!   (deleting them one by one costs nats-server milliseconds each).
 //! * **http**: the HTTP API of SPEC §5 over [`LeaderApi`].
 //!
-//! One server at a time for now: leader election and fencing come with
-//! the HA work (every lease already carries the epoch).
+//! **Several servers**: every server connects, creates the JetStream
+//! objects and serves HTTP ([`NodeApi`]); one leads at a time
+//! ([`election`]). Only the leader runs the tasks above; the others stand
+//! by, answer HTTP by asking the leader over NATS, and take over when its
+//! record stops moving for `election_timeout`. A new leader starts a fresh
+//! driver that reads the submit stream again (finished tasks are skipped
+//! by their stored result). Results are written fenced on the leader
+//! subject, so a deposed leader cannot overwrite them.
 
 mod config;
 pub(crate) mod driver;
