@@ -364,6 +364,7 @@ class Worker:
         )
         self._pump = Pump(threads)
         self._slot: Optional[int] = None
+        self.draining = False
 
     @property
     def id(self) -> str:
@@ -384,6 +385,7 @@ class Worker:
         if self._slot is None:
             raise FailedPrecondition("register a handler first: @worker.handler")
         loop = self._pump.require()
+        self.draining = False
         running = self._native.run(self._pump.native, self._slot)
         on_sigterm = threading.current_thread() is threading.main_thread()
         if on_sigterm:
@@ -404,6 +406,7 @@ class Worker:
 
     def stop(self) -> None:
         """Asks a running worker to drain and stop; :meth:`run` then returns."""
+        self.draining = True
         self._native.stop()
 
 
