@@ -118,9 +118,9 @@ impl Scheduler {
             config.autoscale_max = u32_of(n, "autoscale_max")?;
         }
         if let Some(b) = backoff {
-            let (initial, max): (Bound<'_, PyAny>, Bound<'_, PyAny>) = b.extract().map_err(|_| {
-                invalid("backoff must be a pair (initial, max) of durations")
-            })?;
+            let (initial, max): (Bound<'_, PyAny>, Bound<'_, PyAny>) = b
+                .extract()
+                .map_err(|_| invalid("backoff must be a pair (initial, max) of durations"))?;
             config.backoff = Backoff {
                 initial: Millis::from_duration(convert::duration(&initial, "backoff initial")?),
                 max: Millis::from_duration(convert::duration(&max, "backoff max")?),

@@ -100,7 +100,8 @@ impl Worker {
     fn run<'py>(&self, py: Python<'py>, bridge: &Bridge, slot: u32) -> PyResult<Bound<'py, PyAny>> {
         self.stop.send_replace(false);
         let mut stopped = self.stop.subscribe();
-        let worker = cronoq::worker::Worker::new(self.options.clone(), bridge.shared.executor(slot));
+        let worker =
+            cronoq::worker::Worker::new(self.options.clone(), bridge.shared.executor(slot));
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let shutdown = async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
