@@ -29,11 +29,12 @@ import asyncio
 import json
 import signal
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generator, List, Optional, TypeVar
 
 from . import _native
-from ._bridge import Pump
+from ._bridge import Pump, _get_running_loop
 from ._errors import (
     AlreadyExists,
     Error,
@@ -257,6 +258,9 @@ class Scheduler:
             max_payload_bytes=max_payload_bytes, retain_finished=retain_finished
         )
         self._pump = Pump(threads)
+        # The loop holds the pump (its reader) after the scheduler is gone:
+        # let go of the loop and the pipe with the scheduler.
+        weakref.finalize(self, self._pump.close)
 
     def set_capacity(self, pool: str, slots: int) -> None:
         """Slots of the pool's unlabeled group."""
@@ -294,7 +298,9 @@ class Scheduler:
         ``max_attempts``, ``idempotency_key``, ``attempt_timeout``,
         ``est_runtime``, ``backoff=(initial, max)``.
         """
-        self._pump.ensure()
+        pump = self._pump
+        if _get_running_loop() is not pump.loop:
+            pump.ensure()
         return TaskHandle(self, self._native.submit(payload, **options))
 
     def cancel(self, task: Any) -> None:
