@@ -17,6 +17,7 @@ import gc
 import os
 import statistics
 import time
+from typing import List, Optional
 
 import cronoq
 
@@ -26,7 +27,7 @@ SLOTS = 64
 TARGET = 0.5
 
 
-async def noop(ctx, payload):
+async def noop(ctx: Optional[cronoq.TaskContext], payload: bytes) -> None:
     return None
 
 
@@ -46,7 +47,7 @@ async def through_cronoq(n: int) -> float:
 async def through_semaphore(n: int) -> float:
     sem = asyncio.Semaphore(SLOTS)
 
-    async def one():
+    async def one() -> None:
         async with sem:
             return await noop(None, b"")
 
@@ -57,7 +58,8 @@ async def through_semaphore(n: int) -> float:
 
 
 async def main() -> None:
-    cronoq_rates, baseline_rates = [], []
+    cronoq_rates: List[float] = []
+    baseline_rates: List[float] = []
     for round in range(ROUNDS):
         # Alternate which goes first, so neither always runs on a warmer heap.
         order = [(through_cronoq, cronoq_rates), (through_semaphore, baseline_rates)]

@@ -8,6 +8,7 @@ Run: ``python python/examples/embedded.py`` (after ``pip install ./python``).
 
 import asyncio
 from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, List, Tuple
 
 import cronoq
 
@@ -27,7 +28,7 @@ async def main() -> None:
 
     now = datetime.now(timezone.utc)
     gpu = {"gpu": "a100"}
-    tasks = [
+    tasks: List[Tuple[str, str, Dict[str, Any]]] = [
         ("labeled", "train-1", dict(labels=gpu)),
         ("unlabeled", "resize-1", {}),
         ("unlabeled", "resize-2", {}),
