@@ -62,10 +62,10 @@ async def test_worker_and_clients_over_nats_and_http(cluster: Cluster):
 
         # Labels nobody has: it waits (and says why) until cancelled.
         task_id = await nats.submit(b"tpu work", labels={"tpu": "v5"})
-        status = await eventually(
-            "the server holds it", lambda: _get_or_none(nats, task_id)
+        await eventually(
+            "it waits for a matching group",
+            lambda: _waits_for_labels(nats, task_id),
         )
-        assert status.state == "queued" and status.reason == "no_group_matches"
         snap = await http.snapshot()
         pool = snap.pool("default")
         assert [(d.labels, d.waiting) for d in pool.demand] == [({"tpu": "v5"}, 1)]
@@ -119,11 +119,14 @@ async def test_worker_stop_returns_and_a_client_without_server_is_unavailable(cl
         await nobody.snapshot()
 
 
-async def _get_or_none(client: cronoq.Client, task_id: int):
+async def _waits_for_labels(client: cronoq.Client, task_id: int):
+    """The task's (state, reason) once it waits because nobody has its labels."""
     try:
-        return await client.get(task_id)
-    except cronoq.NotFound:
+        status = await client.get(task_id)
+    except cronoq.NotFound:  # the server has not taken it from the stream yet
         return None
+    seen = (status.state, status.reason)
+    return seen if seen == ("queued", "no_group_matches") else None
 
 
 async def _not(awaitable) -> bool:
