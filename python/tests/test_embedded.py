@@ -357,3 +357,29 @@ async def test_snapshot_shows_groups_capacity_busy_and_a_table(gates: Gates):
     assert "inference" in [p["name"] for p in snap.to_dict()["pools"]]
     gates.release("job")
     assert (await h.wait()).ok
+
+
+def test_a_scheduler_built_outside_a_loop_follows_the_loop_that_uses_it():
+    sched = cronoq.Scheduler()
+    sched.set_capacity("default", 2)
+
+    @sched.executor("default")
+    async def run(ctx: cronoq.TaskContext, payload: bytes) -> bytes:
+        await asyncio.sleep(0)
+        return payload * 2
+
+    # Submitted before any loop runs: it waits for one.
+    early = sched.submit(b"early")
+
+    async def use(payload: bytes) -> bytes:
+        outcome = await (await sched.submit(payload)).wait()
+        return outcome.output
+
+    assert asyncio.run(use(b"a")) == b"aa"
+    assert asyncio.run(use(b"b")) == b"bb"  # a second loop: the scheduler moves there
+
+    async def wait_early() -> bytes:
+        return (await early.wait()).output
+
+    assert asyncio.run(wait_early()) == b"earlyearly"
+    sched.close()
