@@ -15,13 +15,21 @@
 //! A job answers with [`Job::succeed`] or [`Job::fail`]; an attempt that
 //! Rust drops first (cancel, attempt timeout, worker drain) queues its key
 //! as revoked.
+//!
+//! Waits for outcomes go to one tokio task per bridge (the hub), which
+//! polls them all and queues each outcome as it comes: no tokio task
+//! spawned per wait, and the hub is woken only when its inbox goes from
+//! empty to non-empty.
 
 use std::future::Future;
 use std::os::fd::RawFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use cronoq::{TaskContext as RustContext, TaskError};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::sync::oneshot;
@@ -165,10 +173,67 @@ impl Drop for RevokeOnDrop {
     }
 }
 
+type WaitFuture = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+/// The inbox of the task that polls every wait of one bridge.
+#[derive(Default)]
+struct Hub {
+    inbox: Mutex<Vec<(u64, WaitFuture)>>,
+    wake: tokio::sync::Notify,
+    started: AtomicBool,
+    closed: AtomicBool,
+}
+
+impl Hub {
+    async fn run(self: Arc<Self>, shared: Shared) {
+        let mut waits = FuturesUnordered::new();
+        loop {
+            let new = std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|e| e.into_inner()));
+            for (key, wait) in new {
+                waits.push(async move { (key, wait.await) });
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return;
+            }
+            tokio::select! {
+                () = self.wake.notified() => {}
+                Some((key, done)) = waits.next(), if !waits.is_empty() => shared.done(key, done),
+            }
+        }
+    }
+}
+
 /// The Rust half of one event loop's bridge (see the module docs).
 #[pyclass(frozen, module = "cronoq._native")]
 pub struct Bridge {
     pub shared: Shared,
+    hub: Arc<Hub>,
+}
+
+impl Bridge {
+    /// Waits for `wait` in the hub; its outcome comes through the bridge
+    /// under the returned key.
+    pub fn watch(&self, wait: impl Future<Output = Done> + Send + 'static) -> u64 {
+        let key = self.shared.key();
+        let was_empty = {
+            let mut inbox = self.hub.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            inbox.push((key, Box::pin(wait)));
+            inbox.len() == 1
+        };
+        if !self.hub.started.swap(true, Ordering::AcqRel) {
+            crate::runtime().spawn(self.hub.clone().run(self.shared.clone()));
+        } else if was_empty {
+            self.hub.wake.notify_one();
+        }
+        key
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.hub.closed.store(true, Ordering::Release);
+        self.hub.wake.notify_one();
+    }
 }
 
 #[pymethods]
@@ -180,6 +245,7 @@ impl Bridge {
                 fd: -1,
                 ..State::default()
             }))),
+            hub: Arc::default(),
         }
     }
 

@@ -212,14 +212,8 @@ impl Scheduler {
     /// Waits for task `id` (live or recently finished): its outcome comes
     /// through `bridge` under the returned key.
     fn watch(&self, id: u64, bridge: &Bridge) -> u64 {
-        let shared = bridge.shared.clone();
-        let key = shared.key();
         let sched = self.inner.clone();
-        runtime().spawn(async move {
-            let done = sched.wait(TaskId(id)).await.map(Arc::new);
-            shared.done(key, done);
-        });
-        key
+        bridge.watch(async move { sched.wait(TaskId(id)).await.map(Arc::new) })
     }
 }
 
@@ -242,12 +236,6 @@ impl TaskHandle {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
-        let shared = bridge.shared.clone();
-        let key = shared.key();
-        runtime().spawn(async move {
-            let done = handle.wait().await.map(Arc::new);
-            shared.done(key, done);
-        });
-        Some(key)
+        Some(bridge.watch(async move { handle.wait().await.map(Arc::new) }))
     }
 }
