@@ -76,6 +76,22 @@ async def test_labeled_task_runs_only_in_a_matching_group(gates: Gates):
     assert [o.group for o in outs] == [eu_a100, eu_a100, {"gpu": "h100"}]
 
 
+async def test_labeled_task_prefers_the_least_specialized_matching_group(gates: Gates):
+    sched = gated_scheduler(gates)
+    eu_a100 = {"gpu": "a100", "zone": "eu"}
+    sched.set_group_capacity("default", eu_a100, 1)  # appears first
+    sched.set_group_capacity("default", GPU, 1)
+    sched.set_capacity("default", 1)
+    first = await sched.submit(b"first", labels=GPU)
+    await eventually("first starts", lambda: "first" in gates.started())
+    assert gates.where("first") == GPU  # fewest labels among the matching groups
+    second = await sched.submit(b"second", labels=GPU)
+    await eventually("second starts", lambda: "second" in gates.started())
+    assert gates.where("second") == eu_a100  # the rarer group only once GPU is full
+    gates.release("first", "second")
+    assert [(await h.wait()).group for h in (first, second)] == [GPU, eu_a100]
+
+
 async def test_no_head_of_line_blocking(gates: Gates):
     sched = gated_scheduler(gates)
     sched.set_capacity("default", 1)
