@@ -399,3 +399,15 @@ def test_a_scheduler_built_outside_a_loop_follows_the_loop_that_uses_it():
 
     assert asyncio.run(wait_early()) == b"earlyearly"
     sched.close()
+
+
+async def test_attempt_timeout_cancels_the_coroutine_counts_as_lost_and_retries(gates: Gates):
+    sched = gated_scheduler(gates)
+    sched.set_capacity("default", 1)
+    h = await sched.submit(b"slow", attempt_timeout=0.05, max_attempts=2)
+    await eventually("both attempts are cancelled", lambda: gates.cancelled == ["slow", "slow"])
+    out = await h.wait()
+    assert out.state == "failed"
+    assert [a.outcome for a in out.attempts] == ["lost", "lost"]
+    assert [s.attempt for s in gates.starts] == [1, 2]
+    await eventually("busy back to 0", lambda: sched.snapshot().pool("default").busy == 0)
