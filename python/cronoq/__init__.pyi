@@ -1,0 +1,207 @@
+"""Type stubs of the public ``cronoq`` API (the implementation is
+``__init__.py`` over the Rust extension ``_native``)."""
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    Generator,
+    List,
+    Optional,
+    Tuple,
+    TypeVar,
+    Union,
+)
+
+from ._errors import (
+    AlreadyExists as AlreadyExists,
+    Error as Error,
+    FailedPrecondition as FailedPrecondition,
+    Internal as Internal,
+    InvalidArgument as InvalidArgument,
+    NotFound as NotFound,
+    PermanentError as PermanentError,
+    PermissionDenied as PermissionDenied,
+    ResourceExhausted as ResourceExhausted,
+    Unauthenticated as Unauthenticated,
+    Unavailable as Unavailable,
+)
+from ._native import (
+    Attempt as Attempt,
+    Outcome as Outcome,
+    TaskContext as TaskContext,
+    TaskStatus as TaskStatus,
+)
+
+Payload = Union[bytes, bytearray, str]
+Labels = Union[Dict[str, str], str]
+Duration = Union[timedelta, int, float]
+"""A ``timedelta`` or a number of seconds."""
+Time = Union[datetime, timedelta, int, float]
+"""A ``datetime`` (naive = local time) or a duration from now."""
+Output = Union[bytes, str, None]
+AsyncExecutor = Callable[[TaskContext, bytes], Awaitable[Output]]
+SyncExecutor = Callable[[TaskContext, bytes], Output]
+F = TypeVar("F", bound=Callable[..., Any])
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    labels: Dict[str, str]
+    capacity: int
+    busy: int
+    workers: int = ...
+
+@dataclass(frozen=True)
+class Demand:
+    labels: Dict[str, str]
+    waiting: int
+
+@dataclass(frozen=True)
+class Autoscale:
+    desired: int
+    min: int
+    max: int
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    name: str
+    capacity: int
+    busy: int
+    waiting: int
+    scheduled: int
+    reserved: int
+    deadline_missed: int
+    autoscale: Autoscale
+    demand: List[Demand]
+    groups: List[GroupSnapshot]
+    def group(self, labels: Optional[Dict[str, str]] = ...) -> Optional[GroupSnapshot]: ...
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    pool: str
+    labels: Dict[str, str]
+    slots: int
+    busy: int
+    last_seen: int
+
+@dataclass(frozen=True)
+class Snapshot:
+    pools: List[PoolSnapshot]
+    workers: List[WorkerInfo] = ...
+    leader: Optional[Dict[str, Any]] = ...
+    def pool(self, name: str) -> Optional[PoolSnapshot]: ...
+    def to_table(self) -> str: ...
+    def to_dict(self) -> Dict[str, Any]: ...
+
+class TaskHandle:
+    id: int
+    def __await__(self) -> Generator[Any, None, "TaskHandle"]: ...
+    def wait(self) -> "asyncio.Future[Outcome]": ...
+    def cancel(self) -> None: ...
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        max_payload_bytes: Optional[int] = ...,
+        retain_finished: Optional[int] = ...,
+        threads: Optional[int] = ...,
+    ) -> None: ...
+    def set_capacity(self, pool: str, slots: int) -> None: ...
+    def set_group_capacity(self, pool: str, labels: Labels, slots: int) -> None: ...
+    def configure_pool(
+        self,
+        pool: str,
+        *,
+        max_attempts: int = ...,
+        urgency_window: Duration = ...,
+        max_bypass: int = ...,
+        reservation_lead: Duration = ...,
+        on_miss: str = ...,
+        autoscale_min: int = ...,
+        autoscale_max: int = ...,
+        backoff: Tuple[Duration, Duration] = ...,
+    ) -> None: ...
+    def executor(self, pool: str) -> Callable[[F], F]: ...
+    def submit(
+        self,
+        payload: Payload,
+        *,
+        pool: str = ...,
+        labels: Optional[Labels] = ...,
+        priority: Optional[int] = ...,
+        deadline: Optional[Time] = ...,
+        start_at: Optional[Time] = ...,
+        tolerance: Optional[Duration] = ...,
+        max_attempts: Optional[int] = ...,
+        idempotency_key: Optional[str] = ...,
+        attempt_timeout: Optional[Duration] = ...,
+        est_runtime: Optional[Duration] = ...,
+        backoff: Optional[Tuple[Duration, Duration]] = ...,
+    ) -> TaskHandle: ...
+    def cancel(self, task: Union[int, TaskHandle]) -> None: ...
+    def task(self, task_id: int) -> Optional[TaskStatus]: ...
+    def wait(self, task_id: int) -> "asyncio.Future[Outcome]": ...
+    def snapshot(self) -> Snapshot: ...
+    def close(self) -> None: ...
+
+class Worker:
+    draining: bool
+    def __init__(
+        self,
+        nats_url: str,
+        *,
+        pool: str = ...,
+        labels: Optional[Labels] = ...,
+        slots: int = ...,
+        token: Optional[str] = ...,
+        nkey_seed: Optional[str] = ...,
+        id: Optional[str] = ...,
+        grace: Optional[Duration] = ...,
+        prefix: Optional[str] = ...,
+        threads: Optional[int] = ...,
+    ) -> None: ...
+    @property
+    def id(self) -> str: ...
+    def handler(self, fn: F) -> F: ...
+    async def run(self) -> None: ...
+    def stop(self) -> None: ...
+
+class Client:
+    url: str
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: Optional[str] = ...,
+        prefix: Optional[str] = ...,
+        request_timeout: Optional[Duration] = ...,
+    ) -> None: ...
+    async def connect(self) -> "Client": ...
+    async def __aenter__(self) -> "Client": ...
+    async def __aexit__(self, *exc: Any) -> None: ...
+    async def submit(
+        self,
+        payload: Payload,
+        *,
+        pool: str = ...,
+        labels: Optional[Labels] = ...,
+        priority: Optional[int] = ...,
+        deadline: Optional[Time] = ...,
+        start_at: Optional[Time] = ...,
+        tolerance: Optional[Duration] = ...,
+        max_attempts: Optional[int] = ...,
+        idempotency_key: Optional[str] = ...,
+        attempt_timeout: Optional[Duration] = ...,
+        est_runtime: Optional[Duration] = ...,
+        backoff: Optional[Tuple[Duration, Duration]] = ...,
+    ) -> int: ...
+    async def get(self, task_id: int) -> TaskStatus: ...
+    async def cancel(self, task_id: int) -> None: ...
+    async def wait(self, task_id: int) -> TaskStatus: ...
+    async def snapshot(self) -> Snapshot: ...
