@@ -55,15 +55,13 @@ mod common;
 
 use cronoq::api::Api as _;
 use std::future::Future;
-use std::io::{Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
+use common::nats::{monitoring, NatsServer};
 use common::{env_count, median};
 use cronoq::client::ClientOptions;
 use cronoq::server::ServerConfig;
@@ -179,86 +177,7 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-// ---- nats-server ------------------------------------------------------------
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
-/// `nats-server -js` on a free loopback port with its own store dir and a
-/// monitoring port; killed (and reaped) on drop, and by the kernel if this
-/// process dies first.
-struct NatsServer {
-    child: Child,
-    port: u16,
-    monitor: u16,
-    _store: tempfile::TempDir,
-}
-
 impl NatsServer {
-    /// `None` when `nats-server` is not installed.
-    fn start() -> Option<NatsServer> {
-        let store = tempfile::Builder::new()
-            .prefix("cronoq-bench-nats-")
-            .tempdir()
-            .expect("a temp dir for the JetStream store");
-        let (port, monitor) = (free_port(), free_port());
-        let mut command = Command::new("nats-server");
-        command
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
-            .args(["-m", &monitor.to_string(), "--store_dir"])
-            .arg(store.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt as _;
-            // SAFETY: prctl is async-signal-safe; nothing else runs between
-            // fork and exec.
-            unsafe {
-                command.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-        }
-        let child = match command.spawn() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => panic!("starting nats-server: {e}"),
-        };
-        let mut server = NatsServer {
-            child,
-            port,
-            monitor,
-            _store: store,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("nats-server exited at start ({status})");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not listen on port {port} within 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(server)
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// A JSON page of the monitoring endpoint (`/varz`, `/jsz`).
-    fn monitoring(&self, path: &str) -> serde_json::Value {
-        monitoring(self.monitor, path)
-    }
-
     /// Waits (up to 5 minutes) until nats-server uses under 10% of a core
     /// over half a second: a backlog of JetStream API requests left by a
     /// round that did not settle must not run into the next one.
@@ -289,23 +208,6 @@ impl NatsServer {
             self_cpu: proc_cpu("/proc/self/stat"),
         }
     }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A JSON page of the monitoring endpoint on `port`.
-fn monitoring(port: u16, path: &str) -> serde_json::Value {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("monitoring port");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("monitoring request");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("monitoring response");
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("monitoring {path}: {e}: {body}"))
 }
 
 /// Messages in stream `name`, from `/jsz` (`None`: no such stream).

@@ -670,3 +670,53 @@ async fn cronoq_dev_runs_tasks_and_stops_workers_before_its_server() {
     }
     assert!(!log.contains("deregister failed"), "{log}");
 }
+
+/// Issue 8: `kill -9` of a `cronoq worker` used to leave its job running
+/// (own process group, parent 1), overlapping the retry elsewhere. The job
+/// now dies with its worker (Linux: `PR_SET_PDEATHSIG`).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_job_dies_with_its_killed_worker() {
+    let c = Cluster::start(&[]).await;
+    let dir = c.dir.path().to_path_buf();
+    let pid_file = dir.join("job.pid");
+    let script = format!("echo $$ > '{}'; exec sleep 300", pid_file.display());
+    let mut worker = std::process::Command::new(procs::cronoq_binary())
+        .args(["worker", "--nats", &c.nats_url(), "--pool", "default"])
+        .args(["--id", "doomed", "--", "sh", "-c", &script])
+        .env("CRONOQ_LOG", "warn")
+        .spawn()
+        .expect("starting the worker");
+    let id = c.submit_payload("job", "").await;
+    c.running(id).await;
+    let pid: u32 = eventually("the job to write its pid", || {
+        let pid_file = pid_file.clone();
+        async move {
+            std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .ok_or_else(|| "no pid yet".to_string())
+        }
+    })
+    .await;
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| {
+                // `pid (comm) STATE …`: a zombie is dead.
+                let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+                !state.starts_with('Z') && !state.starts_with('X')
+            })
+            .unwrap_or(false)
+    };
+    assert!(alive(pid), "the job runs");
+    worker.kill().expect("kill -9 of the worker");
+    let _ = worker.wait();
+    eventually("the job to die with its worker", || async move {
+        if alive(pid) {
+            Err(format!("job {pid} still runs"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+}

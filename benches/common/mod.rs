@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod nats;
+
 use std::collections::{BTreeSet, HashMap};
 
 use cronoq::core::{Action, Core, Event, Labels, Millis, PoolName, TaskId, TaskSpec};

@@ -97,7 +97,7 @@ pub struct ServerSection {
 }
 
 fn default_election_timeout() -> Duration {
-    Duration::from_secs(1)
+    Duration::from_millis(750)
 }
 fn default_true() -> bool {
     true

@@ -116,15 +116,15 @@ pub(crate) fn fence_headers(subject: &str, seq: u64) -> async_nats::HeaderMap {
 impl Election {
     pub(crate) fn new(
         js: jetstream::Context,
-        results_bucket: &str,
+        subjects: &crate::wire::Subjects,
         server_id: String,
         http: String,
         timeout: Duration,
     ) -> Election {
         Election {
             js,
-            stream: format!("KV_{results_bucket}"),
-            subject: format!("$KV.{results_bucket}._leader"),
+            stream: format!("KV_{}", subjects.results_bucket()),
+            subject: subjects.leader(),
             server_id,
             http,
             timeout,
@@ -189,7 +189,7 @@ impl Election {
         &self,
         seen: &tokio::sync::watch::Sender<Option<Observed>>,
     ) -> u64 {
-        let poll = (self.timeout / 8).max(Duration::from_millis(20));
+        let poll = (self.timeout / 8).clamp(Duration::from_millis(20), Duration::from_millis(50));
         let mut last: Option<(u64, Instant)> = None;
         loop {
             match self.observe().await {
@@ -198,6 +198,10 @@ impl Election {
                     let stale = match (&observed.record, last) {
                         (None, _) => true,
                         (Some(r), _) if r.resigned => true,
+                        // Our own record (this process stepped down after
+                        // a slow renewal, or restarted with the same id):
+                        // nobody else leads, take it back at once.
+                        (Some(r), _) if r.id == self.server_id => true,
                         (Some(_), Some((seq, since))) if seq == observed.seq => {
                             now.duration_since(since) >= self.timeout
                         }
@@ -243,8 +247,14 @@ impl Election {
             resigned: false,
         };
         renewed.set_now();
+        // The first renewal goes out at once: it carries the epoch, and
+        // workers that see it re-register with this leader now.
+        let mut first = true;
         loop {
-            tokio::time::sleep(every).await;
+            if !first {
+                tokio::time::sleep(every).await;
+            }
+            first = false;
             let expected = self.fence.load(Ordering::SeqCst);
             match self.write(expected, &record).await {
                 Write::Stored(seq) => {

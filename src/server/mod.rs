@@ -470,7 +470,7 @@ pub async fn serve(
     })?;
     let election = election::Election::new(
         js.clone(),
-        &subjects.results_bucket(),
+        &subjects,
         server_id.clone(),
         http_addr.to_string(),
         s.election_timeout,
@@ -691,7 +691,15 @@ async fn lead(
         inputs.clone(),
         api.clone(),
     ));
-    let api_requests = tokio::spawn(serve_api(base.client.clone(), api.clone()));
+    // Subscribed before the first renewal announces this leadership, so a
+    // worker that heartbeats on seeing it finds someone answering.
+    let api_subject = base.subjects.api("*");
+    let requests = base
+        .client
+        .subscribe(api_subject.clone())
+        .await
+        .map_err(nats_err(format!("subscribing to {api_subject}")))?;
+    let api_requests = tokio::spawn(serve_api(base.client.clone(), api.clone(), requests));
     let persister = tokio::spawn(persist(
         persist_rx,
         Fenced {
@@ -1064,15 +1072,11 @@ async fn consume(
 
 /// Decodes `P.api.*` requests and hands them to the driver (hot paths) or
 /// to [`LeaderApi`] (lookups that may need JetStream).
-async fn serve_api(client: async_nats::Client, api: LeaderApi) {
-    let subject = api.inner.subjects.api("*");
-    let mut requests = match client.subscribe(subject.clone()).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(subject, error = %e, "cannot subscribe to api requests");
-            return;
-        }
-    };
+async fn serve_api(
+    client: async_nats::Client,
+    api: LeaderApi,
+    mut requests: async_nats::Subscriber,
+) {
     while let Some(msg) = requests.next().await {
         let verb = msg
             .subject

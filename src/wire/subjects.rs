@@ -132,6 +132,13 @@ impl Subjects {
         format!("{}_RESULTS", self.upper())
     }
 
+    /// The leader record: one subject of the results bucket's stream,
+    /// written by compare-and-set (`server::election`). Workers listen to
+    /// it to follow a new leader at once.
+    pub fn leader(&self) -> String {
+        format!("$KV.{}._leader", self.results_bucket())
+    }
+
     /// The JetStream key-value bucket of leader state (the epoch counter).
     pub fn state_bucket(&self) -> String {
         format!("{}_STATE", self.upper())

