@@ -573,6 +573,38 @@ async fn health_and_readiness() {
     assert_eq!(v["message"], "following nobody");
 }
 
+/// Issue 7 finding 3: `/metrics` stays bounded however many label sets go
+/// by: at most `MAX_LABEL_SET_SERIES` per family, the rest counted.
+#[test]
+fn metrics_cardinality_is_bounded() {
+    let mut snap = odd_snapshot();
+    let groups: Vec<GroupSnapshot> = (0..5_000)
+        .map(|i| GroupSnapshot {
+            labels: Labels::from([("k", format!("v{i}"))]),
+            capacity: 1,
+            busy: 0,
+            workers: 1,
+        })
+        .collect();
+    snap.pools[0].groups = groups;
+    let health = Health {
+        live: true,
+        ready: true,
+        detail: "ok".into(),
+    };
+    let text = cronoq::http::metrics_text(&snap, &health);
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("cronoq_group_capacity{"))
+        .count();
+    assert_eq!(series, cronoq::http::MAX_LABEL_SET_SERIES);
+    assert!(
+        text.contains("cronoq_metrics_label_sets_dropped 4000"),
+        "{}",
+        &text[text.len().saturating_sub(400)..]
+    );
+}
+
 /// An `Api` that panics in every call: a bug somewhere below the routes.
 struct Panicky;
 

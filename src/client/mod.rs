@@ -494,8 +494,6 @@ fn first_look(r: Result<TaskStatus, Error>) -> Result<Option<TaskStatus>, Error>
         Ok(status) if status.state.is_terminal() => Ok(Some(status)),
         Ok(_) => Ok(None),
         Err(e) if e.code() == ErrorCode::NOT_FOUND => Ok(None),
-        // No leader this instant (a failover): later looks will tell.
-        Err(e) if e.code() == ErrorCode::UNAVAILABLE => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -79,6 +79,11 @@ pub struct ServerSection {
     /// Unfinished tasks per pool (`RESOURCE_EXHAUSTED`).
     #[serde(default = "default_max_tasks_per_pool")]
     pub max_tasks_per_pool: u64,
+    /// Replicas of cronoq's streams and buckets (1, or 3 on a 3-node
+    /// JetStream cluster; see `deploy/nats/`). Applies when they are
+    /// created.
+    #[serde(default = "default_replicas")]
+    pub replicas: usize,
     /// A follower takes over when the leader has not renewed its record
     /// for this long; a leader that could not renew for this long stops
     /// acting. Failover after a crash takes about this long.
@@ -96,6 +101,9 @@ pub struct ServerSection {
     pub http_max_connections: usize,
 }
 
+fn default_replicas() -> usize {
+    1
+}
 fn default_election_timeout() -> Duration {
     Duration::from_millis(750)
 }
@@ -154,6 +162,7 @@ impl Default for ServerSection {
             max_payload_bytes: default_max_payload(),
             results_ttl: default_results_ttl(),
             id: None,
+            replicas: default_replicas(),
             election_timeout: default_election_timeout(),
             allow_undeclared_pools: default_true(),
             max_pools: default_max_pools(),
@@ -353,6 +362,11 @@ impl ServerConfig {
         if self.server.max_payload_bytes == 0 {
             return Err(Rejection::InvalidArgument(
                 "config: max_payload_bytes must be positive".into(),
+            ));
+        }
+        if !(1..=5).contains(&self.server.replicas) {
+            return Err(Rejection::InvalidArgument(
+                "config: replicas must be between 1 and 5".into(),
             ));
         }
         if self.server.election_timeout < Duration::from_millis(100) {

@@ -93,6 +93,9 @@ pub(crate) struct Settings {
     pub limits: crate::core::Limits,
 }
 
+/// The error of an attempt stopped for its attempt timeout.
+const TIMEOUT: &str = "timeout";
+
 /// The most slots one worker may offer.
 pub(crate) const MAX_SLOTS_PER_WORKER: u32 = 100_000;
 /// The longest `Register::instance` accepted.
@@ -151,6 +154,10 @@ struct LeaseState {
     attempt: u32,
     worker: String,
     expires: Millis,
+    /// Revoked because it ran past its attempt timeout: however the
+    /// worker reports the stop, the attempt is `lost` with reason
+    /// `timeout` (as embedded records it, and as the core counts it).
+    timed_out: bool,
 }
 
 struct TaskInfo {
@@ -593,6 +600,7 @@ impl Driver {
                         attempt,
                         worker: worker_id.clone(),
                         expires: now.plus(self.settings.lease_ttl),
+                        timed_out: false,
                     },
                 );
                 tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
@@ -614,8 +622,9 @@ impl Driver {
                 reason,
                 ..
             } => {
-                if let Some(lease) = self.leases.get(&task) {
+                if let Some(lease) = self.leases.get_mut(&task) {
                     if lease.attempt == attempt {
+                        lease.timed_out |= reason == RevokeReason::Timeout;
                         let subject = self.subjects.revoke(&lease.worker);
                         tracing::debug!(task_id = %task, attempt, worker_id = %lease.worker, ?reason, "attempt revoked");
                         self.publish(
@@ -1009,7 +1018,15 @@ impl Driver {
 
     fn outcome(&mut self, now: Millis, o: AttemptReport) -> Result<Ack, WireError> {
         self.check_lease(&o.worker_id, o.task_id, o.attempt, o.epoch)?;
-        self.leases.remove(&o.task_id);
+        let timed_out = self.leases.remove(&o.task_id).is_some_and(|l| l.timed_out);
+        let mut o = o;
+        if timed_out && !matches!(o.result, AttemptResult::Succeeded { .. }) {
+            // Stopped for its timeout: lost, whatever the worker calls it.
+            o.result = AttemptResult::Failed {
+                error: TIMEOUT.into(),
+                retryable: true,
+            };
+        }
         self.release_slot(now, &o.worker_id, o.task_id, o.attempt);
         if let Some(w) = self.workers.get_mut(&o.worker_id) {
             w.last_seen = now;
@@ -1021,6 +1038,10 @@ impl Driver {
                 }
                 self.end_attempt(now, o.task_id, o.attempt, AttemptOutcome::Succeeded, None);
                 AttemptOutcome::Succeeded
+            }
+            AttemptResult::Failed { error, .. } if timed_out && error == TIMEOUT => {
+                self.end_attempt(now, o.task_id, o.attempt, AttemptOutcome::Lost, Some(error));
+                AttemptOutcome::Lost
             }
             AttemptResult::Failed { error, retryable } => {
                 self.end_attempt(
@@ -1378,6 +1399,52 @@ mod tests {
         assert!(snap.truncated);
         assert!(!snap.workers.is_empty());
         assert_eq!(snap.pools[0].capacity, 5_000);
+    }
+
+    /// Issue 8: an attempt revoked for its timeout is recorded `lost` with
+    /// the reason `timeout` (as embedded does and the core counts it),
+    /// not `cancelled`, and is retried.
+    #[test]
+    fn an_attempt_revoked_for_its_timeout_is_lost_with_reason_timeout() {
+        let mut d = driver();
+        register(&mut d, "a", "", 1);
+        d.handle(
+            Millis(0),
+            Input::Submitted {
+                seq: 1,
+                pool: PoolName::new("p").unwrap(),
+                task: Ok(Task::new("x")
+                    .pool("p")
+                    .attempt_timeout(std::time::Duration::from_millis(500))),
+            },
+        );
+        assert_eq!(leases(&mut d).len(), 1);
+        d.housekeeping(Millis(600));
+        let revoked = d
+            .take_outputs()
+            .into_iter()
+            .any(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".revoke")));
+        assert!(revoked);
+        let (tx, mut rx) = oneshot::channel();
+        d.handle(
+            Millis(650),
+            Input::Outcome(
+                AttemptReport {
+                    v: 1,
+                    worker_id: "a".into(),
+                    task_id: TaskId(1),
+                    attempt: 1,
+                    epoch: 7,
+                    result: AttemptResult::Cancelled,
+                },
+                Responder::Local(tx),
+            ),
+        );
+        rx.try_recv().unwrap().unwrap();
+        let status = d.status(TaskId(1)).unwrap();
+        assert_eq!(status.attempts[0].outcome.as_deref(), Some("lost"));
+        assert_eq!(status.attempts[0].error.as_deref(), Some("timeout"));
+        assert_eq!(status.state, TaskState::Queued, "retried");
     }
 
     /// Issue 9's heartbeat flood, bounded here: a heartbeat listing 35,000

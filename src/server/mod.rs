@@ -304,22 +304,61 @@ impl LeaderApi {
             self.inner.client.connection_state(),
             async_nats::connection::State::Connected
         );
-        let now = wall_now();
-        let turning =
-            |beat: &AtomicU64| now.0.saturating_sub(beat.load(Ordering::Relaxed)) < STALL_AFTER.0;
-        let driving =
-            self.inner.driver_alive.load(Ordering::Relaxed) && turning(&self.inner.driver_beat);
-        let consuming = turning(&self.inner.consumer_beat);
-        Health {
-            live: driving,
-            ready: connected && driving && consuming,
-            detail: match (connected, driving, consuming) {
-                (true, true, true) => "leader".into(),
-                (false, _, _) => "not connected to NATS".into(),
-                (_, false, _) => "driver stopped or stalled".into(),
-                (_, _, false) => "submit consumer stalled".into(),
-            },
-        }
+        leader_health(
+            wall_now(),
+            connected,
+            self.inner.driver_alive.load(Ordering::Relaxed),
+            Millis(self.inner.driver_beat.load(Ordering::Relaxed)),
+            Millis(self.inner.consumer_beat.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// A leader's health from its loops' last turns: not live when the driver
+/// stopped or has not turned for [`STALL_AFTER`]; not ready when, besides,
+/// NATS is away or the submit consumer has not turned for that long.
+fn leader_health(
+    now: Millis,
+    connected: bool,
+    driver_alive: bool,
+    driver_beat: Millis,
+    consumer_beat: Millis,
+) -> Health {
+    let turning = |beat: Millis| now.0.saturating_sub(beat.0) < STALL_AFTER.0;
+    let driving = driver_alive && turning(driver_beat);
+    let consuming = turning(consumer_beat);
+    Health {
+        live: driving,
+        ready: connected && driving && consuming,
+        detail: match (connected, driving, consuming) {
+            (true, true, true) => "leader".into(),
+            (false, _, _) => "not connected to NATS".into(),
+            (_, false, _) => "driver stopped or stalled".into(),
+            (_, _, false) => "submit consumer stalled".into(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    /// Issue 7 finding 1: a stalled submit consumer (a poison message used
+    /// to stop it for good) makes the leader unready, not silently "ok".
+    #[test]
+    fn a_stalled_loop_makes_the_leader_unready() {
+        let now = Millis(100_000);
+        let fresh = Millis(99_900);
+        let stale = now.minus(STALL_AFTER);
+        assert!(leader_health(now, true, true, fresh, fresh).ready);
+        let h = leader_health(now, true, true, fresh, stale);
+        assert!(h.live && !h.ready, "{h:?}");
+        assert_eq!(h.detail, "submit consumer stalled");
+        let h = leader_health(now, true, true, stale, fresh);
+        assert!(!h.live && !h.ready);
+        let h = leader_health(now, true, false, fresh, fresh);
+        assert!(!h.live && !h.ready);
+        assert!(!leader_health(now, false, true, fresh, fresh).ready);
     }
 }
 
@@ -427,6 +466,7 @@ pub async fn serve(
         duplicate_window: Duration::from_secs(120),
         // Headers and body together: JetStream refuses a larger publish.
         max_message_size: i32::try_from(nats_max_payload).unwrap_or(i32::MAX),
+        num_replicas: s.replicas,
         ..Default::default()
     };
     let submit_stream = ensure_stream(&js, submit_config, "the submit stream").await?;
@@ -439,6 +479,7 @@ pub async fn serve(
             max_age: Duration::from_secs(7 * 24 * 3600),
             max_messages: 100_000,
             discard: stream::DiscardPolicy::Old,
+            num_replicas: s.replicas,
             ..Default::default()
         },
         "the dead-letter stream",
@@ -452,6 +493,7 @@ pub async fn serve(
                 history: 1,
                 max_age: s.results_ttl,
                 storage: stream::StorageType::File,
+                num_replicas: s.replicas,
                 ..Default::default()
             })
             .await

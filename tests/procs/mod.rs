@@ -777,12 +777,23 @@ impl Cluster {
 
     /// Waits until the task has finished; its final status.
     pub async fn finished(&self, id: TaskId) -> TaskStatus {
-        match tokio::time::timeout(DEADLINE, self.client.wait(id)).await {
-            Ok(Ok(status)) => status,
-            Ok(Err(e)) => panic!("waiting for task {id}: {e}"),
-            Err(_) => {
-                let now = self.client.get(id).await;
-                panic!("task {id} did not finish within {DEADLINE:?}; now: {now:?}")
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.client.wait(id)).await {
+                Ok(Ok(status)) => return status,
+                // No leader this instant (a failover, a restart): wait on.
+                Ok(Err(e))
+                    if e.code() == cronoq::core::ErrorCode::UNAVAILABLE
+                        && Instant::now() < until =>
+                {
+                    tokio::time::sleep(POLL).await
+                }
+                Ok(Err(e)) => panic!("waiting for task {id}: {e}"),
+                Err(_) => {
+                    let now = self.client.get(id).await;
+                    panic!("task {id} did not finish within {DEADLINE:?}; now: {now:?}")
+                }
             }
         }
     }

@@ -1,0 +1,558 @@
+//! A NATS cluster (issue 8): the shipped `deploy/nats/` configs are valid,
+//! and cronoq with `replicas = 3` on a real three-node JetStream cluster
+//! goes on running every task when one node is `kill -9`ed mid-run.
+//!
+//! The cluster is three `nats-server` processes on free loopback ports,
+//! each with its own store dir; cronoq's server and client talk to node 1,
+//! one worker to node 2 and another to node 3, and node 3 is the one
+//! killed: its worker has to find the rest of the cluster on its own (from
+//! the servers the cluster advertised), and whatever JetStream assets node
+//! 3 led have to fail over to the other two.
+//!
+//! No test sleeps to wait for something: every wait polls with a deadline.
+
+mod procs;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use cronoq::client::{Client, ClientOptions};
+use cronoq::core::{TaskId, TaskState};
+use cronoq::Task;
+use procs::{describe, eventually, free_port, nats_server_binary, CronoqWorker, DEADLINE};
+
+/// The server config: the tests' usual short timeouts, and every stream
+/// and bucket replicated on all three nodes.
+const CLUSTER_SERVER_CONFIG: &str = r#"
+[server]
+replicas = 3
+worker_timeout = "2s"
+lease_ttl = "3s"
+election_timeout = "3s"
+
+[[pools]]
+name = "default"
+backoff_initial = "100ms"
+backoff_max = "1s"
+"#;
+
+/// The name every node's cluster carries.
+const CLUSTER_NAME: &str = "cronoq";
+
+/// A temp dir, kept after the test when `TEST_KEEP_DIRS` is set.
+fn scratch(stem: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("cronoq-{stem}-"))
+        .disable_cleanup(std::env::var_os("TEST_KEEP_DIRS").is_some())
+        .tempdir()
+        .unwrap_or_else(|e| panic!("creating a temp dir for {stem}: {e}"))
+}
+
+/// The last `lines` lines of a log file.
+fn tail(path: &Path, lines: usize) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A child process writing to `log`; SIGKILLed and reaped on drop (and
+/// on Linux, killed if the test thread goes away first). While a test
+/// panics, the drop prints the tail of its log.
+struct Guard {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Guard {
+    fn spawn(name: &str, mut cmd: Command, log: &Path) -> Guard {
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("CRONOQ_") {
+                cmd.env_remove(key);
+            }
+        }
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", log.display()));
+        let err = out.try_clone().expect("cloning a log file handle");
+        cmd.env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: prctl is async-signal-safe and touches no memory of
+            // the parent; the spawning test thread outlives every guard.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        Guard {
+            name: name.to_string(),
+            child: Some(child),
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn log_tail(&self, lines: usize) -> String {
+        tail(&self.log, lines)
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- last lines of {} ({}) -----\n{}\n-----",
+                self.name,
+                self.log.display(),
+                self.log_tail(40)
+            );
+        }
+    }
+}
+
+/// One `nats-server` of the cluster.
+struct Node {
+    name: String,
+    port: u16,
+    guard: Guard,
+}
+
+impl Node {
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+/// Three `nats-server -js` processes routed into one cluster, each with
+/// its own store dir under `dir`.
+fn start_nats_cluster(dir: &Path) -> Vec<Node> {
+    let binary = nats_server_binary();
+    // Ports may be taken between our probe and the bind: start over.
+    for _ in 0..5 {
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let routes = ports
+            .iter()
+            .map(|(_, cluster)| format!("nats://127.0.0.1:{cluster}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes: Vec<Node> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(port, cluster))| {
+                let name = format!("n{}-{}", i + 1, std::process::id());
+                let mut cmd = Command::new(&binary);
+                cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+                    .args(["--server_name", &name, "--cluster_name", CLUSTER_NAME])
+                    .args(["--cluster", &format!("nats://127.0.0.1:{cluster}")])
+                    .args(["--routes", &routes])
+                    .arg("--store_dir")
+                    .arg(dir.join(format!("store-{}", i + 1)));
+                let log = dir.join(format!("nats-{}.log", i + 1));
+                Node {
+                    guard: Guard::spawn(&format!("nats-server {name}"), cmd, &log),
+                    name,
+                    port,
+                }
+            })
+            .collect();
+        if nodes.iter_mut().all(accepting) {
+            return nodes;
+        }
+    }
+    panic!(
+        "the NATS cluster did not start; see the logs in {}",
+        dir.display()
+    );
+}
+
+/// Waits until the node accepts connections as itself (its INFO line names
+/// it); false if it exited first (its port was taken, say).
+fn accepting(node: &mut Node) -> bool {
+    let until = Instant::now() + DEADLINE;
+    while Instant::now() < until {
+        if node.guard.exited() {
+            return false;
+        }
+        if let Ok(stream) = TcpStream::connect(("127.0.0.1", node.port)) {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut info = String::new();
+            let _ = BufReader::new(stream).read_line(&mut info);
+            if info.contains(&format!("\"server_name\":\"{}\"", node.name)) {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "nats-server {} did not accept connections within {DEADLINE:?}:\n{}",
+        node.name,
+        node.guard.log_tail(20)
+    );
+}
+
+/// Waits until the cluster has a JetStream meta leader and three peers:
+/// an R3 stream can be created (and written) through `url`.
+async fn wait_for_jetstream_cluster(url: &str) {
+    let nats = async_nats::connect(url)
+        .await
+        .expect("connecting to node 1");
+    let mut js = jetstream::new(nats);
+    js.set_timeout(Duration::from_secs(2));
+    let js = &js;
+    eventually("the NATS cluster to accept an R3 stream", || async move {
+        let created = js
+            .get_or_create_stream(stream::Config {
+                name: "CLUSTER_READY".into(),
+                subjects: vec!["cluster-ready".into()],
+                num_replicas: 3,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("creating an R3 stream: {e}"))?;
+        let replicas = created.cached_info().config.num_replicas;
+        if replicas != 3 {
+            return Err(format!("the probe stream has {replicas} replicas"));
+        }
+        js.publish("cluster-ready", "ok".into())
+            .await
+            .map_err(|e| format!("publishing: {e}"))?
+            .await
+            .map_err(|e| format!("acknowledgement: {e}"))?;
+        Ok(())
+    })
+    .await;
+    js.delete_stream("CLUSTER_READY")
+        .await
+        .expect("deleting the probe stream");
+}
+
+/// Starts `cronoq server` against `nats_url` and waits until it leads.
+async fn start_cronoq_server(nats_url: &str, dir: &Path) -> Guard {
+    let config = dir.join("cronoq.toml");
+    std::fs::write(&config, CLUSTER_SERVER_CONFIG).expect("writing the server config");
+    let id = format!("server-{}", std::process::id());
+    for _ in 0..5 {
+        let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let mut cmd = Command::new(procs::cronoq_binary());
+        cmd.arg("server")
+            .arg("--config")
+            .arg(&config)
+            .args(["--nats", nats_url, "--http", &http.to_string(), "--id", &id])
+            .env("CRONOQ_LOG", "info,cronoq=debug,async_nats=warn");
+        let mut server = Guard::spawn("cronoq server", cmd, &dir.join("server.log"));
+        let api = ClientOptions::new()
+            .request_timeout(Duration::from_secs(2))
+            .http(&format!("http://{http}"))
+            .expect("a valid http url");
+        // Creating R3 streams takes a moment longer than R1 ones.
+        let until = Instant::now() + DEADLINE;
+        while Instant::now() < until && !server.exited() {
+            if let Ok(snap) = api.snapshot().await {
+                if snap.leader.as_ref().is_some_and(|l| l.id == id) {
+                    return server;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            server.exited(),
+            "cronoq server did not lead within {DEADLINE:?}:\n{}",
+            server.log_tail(30)
+        );
+    }
+    panic!(
+        "cronoq server did not start; see {}",
+        dir.join("server.log").display()
+    );
+}
+
+/// The number of replicas of each of cronoq's streams, and the node that
+/// leads each.
+async fn stream_layout(js: &jetstream::Context) -> BTreeMap<String, (usize, String)> {
+    let mut out = BTreeMap::new();
+    for name in ["CRONOQ_SUBMIT", "CRONOQ_DEADLETTER", "KV_CRONOQ_RESULTS"] {
+        if let Ok(mut s) = js.get_stream(name).await {
+            if let Ok(info) = s.info().await {
+                let leader = info
+                    .cluster
+                    .as_ref()
+                    .and_then(|c| c.leader.clone())
+                    .unwrap_or_default();
+                out.insert(name.to_string(), (info.config.num_replicas, leader));
+            }
+        }
+    }
+    out
+}
+
+/// Submits until the cluster acknowledges it: a submission during a
+/// JetStream leader election may time out, and the idempotency key makes a
+/// retry the same task. Returns the id and how many tries failed.
+async fn submit(client: &Client, name: &str) -> (TaskId, u32) {
+    let task = Task::new(name.to_string()).idempotency_key(format!("key-{name}"));
+    let failed = Cell::new(0);
+    let id = eventually(&format!("submitting {name}"), || {
+        let task = task.clone();
+        let failed = &failed;
+        async move {
+            client.submit(task).await.map_err(|e| {
+                failed.set(failed.get() + 1);
+                e.to_string()
+            })
+        }
+    })
+    .await;
+    (id, failed.get())
+}
+
+/// `runs.log`: (payload name, task id) of every attempt started so far.
+fn runs(dir: &Path) -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string(dir.join("runs.log")).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(parts.len(), 4, "runs.log line {line:?}");
+            (parts[0].to_string(), parts[1].parse().expect("task id"))
+        })
+        .collect()
+}
+
+/// Waits until the worker is in the snapshot.
+async fn registered(client: &Client, id: &str) {
+    eventually(&format!("worker {id} to register"), || async move {
+        let snap = client.snapshot().await.map_err(|e| e.to_string())?;
+        if snap.workers.iter().any(|w| w.id == id) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", procs::worker_ids(&snap)))
+        }
+    })
+    .await;
+}
+
+#[test]
+fn deploy_nats_configs_are_valid() {
+    let binary = nats_server_binary();
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/nats");
+    for n in 1..=3 {
+        let conf = deploy.join(format!("nats-{n}.conf"));
+        assert!(conf.is_file(), "{} is missing", conf.display());
+        let out = Command::new(&binary)
+            .arg("-t")
+            .arg("-c")
+            .arg(&conf)
+            .output()
+            .expect("running nats-server -t");
+        assert!(
+            out.status.success(),
+            "nats-server -t -c {} failed:\n{}{}",
+            conf.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&conf).expect("reading the config");
+        for needle in ["jetstream", "cluster", "name: cronoq", "routes"] {
+            assert!(text.contains(needle), "{} lacks {needle:?}", conf.display());
+        }
+    }
+    // The check above means something: `-t` refuses a broken file.
+    let dir = scratch("nats-conf");
+    let broken = dir.path().join("broken.conf");
+    std::fs::write(&broken, "cluster {\n  listen: \n  routes: [\n").expect("writing");
+    let status = Command::new(&binary)
+        .arg("-t")
+        .arg("-c")
+        .arg(&broken)
+        .output()
+        .expect("running nats-server -t")
+        .status;
+    assert!(!status.success(), "nats-server -t accepted a broken config");
+}
+
+#[tokio::test]
+async fn cronoq_on_a_three_node_cluster_survives_losing_a_node() {
+    let started = Instant::now();
+    let dir = scratch("nats-cluster");
+    let dir_path = dir.path().to_path_buf();
+    let mut nodes = start_nats_cluster(&dir_path);
+    wait_for_jetstream_cluster(&nodes[0].url()).await;
+    eprintln!("cluster up after {:?}", started.elapsed());
+
+    // async-nats takes one URL here, not a comma-separated list (see the
+    // report); the rest of the cluster is learnt from the servers' INFO.
+    let server = start_cronoq_server(&nodes[0].url(), &dir_path).await;
+    let client = ClientOptions::new()
+        .request_timeout(Duration::from_secs(2))
+        .wait_poll_interval(Duration::from_millis(200))
+        .connect(&nodes[0].url())
+        .await
+        .expect("connecting the test client");
+    let nats = async_nats::connect(nodes[0].url())
+        .await
+        .expect("connecting to node 1");
+    let js = jetstream::new(nats);
+
+    // Every stream cronoq made is on all three nodes.
+    let layout = stream_layout(&js).await;
+    eprintln!("streams before the kill: {layout:?}");
+    assert_eq!(layout.len(), 3, "cronoq's streams: {layout:?}");
+    for (name, (replicas, _)) in &layout {
+        assert_eq!(*replicas, 3, "{name} has {replicas} replicas");
+    }
+
+    let workers = [
+        CronoqWorker::start(&nodes[1].url(), &dir_path, "a", "", 4),
+        CronoqWorker::start(&nodes[2].url(), &dir_path, "b", "", 4),
+    ];
+    for w in &workers {
+        registered(&client, w.id()).await;
+    }
+
+    // Two attempts that hold until after the kill, then 48 short tasks.
+    let mut ids: BTreeMap<String, TaskId> = BTreeMap::new();
+    let mut failed_submits = 0;
+    for i in 0..2 {
+        let (id, failed) = submit(&client, &format!("held{i} hold=go")).await;
+        ids.insert(format!("held{i}"), id);
+        failed_submits += failed;
+    }
+    for i in 0..48 {
+        let name = format!("before{i}");
+        let (id, failed) = submit(&client, &name).await;
+        ids.insert(name, id);
+        failed_submits += failed;
+    }
+    let ran = eventually("ten attempts to have started", || {
+        let n = runs(&dir_path).len();
+        async move {
+            if n >= 10 {
+                Ok(n)
+            } else {
+                Err(format!("{n} runs"))
+            }
+        }
+    })
+    .await;
+
+    // kill -9 node 3: worker b's connection goes with it, and so does the
+    // leadership of whatever cronoq streams it led.
+    let victim = nodes[2].name.clone();
+    let led: Vec<&String> = layout
+        .iter()
+        .filter(|(_, (_, leader))| *leader == victim)
+        .map(|(name, _)| name)
+        .collect();
+    eprintln!(
+        "killing {victim} after {ran} runs at {:?}; it led {led:?}",
+        started.elapsed()
+    );
+    nodes[2].guard.kill9();
+    File::create(dir_path.join("go")).expect("releasing the held tasks");
+
+    for i in 0..50 {
+        let name = format!("after{i}");
+        let (id, failed) = submit(&client, &name).await;
+        ids.insert(name, id);
+        failed_submits += failed;
+    }
+    eprintln!(
+        "all 100 submitted at {:?} ({failed_submits} submit tries failed)",
+        started.elapsed()
+    );
+
+    // Every task succeeds; a task that ends any other way fails at once.
+    let pending: RefCell<BTreeSet<TaskId>> = RefCell::new(ids.values().copied().collect());
+    let pending = &pending;
+    let client = &client;
+    eventually("every task to succeed", || async move {
+        let mut last = String::new();
+        let ids: Vec<TaskId> = pending.borrow().iter().copied().collect();
+        for id in ids {
+            match client.get(id).await {
+                Ok(s) if s.state == TaskState::Succeeded => {
+                    pending.borrow_mut().remove(&id);
+                }
+                Ok(s) if s.state.is_terminal() => panic!("{}", describe(&s)),
+                Ok(s) => last = describe(&s),
+                Err(e) => last = format!("task {id}: {e}"),
+            }
+        }
+        let left = pending.borrow().len();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} pending, e.g. {last}"))
+        }
+    })
+    .await;
+    eprintln!("all 100 succeeded at {:?}", started.elapsed());
+
+    // runs.log shows every task ran, under its own id.
+    let all_runs = runs(&dir_path);
+    let mut per_task: BTreeMap<u64, (String, usize)> = BTreeMap::new();
+    for (name, task) in &all_runs {
+        let entry = per_task.entry(*task).or_insert_with(|| (name.clone(), 0));
+        assert_eq!(&entry.0, name, "task {task} ran as {} and {name}", entry.0);
+        entry.1 += 1;
+    }
+    for (name, id) in &ids {
+        let (ran_as, _) = per_task
+            .get(&id.0)
+            .unwrap_or_else(|| panic!("{name} ({id}) never ran; runs: {all_runs:?}"));
+        assert_eq!(ran_as, name, "task {id}");
+    }
+    assert_eq!(
+        per_task.len(),
+        ids.len(),
+        "runs of unknown tasks: {all_runs:?}"
+    );
+    let repeated: Vec<(&u64, &(String, usize))> =
+        per_task.iter().filter(|(_, (_, n))| *n > 1).collect();
+    eprintln!(
+        "{} runs of {} tasks; {} ran more than once (at-least-once): {repeated:?}",
+        all_runs.len(),
+        ids.len(),
+        repeated.len()
+    );
+    eprintln!("streams after the kill: {:?}", stream_layout(&js).await);
+
+    // Drop order: workers, then the server, then the remaining nodes.
+    drop(workers);
+    drop(server);
+    drop(nodes);
+}
