@@ -26,6 +26,7 @@ use async_nats::jetstream::{self, stream};
 use cronoq::client::{Client, ClientOptions};
 use cronoq::core::{TaskId, TaskState};
 use cronoq::Task;
+use futures_util::TryStreamExt as _;
 use procs::{describe, eventually, free_port, nats_server_binary, CronoqWorker, DEADLINE};
 
 /// The server config: the tests' usual short timeouts, and every stream
@@ -116,7 +117,7 @@ impl Guard {
     fn exited(&mut self) -> bool {
         self.child
             .as_mut()
-            .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+            .map_or(true, |c| c.try_wait().ok().flatten().is_some())
     }
 
     fn kill9(&mut self) {
@@ -301,23 +302,77 @@ async fn start_cronoq_server(nats_url: &str, dir: &Path) -> Guard {
     );
 }
 
-/// The number of replicas of each of cronoq's streams, and the node that
-/// leads each.
-async fn stream_layout(js: &jetstream::Context) -> BTreeMap<String, (usize, String)> {
+/// Every JetStream asset (`STREAM` or `STREAM/consumer`) with the number
+/// of its peers and the node that leads it (empty: none right now).
+async fn layout(js: &jetstream::Context) -> Result<BTreeMap<String, (usize, String)>, String> {
+    let peers = |c: &Option<stream::ClusterInfo>| {
+        c.as_ref().map_or((0, String::new()), |c| {
+            (c.replicas.len() + 1, c.leader.clone().unwrap_or_default())
+        })
+    };
     let mut out = BTreeMap::new();
-    for name in ["CRONOQ_SUBMIT", "CRONOQ_DEADLETTER", "KV_CRONOQ_RESULTS"] {
-        if let Ok(mut s) = js.get_stream(name).await {
-            if let Ok(info) = s.info().await {
-                let leader = info
-                    .cluster
-                    .as_ref()
-                    .and_then(|c| c.leader.clone())
-                    .unwrap_or_default();
-                out.insert(name.to_string(), (info.config.num_replicas, leader));
-            }
+    let names: Vec<String> = js
+        .stream_names()
+        .try_collect()
+        .await
+        .map_err(|e| format!("listing streams: {e}"))?;
+    for name in names {
+        let mut s = js
+            .get_stream(&name)
+            .await
+            .map_err(|e| format!("stream {name}: {e}"))?;
+        let info = s.info().await.map_err(|e| format!("stream {name}: {e}"))?;
+        out.insert(name.clone(), peers(&info.cluster));
+        let consumers: Vec<_> = s
+            .consumers()
+            .try_collect()
+            .await
+            .map_err(|e| format!("consumers of {name}: {e}"))?;
+        for c in consumers {
+            out.insert(format!("{name}/{}", c.name), peers(&c.cluster));
         }
     }
-    out
+    Ok(out)
+}
+
+/// Moves the leadership of every replicated stream and consumer to `node`
+/// (a leader stepdown naming it as preferred) and waits until it leads
+/// them all: losing that node is then the worst a single kill can do.
+/// (cronoq reads the submit stream with an ordered consumer, which is R1
+/// wherever JetStream put it, and is recreated by the client if lost.)
+async fn lead_everything_from(
+    nats: &async_nats::Client,
+    js: &jetstream::Context,
+    node: &str,
+) -> BTreeMap<String, (usize, String)> {
+    let body = format!(r#"{{"placement":{{"preferred":"{node}"}}}}"#);
+    let body = &body;
+    eventually(
+        &format!("{node} to lead every stream and consumer"),
+        || async move {
+            let assets = layout(js).await?;
+            let elsewhere: Vec<&String> = assets
+                .iter()
+                .filter(|(_, (peers, leader))| *peers > 1 && leader != node)
+                .map(|(name, _)| name)
+                .collect();
+            if elsewhere.is_empty() {
+                return Ok(assets);
+            }
+            for asset in &elsewhere {
+                let subject = match asset.split_once('/') {
+                    Some((stream, consumer)) => {
+                        format!("$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}")
+                    }
+                    None => format!("$JS.API.STREAM.LEADER.STEPDOWN.{asset}"),
+                };
+                // The answer does not matter: the next look tells.
+                let _ = nats.request(subject, body.clone().into()).await;
+            }
+            Err(format!("led elsewhere: {elsewhere:?} in {assets:?}"))
+        },
+    )
+    .await
 }
 
 /// Submits until the cluster acknowledges it: a submission during a
@@ -425,23 +480,28 @@ async fn cronoq_on_a_three_node_cluster_survives_losing_a_node() {
     let nats = async_nats::connect(nodes[0].url())
         .await
         .expect("connecting to node 1");
-    let js = jetstream::new(nats);
+    let js = jetstream::new(nats.clone());
 
     // Every stream cronoq made is on all three nodes.
-    let layout = stream_layout(&js).await;
-    eprintln!("streams before the kill: {layout:?}");
-    assert_eq!(layout.len(), 3, "cronoq's streams: {layout:?}");
-    for (name, (replicas, _)) in &layout {
-        assert_eq!(*replicas, 3, "{name} has {replicas} replicas");
+    let streams = layout(&js).await.expect("the streams");
+    for name in ["CRONOQ_SUBMIT", "CRONOQ_DEADLETTER", "KV_CRONOQ_RESULTS"] {
+        let (replicas, _) = streams
+            .get(name)
+            .unwrap_or_else(|| panic!("no stream {name}: {streams:?}"));
+        assert_eq!(*replicas, 3, "{name}: {streams:?}");
     }
 
-    let workers = [
+    let mut workers = [
         CronoqWorker::start(&nodes[1].url(), &dir_path, "a", "", 4),
         CronoqWorker::start(&nodes[2].url(), &dir_path, "b", "", 4),
     ];
     for w in &workers {
         registered(&client, w.id()).await;
     }
+
+    // Node 3 is to lead everything when it dies (and still does, below).
+    let victim = nodes[2].name.clone();
+    lead_everything_from(&nats, &js, &victim).await;
 
     // Two attempts that hold until after the kill, then 48 short tasks.
     let mut ids: BTreeMap<String, TaskId> = BTreeMap::new();
@@ -469,16 +529,24 @@ async fn cronoq_on_a_three_node_cluster_survives_losing_a_node() {
     })
     .await;
 
-    // kill -9 node 3: worker b's connection goes with it, and so does the
-    // leadership of whatever cronoq streams it led.
-    let victim = nodes[2].name.clone();
-    let led: Vec<&String> = layout
-        .iter()
-        .filter(|(_, (_, leader))| *leader == victim)
-        .map(|(name, _)| name)
-        .collect();
+    for held in ["held0", "held1"] {
+        let id = ids[held];
+        eventually(&format!("{held} to be running"), || async {
+            let s = client.get(id).await.map_err(|e| e.to_string())?;
+            if s.state == TaskState::Running {
+                Ok(())
+            } else {
+                Err(describe(&s))
+            }
+        })
+        .await;
+    }
+
+    // kill -9 node 3 while it leads every stream and consumer: worker b's
+    // connection goes with it, and every leader has to be elected again.
+    let assets = lead_everything_from(&nats, &js, &victim).await;
     eprintln!(
-        "killing {victim} after {ran} runs at {:?}; it led {led:?}",
+        "killing {victim} after {ran} runs at {:?}; it leads {assets:?}",
         started.elapsed()
     );
     nodes[2].guard.kill9();
@@ -549,7 +617,11 @@ async fn cronoq_on_a_three_node_cluster_survives_losing_a_node() {
         ids.len(),
         repeated.len()
     );
-    eprintln!("streams after the kill: {:?}", stream_layout(&js).await);
+    eprintln!("after the kill: {:?}", layout(&js).await);
+
+    // Worker b lost its node and found the rest of the cluster.
+    assert!(workers[1].exited().is_none(), "worker b exited");
+    registered(client, "b").await;
 
     // Drop order: workers, then the server, then the remaining nodes.
     drop(workers);

@@ -225,7 +225,7 @@ impl ClientOptions {
             options = options.token(token.clone());
         }
         let nats = options
-            .connect(url)
+            .connect(wire::server_list(url))
             .await
             .map_err(|source| Error::Connect {
                 url: url.to_string(),

@@ -883,7 +883,9 @@ impl Driver {
             .copied()
             .collect();
         for a in unknown {
-            tracing::info!(worker_id = %h.worker_id, task_id = %a.task_id, attempt = a.attempt, "revoking an attempt this leader did not lease");
+            // Usually an attempt whose outcome crossed this heartbeat (the
+            // worker stops nothing then); else one of an older leadership.
+            tracing::debug!(worker_id = %h.worker_id, task_id = %a.task_id, attempt = a.attempt, "revoking an attempt this leader did not lease");
             let subject = self.subjects.revoke(&h.worker_id);
             self.publish(
                 subject,

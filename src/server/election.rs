@@ -84,8 +84,18 @@ pub(crate) enum Write {
     Stored(u64),
     /// Someone else wrote the subject first.
     Lost,
+    /// A replicated stream refused it because another write checking the
+    /// same subject was in flight (JetStream error 10164): try again now.
+    Busy,
     /// NATS did not answer; nothing is known.
     Failed(String),
+}
+
+/// JetStream's 10164: on a replicated stream only one in-flight write may
+/// check a given subject's last sequence; others are refused until it is
+/// stored. async-nats reports it as `Other`, so it is told by its code.
+pub(crate) fn is_busy(e: &async_nats::jetstream::context::PublishError) -> bool {
+    e.to_string().contains("10164")
 }
 
 /// One server's view of the election.
@@ -142,8 +152,17 @@ impl Election {
         self.timeout
     }
 
-    /// Reads the last record.
+    /// Reads the last record, giving up after the election timeout (at
+    /// least 1 s): while a replicated stream elects its leader a read can
+    /// hang for JetStream's whole request timeout.
     pub(crate) async fn observe(&self) -> Result<Observed, String> {
+        let bound = self.timeout.max(Duration::from_secs(1));
+        tokio::time::timeout(bound, self.observe_now())
+            .await
+            .unwrap_or_else(|_| Err("reading the leader record timed out".into()))
+    }
+
+    async fn observe_now(&self) -> Result<Observed, String> {
         let stream = self
             .js
             .get_stream(&self.stream)
@@ -179,6 +198,7 @@ impl Election {
         match ack {
             Ok(ack) => Write::Stored(ack.sequence),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Write::Lost,
+            Err(e) if is_busy(&e) => Write::Busy,
             Err(e) => Write::Failed(e.to_string()),
         }
     }
@@ -224,6 +244,7 @@ impl Election {
                                 return seq;
                             }
                             Write::Lost => last = None,
+                            Write::Busy => {}
                             Write::Failed(e) => {
                                 tracing::warn!(error = %e, "taking over failed; retrying")
                             }
@@ -249,18 +270,18 @@ impl Election {
         renewed.set_now();
         // The first renewal goes out at once: it carries the epoch, and
         // workers that see it re-register with this leader now.
-        let mut first = true;
+        let mut wait = Duration::ZERO;
         loop {
-            if !first {
-                tokio::time::sleep(every).await;
-            }
-            first = false;
+            tokio::time::sleep(wait).await;
+            wait = every;
             let expected = self.fence.load(Ordering::SeqCst);
             match self.write(expected, &record).await {
                 Write::Stored(seq) => {
                     self.fence.store(seq, Ordering::SeqCst);
                     renewed.set_now();
                 }
+                // A result write checking the subject was in flight.
+                Write::Busy => wait = Duration::from_millis(2),
                 Write::Lost => return "another server took over".into(),
                 Write::Failed(e) => {
                     if renewed.elapsed() >= self.timeout {

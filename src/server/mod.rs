@@ -392,7 +392,7 @@ pub async fn connect_nats(
         match async_nats::ConnectOptions::new()
             .name(name)
             .max_reconnects(None)
-            .connect(url)
+            .connect(wire::server_list(url))
             .await
         {
             Ok(client) => return Ok(client),
@@ -823,6 +823,12 @@ impl Fenced {
                 .map_err(|e| e.to_string())?;
             match sent.await {
                 Ok(_) => return Ok(true),
+                // Replicated stream: another fenced write (a renewal, a
+                // result) was in flight. Not an answer about leadership.
+                Err(e) if election::is_busy(&e) => {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
                 Err(e)
                     if e.kind()
                         == async_nats::jetstream::context::PublishErrorKind::WrongLastSequence =>

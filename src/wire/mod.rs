@@ -33,6 +33,21 @@ pub const PROTOCOL_VERSION: u16 = 1;
 /// is a plain publish (raw body = payload, options in `Cronoq-*` headers).
 pub const SUBMIT_CONTENT_TYPE: &str = "application/vnd.cronoq.submit+msgpack";
 
+/// The NATS servers of a `--nats` value: one URL, or several separated by
+/// commas (the nodes of a cluster; the client picks one and fails over).
+///
+/// ```
+/// let list = cronoq::wire::server_list("nats://a:4222, nats://b:4222");
+/// assert_eq!(list, ["nats://a:4222", "nats://b:4222"]);
+/// ```
+pub fn server_list(urls: &str) -> Vec<String> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// Encodes a message as a MessagePack map.
 pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
     rmp_serde::to_vec_named(message).expect("wire messages always serialize")

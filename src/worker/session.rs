@@ -401,7 +401,7 @@ async fn connect(options: &WorkerOptions, worker_id: &str) -> Result<async_nats:
                 }
             }
         })
-        .connect(options.url.as_str())
+        .connect(wire::server_list(&options.url))
         .await
         .map_err(|source| Error::Connect {
             url: options.url.clone(),
