@@ -41,6 +41,69 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::core::Millis;
+
+/// The follower's rule, as a pure state machine (the simulation in
+/// `tests/election_sim.rs` drives it): when to try a takeover, and
+/// expecting which sequence.
+#[derive(Clone, Debug, Default)]
+pub struct Standby {
+    /// The sequence seen last and when it was first seen (own clock).
+    last: Option<(u64, Millis)>,
+}
+
+impl Standby {
+    /// What the subject holds, seen at `now` on this server's clock: the
+    /// sequence to expect in a takeover write, if one should go out now —
+    /// no record, a resigned one, this server's own, or one that has not
+    /// moved for `timeout` since this server first saw it.
+    ///
+    /// ```
+    /// use cronoq::core::Millis;
+    /// use cronoq::server::election::{LeaderRecord, Observed, Standby};
+    /// let rec = |id: &str| Some(LeaderRecord { id: id.into(), http: String::new(), epoch: 3, resigned: false });
+    /// let mut s = Standby::default();
+    /// let seen = Observed { seq: 9, record: rec("a") };
+    /// assert_eq!(s.consider(Millis(0), Millis(750), &seen, "b"), None);
+    /// assert_eq!(s.consider(Millis(749), Millis(750), &seen, "b"), None);
+    /// assert_eq!(s.consider(Millis(750), Millis(750), &seen, "b"), Some(9));
+    /// ```
+    pub fn consider(
+        &mut self,
+        now: Millis,
+        timeout: Millis,
+        observed: &Observed,
+        me: &str,
+    ) -> Option<u64> {
+        let stale = match (&observed.record, self.last) {
+            (None, _) => true,
+            (Some(r), _) if r.resigned => true,
+            // Our own record (this process stepped down after a slow
+            // renewal, or restarted with the same id): take it back now.
+            (Some(r), _) if r.id == me => true,
+            (Some(_), Some((seq, since))) if seq == observed.seq => now >= since.plus(timeout),
+            _ => {
+                self.last = Some((observed.seq, now));
+                false
+            }
+        };
+        stale.then_some(observed.seq)
+    }
+
+    /// Another server's write came first: start counting again.
+    pub fn lost_race(&mut self) {
+        self.last = None;
+    }
+}
+
+/// The leader's rule: it may act (lease, reply, write) until `timeout`
+/// after it *sent* its last stored write on the leader subject — never
+/// later than a follower may take over, since a follower counts from
+/// when it first saw that write, which is after it was sent.
+pub fn may_act(now: Millis, last_sent: Millis, timeout: Millis) -> bool {
+    now < last_sent.plus(timeout)
+}
+
 /// What the leader subject holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaderRecord {
@@ -203,47 +266,38 @@ impl Election {
         }
     }
 
-    /// Stands by until this server takes over; returns the new epoch.
+    /// Stands by until this server takes over; returns the new epoch and
+    /// when its takeover write was sent (the start of its right to act).
     /// Follower state (who leads) is reported through `seen`.
     pub(crate) async fn campaign(
         &self,
         seen: &tokio::sync::watch::Sender<Option<Observed>>,
-    ) -> u64 {
+    ) -> (u64, Instant) {
         let poll = (self.timeout / 8).clamp(Duration::from_millis(20), Duration::from_millis(50));
-        let mut last: Option<(u64, Instant)> = None;
+        let base = Instant::now();
+        let clock = || Millis(Instant::now().duration_since(base).as_millis() as u64);
+        let timeout = Millis::from_duration(self.timeout);
+        let mut standby = Standby::default();
         loop {
             match self.observe().await {
                 Ok(observed) => {
-                    let now = Instant::now();
-                    let stale = match (&observed.record, last) {
-                        (None, _) => true,
-                        (Some(r), _) if r.resigned => true,
-                        // Our own record (this process stepped down after
-                        // a slow renewal, or restarted with the same id):
-                        // nobody else leads, take it back at once.
-                        (Some(r), _) if r.id == self.server_id => true,
-                        (Some(_), Some((seq, since))) if seq == observed.seq => {
-                            now.duration_since(since) >= self.timeout
-                        }
-                        _ => {
-                            last = Some((observed.seq, now));
-                            false
-                        }
-                    };
                     seen.send_replace(observed.record.is_some().then(|| observed.clone()));
-                    if stale {
+                    if let Some(expected) =
+                        standby.consider(clock(), timeout, &observed, &self.server_id)
+                    {
                         let record = LeaderRecord {
                             id: self.server_id.clone(),
                             http: self.http.clone(),
                             epoch: 0,
                             resigned: false,
                         };
-                        match self.write(observed.seq, &record).await {
+                        let sent = Instant::now();
+                        match self.write(expected, &record).await {
                             Write::Stored(seq) => {
                                 self.fence.store(seq, Ordering::SeqCst);
-                                return seq;
+                                return (seq, sent);
                             }
-                            Write::Lost => last = None,
+                            Write::Lost => standby.lost_race(),
                             Write::Busy => {}
                             Write::Failed(e) => {
                                 tracing::warn!(error = %e, "taking over failed; retrying")
@@ -267,7 +321,6 @@ impl Election {
             epoch,
             resigned: false,
         };
-        renewed.set_now();
         // The first renewal goes out at once: it carries the epoch, and
         // workers that see it re-register with this leader now.
         let mut wait = Duration::ZERO;
@@ -275,10 +328,13 @@ impl Election {
             tokio::time::sleep(wait).await;
             wait = every;
             let expected = self.fence.load(Ordering::SeqCst);
+            // The right to act runs from when the write was *sent*: a
+            // follower starts counting no earlier than it was stored.
+            let sent = Instant::now();
             match self.write(expected, &record).await {
                 Write::Stored(seq) => {
                     self.fence.store(seq, Ordering::SeqCst);
-                    renewed.set_now();
+                    renewed.set(sent);
                 }
                 // A result write checking the subject was in flight.
                 Write::Busy => wait = Duration::from_millis(2),
@@ -318,15 +374,16 @@ pub(crate) struct AtomicInstant {
 }
 
 impl AtomicInstant {
-    pub(crate) fn new() -> AtomicInstant {
+    /// Starting at `at` (which must not be in the future).
+    pub(crate) fn new(at: Instant) -> AtomicInstant {
         AtomicInstant {
-            base: Instant::now(),
+            base: at,
             ms: AtomicU64::new(0),
         }
     }
 
-    pub(crate) fn set_now(&self) {
-        let ms = Instant::now().duration_since(self.base).as_millis() as u64;
+    pub(crate) fn set(&self, at: Instant) {
+        let ms = at.saturating_duration_since(self.base).as_millis() as u64;
         self.ms.store(ms, Ordering::SeqCst);
     }
 

@@ -571,13 +571,12 @@ pub async fn serve(
     };
     loop {
         tracing::info!("standing by");
-        let epoch = tokio::select! {
-            epoch = election.campaign(&seen_tx) => epoch,
+        let (epoch, sent) = tokio::select! {
+            won = election.campaign(&seen_tx) => won,
             () = stopped(stop_rx.clone()) => break,
         };
         tracing::info!(epoch, "leading");
-        let renewed = Arc::new(election::AtomicInstant::new());
-        renewed.set_now();
+        let renewed = Arc::new(election::AtomicInstant::new(sent));
         let mut leadership = match lead(&base, epoch, &election, renewed.clone()).await {
             Ok(l) => l,
             Err(e) => {
