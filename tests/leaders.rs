@@ -28,6 +28,17 @@ async fn leader_seen_by(server: &CronoqServer) -> Result<(String, u64), String> 
     Ok((leader.id, leader.epoch))
 }
 
+/// Waits until `server` reports itself as leader: (id, epoch).
+async fn taken_over_by(server: &CronoqServer) -> (String, u64) {
+    eventually(&format!("{} to take over", server.id()), || async {
+        match leader_seen_by(server).await {
+            Ok((id, e)) if id == server.id() => Ok((id, e)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn two_servers_never_both_lead_and_a_killed_leader_is_replaced() {
     let mut c = Cluster::start(&[("cpu", "", 2)]).await;
@@ -59,13 +70,7 @@ async fn two_servers_never_both_lead_and_a_killed_leader_is_replaced() {
     // kill -9 of the leader: the follower takes over with a newer epoch,
     // the worker follows it, and new tasks run.
     c.server.kill9();
-    let (new_leader, new_epoch) = eventually("the follower to take over", || async {
-        match leader_seen_by(&second).await {
-            Ok((id, e)) if id == second.id() => Ok((id, e)),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let (new_leader, new_epoch) = taken_over_by(&second).await;
     assert!(new_epoch > epoch, "epoch {new_epoch} after {epoch}");
     assert_eq!(new_leader, second.id());
     std::mem::swap(&mut c.server, &mut second);
@@ -91,13 +96,7 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
     let (_, epoch) = leader_seen_by(&second).await.expect("follower's view");
 
     c.server.pause();
-    let (_, new_epoch) = eventually("the follower to take over from a paused leader", || async {
-        match leader_seen_by(&second).await {
-            Ok((id, e)) if id == second.id() => Ok((id, e)),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let (_, new_epoch) = taken_over_by(&second).await;
     assert!(new_epoch > epoch);
     let during = c.submit_payload("during-pause", "").await;
     assert_eq!(c.finished(during).await.state, TaskState::Succeeded);

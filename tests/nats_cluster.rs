@@ -15,11 +15,11 @@ mod procs;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead as _, BufReader, Read as _};
+use std::fs::File;
+use std::io::{BufRead as _, BufReader};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
@@ -27,7 +27,7 @@ use cronoq::client::{Client, ClientOptions};
 use cronoq::core::{TaskId, TaskState};
 use cronoq::Task;
 use futures_util::TryStreamExt as _;
-use procs::{describe, eventually, free_port, nats_server_binary, CronoqWorker, DEADLINE};
+use procs::{describe, eventually, free_port, nats_server_binary, CronoqWorker, Proc, DEADLINE};
 
 /// The server config: the tests' usual short timeouts, and every stream
 /// and bucket replicated on all three nodes.
@@ -56,101 +56,11 @@ fn scratch(stem: &str) -> tempfile::TempDir {
         .unwrap_or_else(|e| panic!("creating a temp dir for {stem}: {e}"))
 }
 
-/// The last `lines` lines of a log file.
-fn tail(path: &Path, lines: usize) -> String {
-    let mut text = String::new();
-    if let Ok(mut f) = File::open(path) {
-        let _ = f.read_to_string(&mut text);
-    }
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// A child process writing to `log`; SIGKILLed and reaped on drop (and
-/// on Linux, killed if the test thread goes away first). While a test
-/// panics, the drop prints the tail of its log.
-struct Guard {
-    name: String,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Guard {
-    fn spawn(name: &str, mut cmd: Command, log: &Path) -> Guard {
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("CRONOQ_") {
-                cmd.env_remove(key);
-            }
-        }
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap_or_else(|e| panic!("opening {}: {e}", log.display()));
-        let err = out.try_clone().expect("cloning a log file handle");
-        cmd.env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt as _;
-            // SAFETY: prctl is async-signal-safe and touches no memory of
-            // the parent; the spawning test thread outlives every guard.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        Guard {
-            name: name.to_string(),
-            child: Some(child),
-            log: log.to_path_buf(),
-        }
-    }
-
-    fn exited(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .map_or(true, |c| c.try_wait().ok().flatten().is_some())
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn log_tail(&self, lines: usize) -> String {
-        tail(&self.log, lines)
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        self.kill9();
-        if std::thread::panicking() {
-            eprintln!(
-                "----- last lines of {} ({}) -----\n{}\n-----",
-                self.name,
-                self.log.display(),
-                self.log_tail(40)
-            );
-        }
-    }
-}
-
-/// One `nats-server` of the cluster.
+/// One NATS node of the cluster and its process.
 struct Node {
     name: String,
     port: u16,
-    guard: Guard,
+    guard: Proc,
 }
 
 impl Node {
@@ -176,7 +86,7 @@ fn start_nats_cluster(dir: &Path) -> Vec<Node> {
             .enumerate()
             .map(|(i, &(port, cluster))| {
                 let name = format!("n{}-{}", i + 1, std::process::id());
-                let mut cmd = Command::new(&binary);
+                let mut cmd = procs::command(&binary);
                 cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
                     .args(["--server_name", &name, "--cluster_name", CLUSTER_NAME])
                     .args(["--cluster", &format!("nats://127.0.0.1:{cluster}")])
@@ -185,7 +95,7 @@ fn start_nats_cluster(dir: &Path) -> Vec<Node> {
                     .arg(dir.join(format!("store-{}", i + 1)));
                 let log = dir.join(format!("nats-{}.log", i + 1));
                 Node {
-                    guard: Guard::spawn(&format!("nats-server {name}"), cmd, &log),
+                    guard: Proc::spawn(&format!("nats-server {name}"), cmd, &log),
                     name,
                     port,
                 }
@@ -206,7 +116,7 @@ fn start_nats_cluster(dir: &Path) -> Vec<Node> {
 fn accepting(node: &mut Node) -> bool {
     let until = Instant::now() + DEADLINE;
     while Instant::now() < until {
-        if node.guard.exited() {
+        if node.guard.exited().is_some() {
             return false;
         }
         if let Ok(stream) = TcpStream::connect(("127.0.0.1", node.port)) {
@@ -263,26 +173,26 @@ async fn wait_for_jetstream_cluster(url: &str) {
 }
 
 /// Starts `cronoq server` against `nats_url` and waits until it leads.
-async fn start_cronoq_server(nats_url: &str, dir: &Path) -> Guard {
+async fn start_cronoq_server(nats_url: &str, dir: &Path) -> Proc {
     let config = dir.join("cronoq.toml");
     std::fs::write(&config, CLUSTER_SERVER_CONFIG).expect("writing the server config");
     let id = format!("server-{}", std::process::id());
     for _ in 0..5 {
         let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-        let mut cmd = Command::new(procs::cronoq_binary());
+        let mut cmd = procs::command(procs::cronoq_binary());
         cmd.arg("server")
             .arg("--config")
             .arg(&config)
             .args(["--nats", nats_url, "--http", &http.to_string(), "--id", &id])
             .env("CRONOQ_LOG", "info,cronoq=debug,async_nats=warn");
-        let mut server = Guard::spawn("cronoq server", cmd, &dir.join("server.log"));
+        let mut server = Proc::spawn("cronoq server", cmd, &dir.join("server.log"));
         let api = ClientOptions::new()
             .request_timeout(Duration::from_secs(2))
             .http(&format!("http://{http}"))
             .expect("a valid http url");
         // Creating R3 streams takes a moment longer than R1 ones.
         let until = Instant::now() + DEADLINE;
-        while Instant::now() < until && !server.exited() {
+        while Instant::now() < until && server.exited().is_none() {
             if let Ok(snap) = api.snapshot().await {
                 if snap.leader.as_ref().is_some_and(|l| l.id == id) {
                     return server;
@@ -291,7 +201,7 @@ async fn start_cronoq_server(nats_url: &str, dir: &Path) -> Guard {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(
-            server.exited(),
+            server.exited().is_some(),
             "cronoq server did not lead within {DEADLINE:?}:\n{}",
             server.log_tail(30)
         );

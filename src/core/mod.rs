@@ -495,38 +495,28 @@ impl Core {
             Event::PoolConfigured { pool, .. } => (pool, true),
             _ => return Ok(()),
         };
-        match self.groups.find_pool(pool) {
-            Some(p) => {
-                if let Event::Submitted(_) = event {
-                    let live = self.groups.pools[p as usize].live;
-                    if live >= self.limits.max_tasks_per_pool {
-                        return Err(Rejection::ResourceExhausted(format!(
-                            "pool {pool} holds {live} unfinished tasks, the limit"
-                        )));
-                    }
-                }
-                Ok(())
+        let existing = self.groups.find_pool(pool);
+        if existing.is_none() && creates {
+            let declaring = matches!(event, Event::PoolConfigured { .. });
+            if !declaring && !self.limits.allow_undeclared_pools {
+                return Err(Rejection::UnknownPool(pool.clone()));
             }
-            None if !creates => Ok(()),
-            None => {
-                let declaring = matches!(event, Event::PoolConfigured { .. });
-                if !declaring && !self.limits.allow_undeclared_pools {
-                    return Err(Rejection::UnknownPool(pool.clone()));
-                }
-                if self.groups.pool_count() >= self.limits.max_pools {
-                    return Err(Rejection::ResourceExhausted(format!(
-                        "{} pools are held, the limit",
-                        self.groups.pool_count()
-                    )));
-                }
-                if matches!(event, Event::Submitted(_)) && self.limits.max_tasks_per_pool == 0 {
-                    return Err(Rejection::ResourceExhausted(format!(
-                        "pool {pool} may hold no tasks"
-                    )));
-                }
-                Ok(())
+            if self.groups.pool_count() >= self.limits.max_pools {
+                return Err(Rejection::ResourceExhausted(format!(
+                    "{} pools are held, the limit",
+                    self.groups.pool_count()
+                )));
             }
         }
+        if let Event::Submitted(_) = event {
+            let live = existing.map_or(0, |p| self.groups.pools[p as usize].live);
+            if live >= self.limits.max_tasks_per_pool {
+                return Err(Rejection::ResourceExhausted(format!(
+                    "pool {pool} holds {live} unfinished tasks, the limit"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Rule 7 counts reservations per pool, so a change in one group can

@@ -1199,6 +1199,39 @@ mod tests {
         rx.try_recv().unwrap()
     }
 
+    /// A worker's report of an attempt's end; the leader's answer.
+    fn report(
+        d: &mut Driver,
+        now: u64,
+        worker: &str,
+        task_id: TaskId,
+        attempt: u32,
+        epoch: u64,
+        result: AttemptResult,
+    ) -> Result<Ack, WireError> {
+        let (tx, mut rx) = oneshot::channel();
+        let report = AttemptReport {
+            v: 1,
+            worker_id: worker.into(),
+            task_id,
+            attempt,
+            epoch,
+            result,
+        };
+        d.handle(Millis(now), Input::Outcome(report, Responder::Local(tx)));
+        rx.try_recv().unwrap()
+    }
+
+    fn deregister(d: &mut Driver, now: u64, worker: &str) {
+        let (tx, _rx) = oneshot::channel();
+        let body = Deregister {
+            v: 1,
+            worker_id: worker.into(),
+            drain: false,
+        };
+        d.handle(Millis(now), Input::Deregister(body, Responder::Local(tx)));
+    }
+
     fn snapshot(d: &mut Driver) -> Snapshot {
         let (tx, mut rx) = oneshot::channel();
         d.handle(Millis(0), Input::Snapshot(Responder::Local(tx)));
@@ -1247,18 +1280,7 @@ mod tests {
         assert_eq!(group.capacity, u32::MAX, "saturated, not wrapped");
         assert_eq!(group.workers, 100_000);
         // Removing one keeps the exact u64 total underneath.
-        let (tx, _rx) = oneshot::channel();
-        d.handle(
-            Millis(1),
-            Input::Deregister(
-                Deregister {
-                    v: 1,
-                    worker_id: "w0".into(),
-                    drain: false,
-                },
-                Responder::Local(tx),
-            ),
-        );
+        deregister(&mut d, 1, "w0");
         let key = (
             PoolName::new("p").unwrap(),
             Labels::parse("gpu=a100").unwrap(),
@@ -1327,18 +1349,7 @@ mod tests {
         // A worker's pool goes when the worker does.
         register(&mut d, "w", "", 1);
         assert_eq!(d.core.pool_count(), 1);
-        let (tx, _rx) = oneshot::channel();
-        d.handle(
-            Millis(3),
-            Input::Deregister(
-                Deregister {
-                    v: 1,
-                    worker_id: "w".into(),
-                    drain: false,
-                },
-                Responder::Local(tx),
-            ),
-        );
+        deregister(&mut d, 3, "w");
         assert_eq!(d.core.pool_count(), 0);
         d.core.check_invariants().unwrap();
     }
@@ -1427,22 +1438,7 @@ mod tests {
             .into_iter()
             .any(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".revoke")));
         assert!(revoked);
-        let (tx, mut rx) = oneshot::channel();
-        d.handle(
-            Millis(650),
-            Input::Outcome(
-                AttemptReport {
-                    v: 1,
-                    worker_id: "a".into(),
-                    task_id: TaskId(1),
-                    attempt: 1,
-                    epoch: 7,
-                    result: AttemptResult::Cancelled,
-                },
-                Responder::Local(tx),
-            ),
-        );
-        rx.try_recv().unwrap().unwrap();
+        report(&mut d, 650, "a", TaskId(1), 1, 7, AttemptResult::Cancelled).unwrap();
         let status = d.status(TaskId(1)).unwrap();
         assert_eq!(status.attempts[0].outcome.as_deref(), Some("lost"));
         assert_eq!(status.attempts[0].error.as_deref(), Some("timeout"));
@@ -1560,22 +1556,7 @@ mod tests {
         register(&mut d, "a", "", 1);
         submit(&mut d, 1, 1, "");
         let _ = leases(&mut d);
-        let (tx, mut rx) = oneshot::channel();
-        d.handle(
-            Millis(2),
-            Input::Outcome(
-                AttemptReport {
-                    v: 1,
-                    worker_id: "a".into(),
-                    task_id: TaskId(1),
-                    attempt: 1,
-                    epoch: 6,
-                    result: AttemptResult::Cancelled,
-                },
-                Responder::Local(tx),
-            ),
-        );
-        let err = rx.try_recv().unwrap().unwrap_err();
+        let err = report(&mut d, 2, "a", TaskId(1), 1, 6, AttemptResult::Cancelled).unwrap_err();
         assert_eq!(err.code, ErrorCode::FAILED_PRECONDITION);
         assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
     }
@@ -1613,23 +1594,10 @@ mod tests {
         submit(&mut d, 1, 2, "");
         assert_eq!(d.purge_floor(), 1);
         let lease = leases(&mut d).remove(0).1;
-        let (tx, _rx) = oneshot::channel();
-        d.handle(
-            Millis(2),
-            Input::Outcome(
-                AttemptReport {
-                    v: 1,
-                    worker_id: "a".into(),
-                    task_id: lease.task_id,
-                    attempt: 1,
-                    epoch: 7,
-                    result: AttemptResult::Succeeded {
-                        output: Bytes::new(),
-                    },
-                },
-                Responder::Local(tx),
-            ),
-        );
+        let succeeded = AttemptResult::Succeeded {
+            output: Bytes::new(),
+        };
+        report(&mut d, 2, "a", lease.task_id, 1, 7, succeeded).unwrap();
         // Task 1 finished, task 2 runs now: only submission 1 may go.
         assert_eq!(d.purge_floor(), 2);
     }

@@ -244,11 +244,8 @@ impl Election {
     }
 
     async fn write(&self, expected: u64, record: &LeaderRecord) -> Write {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            "Nats-Expected-Last-Subject-Sequence",
-            expected.to_string().as_str(),
-        );
+        // The same compare-and-set as a fenced result, on the subject itself.
+        let headers = fence_headers(&self.subject, expected);
         let body = Bytes::from(serde_json::to_vec(record).expect("a record serializes"));
         let sent = self
             .js
@@ -340,7 +337,7 @@ impl Election {
                 Write::Busy => wait = Duration::from_millis(2),
                 Write::Lost => return "another server took over".into(),
                 Write::Failed(e) => {
-                    if renewed.elapsed() >= self.timeout {
+                    if !renewed.may_act(self.timeout) {
                         return format!("could not renew within the election timeout: {e}");
                     }
                     tracing::warn!(error = %e, "renewing leadership failed; retrying");
@@ -387,8 +384,11 @@ impl AtomicInstant {
         self.ms.store(ms, Ordering::SeqCst);
     }
 
-    pub(crate) fn elapsed(&self) -> Duration {
-        let now = Instant::now().duration_since(self.base).as_millis() as u64;
-        Duration::from_millis(now.saturating_sub(self.ms.load(Ordering::SeqCst)))
+    /// [`may_act`] with this instant as the last stored write's send time:
+    /// the one rule the driver, the renewal loop and the simulation share.
+    pub(crate) fn may_act(&self, timeout: Duration) -> bool {
+        let now = Millis(Instant::now().duration_since(self.base).as_millis() as u64);
+        let sent = Millis(self.ms.load(Ordering::SeqCst));
+        may_act(now, sent, Millis::from_duration(timeout))
     }
 }

@@ -442,9 +442,11 @@ pub async fn serve(
     let s = &config.server;
     let subjects = Subjects::new(&s.subject_prefix)?;
     let server_id = s.id.clone().unwrap_or_else(default_server_id);
-    for p in &config.pools {
-        p.to_core()?;
-    }
+    let pools = config
+        .pools
+        .iter()
+        .map(PoolSection::to_core)
+        .collect::<Result<Vec<_>, _>>()?;
 
     let client = connect_nats(&s.nats_url, &format!("cronoq-server {server_id}"), None).await?;
     tracing::info!(url = %s.nats_url, server_id = %server_id, "connected to nats");
@@ -529,7 +531,6 @@ pub async fn serve(
             leading: std::sync::RwLock::new(None),
             remote,
             seen: seen_rx,
-            election_timeout: s.election_timeout,
         }),
     };
 
@@ -560,6 +561,7 @@ pub async fn serve(
 
     let base = Base {
         config: config.clone(),
+        pools,
         server_id,
         subjects,
         client: client.clone(),
@@ -627,6 +629,8 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 /// What every leadership of this process shares.
 struct Base {
     config: ServerConfig,
+    /// `config.pools`, checked and converted once.
+    pools: Vec<(PoolName, crate::core::PoolConfig)>,
     server_id: String,
     subjects: Subjects,
     client: async_nats::Client,
@@ -665,10 +669,6 @@ async fn lead(
     renewed: Arc<election::AtomicInstant>,
 ) -> Result<Leadership, Error> {
     let s = &base.config.server;
-    let mut pools = Vec::new();
-    for p in &base.config.pools {
-        pools.push(p.to_core()?);
-    }
     let now = wall_now();
     let worker_timeout = Millis::from_duration(s.worker_timeout);
     let driver = Driver::new(
@@ -682,7 +682,7 @@ async fn lead(
             max_payload_bytes: base.max_payload_bytes,
             max_reply_bytes: base.nats_max_payload.saturating_sub(1024),
             retain_finished: 10_000,
-            pools,
+            pools: base.pools.clone(),
             max_workers: s.max_workers,
             limits: s.limits(),
         },
@@ -706,12 +706,7 @@ async fn lead(
             driver_beat: AtomicU64::new(now.0),
             consumer_beat: AtomicU64::new(now.0),
             allow_undeclared_pools: s.allow_undeclared_pools,
-            declared_pools: base
-                .config
-                .pools
-                .iter()
-                .filter_map(|p| PoolName::new(&p.name).ok())
-                .collect(),
+            declared_pools: base.pools.iter().map(|(name, _)| name.clone()).collect(),
             epoch,
         }),
     };
@@ -768,7 +763,7 @@ async fn lead(
                 pending,
                 floor_tx,
                 &api.inner.driver_beat,
-                Lease { renewed, timeout },
+                Tenure { renewed, timeout },
             )
             .await;
             api.inner.driver_alive.store(false, Ordering::Relaxed);
@@ -782,17 +777,17 @@ async fn lead(
     })
 }
 
-/// The driver's right to act: the last renewal of its leadership is
-/// younger than the election timeout (a follower takes over only after
-/// seeing no renewal for that long on its own clock).
-struct Lease {
+/// The driver's right to act ([`election::may_act`]): until the election
+/// timeout after its last stored renewal was sent (a follower takes over
+/// only after seeing no renewal for that long on its own clock).
+struct Tenure {
     renewed: Arc<election::AtomicInstant>,
     timeout: Duration,
 }
 
-impl Lease {
+impl Tenure {
     fn valid(&self) -> bool {
-        self.renewed.elapsed() < self.timeout
+        self.renewed.may_act(self.timeout)
     }
 }
 
@@ -860,7 +855,6 @@ struct NodeInner {
     leading: std::sync::RwLock<Option<LeaderApi>>,
     remote: crate::client::Client,
     seen: watch::Receiver<Option<election::Observed>>,
-    election_timeout: Duration,
 }
 
 impl NodeApi {
@@ -893,7 +887,6 @@ impl NodeApi {
             async_nats::connection::State::Connected
         );
         let seen = self.inner.seen.borrow().clone();
-        let _ = self.inner.election_timeout;
         match (connected, seen) {
             (false, _) => Health {
                 live: true,
@@ -1210,7 +1203,7 @@ async fn drive(
     pending: Pending,
     floor: watch::Sender<u64>,
     beat: &AtomicU64,
-    lease: Lease,
+    tenure: Tenure,
 ) {
     let housekeeping_every = Millis(100);
     let mut last_housekeeping = wall_now();
@@ -1248,7 +1241,7 @@ async fn drive(
             }
             last_housekeeping = now;
         }
-        if !lease.valid() {
+        if !tenure.valid() {
             // No renewal for the election timeout: a follower may take
             // over any moment. Publish nothing more (leases, replies);
             // the election loop steps down.

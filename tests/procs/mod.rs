@@ -110,7 +110,7 @@ fn tail(path: &Path, lines: usize) -> String {
 
 /// A `Command` for `program` without our `CRONOQ_*` settings (callers
 /// add their own afterwards) and without colours in its logs.
-fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+pub fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("CRONOQ_") {
@@ -155,7 +155,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(name: &str, cmd: Command, log: &Path) -> Proc {
+    /// Starts `cmd` (from [`command`]) with its output in `log`.
+    pub fn spawn(name: &str, cmd: Command, log: &Path) -> Proc {
         let program = cmd.get_program().to_string_lossy().into_owned();
         let child = prepare(cmd, log)
             .spawn()
@@ -187,25 +188,27 @@ impl Proc {
         }
     }
 
-    /// SIGTERM, without waiting.
-    pub fn terminate(&mut self) {
+    /// Sends `signal`, without waiting (nothing if it is not running).
+    pub fn signal(&self, signal: libc::c_int) {
         if let Some(child) = &self.child {
             // SAFETY: plain kill(2) on the pid of a child we have not reaped.
             unsafe {
-                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+                libc::kill(child.id() as libc::pid_t, signal);
             }
         }
+    }
+
+    /// SIGTERM, without waiting.
+    pub fn terminate(&mut self) {
+        self.signal(libc::SIGTERM);
     }
 
     /// SIGTERM, wait up to `grace` for the exit, then SIGKILL. Returns the
     /// exit status if it exited within `grace` (`None`: killed, or not
     /// running).
     pub fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
+        self.signal(libc::SIGTERM);
         let mut child = self.child.take()?;
-        // SAFETY: plain kill(2) on the pid of a child we have not reaped.
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-        }
         let until = Instant::now() + grace;
         while Instant::now() < until {
             if let Ok(Some(status)) = child.try_wait() {
@@ -374,33 +377,6 @@ impl NatsServer {
     pub fn kill9(&mut self) {
         self.proc.kill9();
     }
-
-    /// `kill -STOP` (`resume` sends `-CONT`).
-    #[allow(dead_code)]
-    pub fn pause(&self) {
-        self.signal("-STOP");
-    }
-
-    /// `kill -CONT`.
-    #[allow(dead_code)]
-    pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.proc.pid().expect("running").to_string();
-        let status = Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {signal} {pid}");
-    }
-
-    /// The last lines of its log.
-    #[allow(dead_code)]
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.proc.log_tail(lines)
-    }
 }
 
 /// The `cronoq` binary under test.
@@ -519,28 +495,16 @@ impl CronoqServer {
     }
 
     /// `kill -STOP` (`resume` sends `-CONT`).
-    #[allow(dead_code)]
     pub fn pause(&self) {
-        self.signal("-STOP");
+        self.proc.signal(libc::SIGSTOP);
     }
 
     /// `kill -CONT`.
-    #[allow(dead_code)]
     pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.proc.pid().expect("running").to_string();
-        let status = Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {signal} {pid}");
+        self.proc.signal(libc::SIGCONT);
     }
 
     /// The last lines of its log.
-    #[allow(dead_code)]
     pub fn log_tail(&self, lines: usize) -> String {
         self.proc.log_tail(lines)
     }
@@ -578,7 +542,6 @@ impl CronoqWorker {
     }
 
     /// The last lines of its log.
-    #[allow(dead_code)]
     pub fn log_tail(&self, lines: usize) -> String {
         self.proc.log_tail(lines)
     }
