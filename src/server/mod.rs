@@ -453,12 +453,21 @@ pub async fn serve(
     let nats_max_payload = client.server_info().max_payload;
     let max_payload_bytes = effective_payload_limit(s.max_payload_bytes, nats_max_payload);
     if max_payload_bytes < s.max_payload_bytes {
-        tracing::warn!(
-            configured = s.max_payload_bytes,
-            nats_max_payload,
-            limit = max_payload_bytes,
-            "max_payload_bytes lowered to what fits in one NATS message with its envelope"
-        );
+        // Expected with the defaults (1 MiB both sides): say so quietly;
+        // a configured limit NATS cannot carry deserves a warning.
+        let configured = s.max_payload_bytes != ServerSection::default().max_payload_bytes;
+        let message =
+            "max_payload_bytes lowered to what fits in one NATS message with its envelope";
+        if configured {
+            tracing::warn!(
+                configured = s.max_payload_bytes,
+                nats_max_payload,
+                limit = max_payload_bytes,
+                "{message}"
+            );
+        } else {
+            tracing::info!(nats_max_payload, limit = max_payload_bytes, "{message}");
+        }
     }
     let js = jetstream::new(client.clone());
     let submit_config = stream::Config {
