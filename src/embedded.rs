@@ -29,7 +29,6 @@
 //! recent ones (default 10,000) so that [`Scheduler::task`] and
 //! [`Scheduler::wait`] still answer after the fact.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -47,8 +46,9 @@ use crate::core::{
     Action, AttemptOutcome, Core, ErrorCode, Event, Labels, Millis, PoolConfig, PoolName,
     Rejection, RevokeReason, Snapshot, TaskId, TaskState,
 };
+use crate::ledger::Ledger;
 pub use crate::task::TaskContext;
-use crate::task::{AttemptRecord, Outcome, Task, TaskError, TaskStatus};
+use crate::task::{Outcome, Task, TaskError, TaskStatus};
 
 /// An embedded scheduler error, with a stable [`ErrorCode`].
 #[derive(Debug, thiserror::Error)]
@@ -82,111 +82,21 @@ impl Error {
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Bytes, TaskError>> + Send>>;
 type ExecutorFn = Arc<dyn Fn(TaskContext, Bytes) -> BoxFuture + Send + Sync>;
 
-/// Per live task, what the shell keeps beside the core's record.
-struct Entry {
-    payload: Bytes,
-    waiter: Option<oneshot::Sender<Arc<Outcome>>>,
-    run: Option<Box<RunInfo>>,
-}
+type OutcomeTx = oneshot::Sender<Arc<Outcome>>;
 
-/// Allocated once the task first starts (or gets a second waiter).
+/// What the embedded shell keeps beside the ledger's record of a live
+/// task: its first waiter (most tasks have exactly one).
+type Waiter = Option<OutcomeTx>;
+
+/// Kept once a task runs: the running attempt's abort handle, and waiters
+/// past the first.
 #[derive(Default)]
-struct RunInfo {
-    attempts: Vec<AttemptRecord>,
-    output: Option<Bytes>,
-    error: Option<String>,
+struct RunExtra {
     abort: Option<(u32, AbortHandle)>,
-    /// The attempt revoked for running past its timeout: it ends `lost`.
-    timed_out: Option<u32>,
-    more_waiters: Vec<oneshot::Sender<Arc<Outcome>>>,
-    key: Option<String>,
+    more_waiters: Vec<OutcomeTx>,
 }
 
-/// Live entries by id. The scheduler hands out ids in order and most tasks
-/// finish roughly in order, so live ids mostly fall in a window
-/// `[base, base + window.len())`: a deque indexed by `id - base`, with no
-/// hashing and 8 bytes of overhead per entry. When finished tasks leave the
-/// window more than half empty (a long-running task holds its front), the
-/// oldest entries move to a map, so the window never keeps finished tasks
-/// alive for long.
-#[derive(Default)]
-struct Entries {
-    base: u64,
-    window: VecDeque<Option<Entry>>,
-    in_window: usize,
-    far: FxHashMap<TaskId, Entry>,
-}
-
-impl Entries {
-    /// Adds the entry of a new task; ids only grow.
-    fn insert(&mut self, id: TaskId, entry: Entry) {
-        if self.window.is_empty() {
-            self.base = id.0;
-        }
-        let Some(at) = id.0.checked_sub(self.base) else {
-            self.far.insert(id, entry);
-            return;
-        };
-        let at = at as usize;
-        while self.window.len() < at {
-            self.window.push_back(None);
-        }
-        if at < self.window.len() {
-            // An id below the window's end: not from the counter.
-            match &mut self.window[at] {
-                Some(_) => {
-                    self.far.insert(id, entry);
-                }
-                slot => {
-                    *slot = Some(entry);
-                    self.in_window += 1;
-                }
-            }
-            return;
-        }
-        self.window.push_back(Some(entry));
-        self.in_window += 1;
-    }
-
-    fn index(&self, id: TaskId) -> Option<usize> {
-        let at = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
-        (at < self.window.len() && self.window[at].is_some()).then_some(at)
-    }
-
-    fn get(&self, id: TaskId) -> Option<&Entry> {
-        match self.index(id) {
-            Some(at) => self.window[at].as_ref(),
-            None => self.far.get(&id),
-        }
-    }
-
-    fn get_mut(&mut self, id: TaskId) -> Option<&mut Entry> {
-        match self.index(id) {
-            Some(at) => self.window[at].as_mut(),
-            None => self.far.get_mut(&id),
-        }
-    }
-
-    fn remove(&mut self, id: TaskId) -> Option<Entry> {
-        let Some(at) = self.index(id) else {
-            return self.far.remove(&id);
-        };
-        self.in_window -= 1;
-        let entry = self.window[at].take();
-        while self.window.front().is_some_and(Option::is_none) {
-            self.window.pop_front();
-            self.base += 1;
-        }
-        while self.window.len() > 64 && self.in_window * 2 < self.window.len() {
-            if let Some(Some(old)) = self.window.pop_front() {
-                self.in_window -= 1;
-                self.far.insert(TaskId(self.base), old);
-            }
-            self.base += 1;
-        }
-        entry
-    }
-}
+type Entry = crate::ledger::Entry<Waiter, RunExtra>;
 
 /// Zero, one or more items without allocating for zero or one.
 enum Batch<T> {
@@ -229,8 +139,6 @@ impl<T> Batch<T> {
     }
 }
 
-type OutcomeTx = oneshot::Sender<Arc<Outcome>>;
-
 /// What to do once the lock is released: attempts to spawn, outcomes to
 /// hand to waiters (waking a waiter may take a while; not under the lock).
 struct Work {
@@ -241,11 +149,8 @@ struct Work {
 struct State {
     core: Core,
     actions: Vec<Action>,
-    entries: Entries,
+    ledger: Ledger<Waiter, RunExtra>,
     executors: FxHashMap<PoolName, ExecutorFn>,
-    keys: FxHashMap<String, TaskId>,
-    finished: FxHashMap<TaskId, Arc<Outcome>>,
-    finished_order: VecDeque<TaskId>,
     next_id: u64,
     /// The wakeup the timer task sleeps toward.
     armed: Option<Millis>,
@@ -275,7 +180,6 @@ struct Inner {
     wake: Notify,
     clock: Clock,
     max_payload_bytes: usize,
-    retain_finished: usize,
     eager_start: bool,
 }
 
@@ -376,11 +280,8 @@ impl SchedulerBuilder {
             state: Mutex::new(State {
                 core: Core::new(),
                 actions: Vec::new(),
-                entries: Entries::default(),
+                ledger: Ledger::new(self.retain_finished),
                 executors: FxHashMap::default(),
-                keys: FxHashMap::default(),
-                finished: FxHashMap::default(),
-                finished_order: VecDeque::new(),
                 next_id: 1,
                 armed: None,
             }),
@@ -390,7 +291,6 @@ impl SchedulerBuilder {
                 base_unix: now,
             },
             max_payload_bytes: self.max_payload_bytes,
-            retain_finished: self.retain_finished,
             eager_start: self.eager_start,
         });
         let sched = Scheduler { inner };
@@ -478,28 +378,25 @@ impl Scheduler {
             };
             let spec = task.to_spec_in(id, inner.max_payload_bytes, pool.clone())?;
             if let Some(key) = task.key() {
-                if let Some(&existing) = st.keys.get(key) {
+                if let Some(existing) = st.ledger.by_key(key) {
+                    // The same task (live, or finished and retained).
                     let (tx, rx) = oneshot::channel();
-                    add_waiter(
-                        st.entries.get_mut(existing).expect("keyed task is live"),
-                        tx,
-                    );
+                    match st.ledger.get_mut(existing) {
+                        Some(entry) => add_waiter(entry, tx),
+                        None => {
+                            if let Some(done) = st.ledger.outcome(existing) {
+                                let _ = tx.send(done.clone());
+                            }
+                        }
+                    }
                     return Ok(TaskHandle { id: existing, rx });
                 }
             }
             inner.core_event(&mut st, now, Event::Submitted(spec))?;
             st.next_id += 1;
             let (tx, rx) = oneshot::channel();
-            let mut entry = Entry {
-                payload: task.payload.clone(),
-                waiter: Some(tx),
-                run: None,
-            };
-            if let Some(key) = task.key() {
-                st.keys.insert(key.to_string(), id);
-                entry.run.get_or_insert_with(Default::default).key = Some(key.to_string());
-            }
-            st.entries.insert(id, entry);
+            st.ledger
+                .accept(id, task.payload.clone(), task.key(), Some(tx));
             let jobs = inner.carry_out(&mut st, now);
             ((id, rx), jobs)
         };
@@ -512,7 +409,7 @@ impl Scheduler {
         let now = self.inner.clock.now();
         let jobs = {
             let mut st = self.inner.lock();
-            if !st.core_knows(id) && st.finished.contains_key(&id) {
+            if !st.core_knows(id) && st.ledger.is_finished(id) {
                 return Err(Rejection::AlreadyFinished(id).into());
             }
             self.inner
@@ -532,26 +429,17 @@ impl Scheduler {
     /// finished tasks.
     pub fn task(&self, id: TaskId) -> Option<TaskStatus> {
         let st = self.inner.lock();
-        if let Some(done) = st.finished.get(&id) {
-            return Some(status_of_outcome(done));
-        }
-        let view = st.core.task(id)?;
-        let run = st.entries.get(id).and_then(|e| e.run.as_deref());
-        Some(TaskStatus::live(
-            view,
-            run.map(|r| r.attempts.clone()).unwrap_or_default(),
-            run.and_then(|r| r.error.clone()),
-        ))
+        st.ledger.status(&st.core, id)
     }
 
     /// Waits for a task by id (live or recently finished).
     pub async fn wait(&self, id: TaskId) -> Result<Outcome, Error> {
         let rx = {
             let mut st = self.inner.lock();
-            if let Some(done) = st.finished.get(&id) {
+            if let Some(done) = st.ledger.outcome(id) {
                 return Ok((**done).clone());
             }
-            let entry = st.entries.get_mut(id).ok_or(Error::NotFound(id))?;
+            let entry = st.ledger.get_mut(id).ok_or(Error::NotFound(id))?;
             let (tx, rx) = oneshot::channel();
             add_waiter(entry, tx);
             rx
@@ -561,31 +449,10 @@ impl Scheduler {
 }
 
 fn add_waiter(entry: &mut Entry, tx: oneshot::Sender<Arc<Outcome>>) {
-    if entry.waiter.is_none() {
-        entry.waiter = Some(tx);
+    if entry.extra.is_none() {
+        entry.extra = Some(tx);
     } else {
-        entry
-            .run
-            .get_or_insert_with(Default::default)
-            .more_waiters
-            .push(tx);
-    }
-}
-
-fn status_of_outcome(o: &Outcome) -> TaskStatus {
-    TaskStatus {
-        id: o.id,
-        pool: o.pool.clone(),
-        state: o.state,
-        reason: None,
-        attempts: o.attempts.clone(),
-        output: o
-            .output
-            .as_ref()
-            .map(|b| String::from_utf8_lossy(b).into_owned()),
-        output_base64: crate::task::output_fields(o.output.as_deref()).1,
-        error: o.error.clone(),
-        deadline_missed: o.deadline_missed,
+        entry.run_extra().more_waiters.push(tx);
     }
 }
 
@@ -663,23 +530,11 @@ impl Inner {
                         continue;
                     };
                     let entry = st
-                        .entries
-                        .get_mut(*task)
+                        .ledger
+                        .started(*task, *attempt, labels.clone(), None, now)
                         .expect("started task has an entry");
                     let (abort, registration) = AbortHandle::new_pair();
-                    let run = entry.run.get_or_insert_with(Default::default);
-                    run.abort = Some((*attempt, abort));
-                    // Most tasks make one attempt: no room for four.
-                    run.attempts.reserve_exact(1);
-                    run.attempts.push(AttemptRecord {
-                        attempt: *attempt,
-                        group: labels.clone(),
-                        worker: None,
-                        started_at: now,
-                        ended_at: None,
-                        outcome: None,
-                        error: None,
-                    });
+                    entry.run_extra().abort = Some((*attempt, abort));
                     tracing::debug!(task_id = %task, attempt, pool = %pool, group = %labels, "attempt started");
                     jobs.push(Job {
                         executor,
@@ -700,14 +555,13 @@ impl Inner {
                     ..
                 } => {
                     tracing::debug!(task_id = %task, attempt, ?reason, "attempt revoked");
-                    if let Some(run) = st.entries.get_mut(*task).and_then(|e| e.run.as_mut()) {
-                        if *reason == RevokeReason::Timeout {
-                            run.timed_out = Some(*attempt);
-                        }
-                        if let Some((a, handle)) = &run.abort {
-                            if a == attempt {
-                                handle.abort();
-                            }
+                    if *reason == RevokeReason::Timeout {
+                        st.ledger.timed_out(*task, *attempt);
+                    }
+                    let run = st.ledger.get_mut(*task).map(|e| e.run_extra());
+                    if let Some((a, handle)) = run.and_then(|r| r.abort.as_ref()) {
+                        if a == attempt {
+                            handle.abort();
                         }
                     }
                 }
@@ -721,39 +575,16 @@ impl Inner {
                     attempts: _,
                     deadline_missed,
                 } => {
-                    let Some(entry) = st.entries.remove(*task) else {
+                    // A running task cancelled: its attempt is being aborted
+                    // and will not report back; the ledger closes it.
+                    let Some(done) =
+                        st.ledger
+                            .finish(*task, pool.clone(), *state, *deadline_missed, now)
+                    else {
                         continue;
                     };
-                    let mut run = entry.run.map(|b| *b).unwrap_or_default();
-                    // A running task cancelled: its attempt is being aborted
-                    // and will not report back to this entry; close it here.
-                    for record in run.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
-                        record.ended_at = Some(now);
-                        record.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
-                    }
-                    if let Some(key) = run.key.take() {
-                        st.keys.remove(&key);
-                    }
-                    let outcome = Arc::new(Outcome {
-                        id: *task,
-                        pool: pool.clone(),
-                        state: *state,
-                        output: run.output.take(),
-                        error: run.error.take(),
-                        attempts: std::mem::take(&mut run.attempts),
-                        deadline_missed: *deadline_missed,
-                    });
                     tracing::debug!(task_id = %task, state = %state, "task finished");
-                    if self.retain_finished > 0 {
-                        st.finished.insert(*task, outcome.clone());
-                        st.finished_order.push_back(*task);
-                        while st.finished_order.len() > self.retain_finished {
-                            if let Some(old) = st.finished_order.pop_front() {
-                                st.finished.remove(&old);
-                            }
-                        }
-                    }
-                    outcomes.push((outcome, entry.waiter, run.more_waiters));
+                    outcomes.push((done.outcome, done.extra, done.run_extra.more_waiters));
                 }
             }
         }
@@ -835,27 +666,11 @@ impl Inner {
         let now = self.clock.now();
         {
             let mut st = self.lock();
-            if let Some(run) = st.entries.get_mut(task).and_then(|e| e.run.as_mut()) {
-                // As the core counts it: an attempt stopped by its timeout
-                // is lost, not cancelled (SPEC §2 rule 8).
-                let recorded =
-                    if outcome != AttemptOutcome::Succeeded && run.timed_out == Some(attempt) {
-                        AttemptOutcome::Lost
-                    } else {
-                        outcome
-                    };
-                if let Some(record) = run.attempts.iter_mut().rev().find(|a| a.attempt == attempt) {
-                    record.ended_at = Some(now);
-                    record.outcome = Some(recorded.as_str().into());
-                    record.error = error.clone();
-                }
-                if output.is_some() {
-                    run.output = output;
-                }
-                if error.is_some() {
-                    run.error = error;
-                }
-                run.abort = None;
+            // As the core counts it: an attempt stopped by its timeout is
+            // lost, not cancelled (SPEC §2 rule 8); the ledger records so.
+            let outcome = st.ledger.ended(task, attempt, outcome, output, error, now);
+            if let Some(entry) = st.ledger.get_mut(task) {
+                entry.run_extra().abort = None;
             }
             if let Err(e) = self.core_event(
                 &mut st,

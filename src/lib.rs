@@ -36,6 +36,7 @@ pub mod client;
 pub mod core;
 pub mod embedded;
 pub mod http;
+pub(crate) mod ledger;
 pub mod server;
 pub mod task;
 pub mod wire;

@@ -464,6 +464,22 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl TaskStatus {
+    /// The status of a finished task.
+    pub fn of_outcome(o: &Outcome) -> TaskStatus {
+        let (output, output_base64) = output_fields(o.output.as_deref());
+        TaskStatus {
+            id: o.id,
+            pool: o.pool.clone(),
+            state: o.state,
+            reason: None,
+            attempts: o.attempts.clone(),
+            output,
+            output_base64,
+            error: o.error.clone(),
+            deadline_missed: o.deadline_missed,
+        }
+    }
+
     /// The status of a task the core still holds.
     pub(crate) fn live(
         view: crate::core::TaskView,

@@ -1235,14 +1235,31 @@ async fn same_idempotency_key_while_live_returns_the_same_task() {
     assert_eq!(a, b);
     assert_eq!(starts.names().iter().filter(|n| *n == "k").count(), 1);
 
-    // Once finished, the key is free again: a new task.
+    // Finished and retained: still the same task, never a second run (as
+    // the server does; both keep these records in `ledger`).
     gates.open("o");
-    let o = finish(other).await;
+    finish(other).await;
     let later = submit(&sched, Task::new("k").pool(POOL).idempotency_key("job-1")).await;
-    assert_ne!(later.id(), a.id);
-    assert_ne!(later.id(), o.id);
-    gates.open("k");
-    assert!(finish(later).await.is_success());
+    assert_eq!(later.id(), a.id);
+    assert_eq!(finish(later).await, a);
+    assert_eq!(starts.names().iter().filter(|n| *n == "k").count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_is_free_again_once_its_task_leaves_the_retained_outcomes() {
+    let sched = Scheduler::builder().retain_finished(1).build().unwrap();
+    sched.set_capacity(POOL, 1).unwrap();
+    sched
+        .executor(POOL, |_ctx: TaskContext, p: Bytes| async move { Ok(p) })
+        .unwrap();
+    let first = submit(&sched, Task::new("a").pool(POOL).idempotency_key("job-1")).await;
+    let first_id = first.id();
+    assert!(finish(first).await.is_success());
+    let other = submit(&sched, Task::new("b").pool(POOL)).await;
+    assert!(finish(other).await.is_success());
+    let later = submit(&sched, Task::new("c").pool(POOL).idempotency_key("job-1")).await;
+    assert_ne!(later.id(), first_id);
+    assert_eq!(finish(later).await.output.unwrap(), "c");
 }
 
 // ---- task status and wait ----------------------------------------------------

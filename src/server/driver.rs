@@ -16,7 +16,8 @@
 //! its capacity leaves the core first, then its attempts are reported
 //! lost, so they are retried elsewhere and never handed back to it.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -26,7 +27,8 @@ use crate::core::{
     Action, AttemptOutcome, Core, ErrorCode, Event, Labels, LeaderInfo, Millis, PoolConfig,
     PoolName, Rejection, RevokeReason, Snapshot, TaskId, TaskState, WorkerInfo,
 };
-use crate::task::{AttemptRecord, Task, TaskStatus};
+use crate::ledger::Ledger;
+use crate::task::{Outcome, Task, TaskStatus};
 use crate::wire::{
     self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
     Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, Subjects, TaskEvent,
@@ -93,9 +95,6 @@ pub(crate) struct Settings {
     pub limits: crate::core::Limits,
 }
 
-/// The error of an attempt stopped for its attempt timeout.
-const TIMEOUT: &str = "timeout";
-
 /// The most slots one worker may offer.
 pub(crate) const MAX_SLOTS_PER_WORKER: u32 = 100_000;
 /// The longest `Register::instance` accepted.
@@ -154,19 +153,6 @@ struct LeaseState {
     attempt: u32,
     worker: String,
     expires: Millis,
-    /// Revoked because it ran past its attempt timeout: however the
-    /// worker reports the stop, the attempt is `lost` with reason
-    /// `timeout` (as embedded records it, and as the core counts it).
-    timed_out: bool,
-}
-
-struct TaskInfo {
-    pool: PoolName,
-    key: Option<String>,
-    payload: Bytes,
-    attempts: Vec<AttemptRecord>,
-    output: Option<Bytes>,
-    error: Option<String>,
 }
 
 /// The leader's state beside the core.
@@ -179,13 +165,9 @@ pub(crate) struct Driver {
     workers: BTreeMap<String, WorkerState>,
     groups: FxHashMap<(PoolName, Labels), GroupState>,
     leases: FxHashMap<TaskId, LeaseState>,
-    tasks: FxHashMap<TaskId, TaskInfo>,
-    finished: FxHashMap<TaskId, TaskStatus>,
-    finished_order: VecDeque<(TaskId, Option<String>)>,
-    /// Idempotency key → the task that holds it (live or retained).
-    keys: FxHashMap<String, TaskId>,
-    /// A resubmission with a known key → the task it duplicates.
-    aliases: FxHashMap<TaskId, TaskId>,
+    /// Payloads, attempts, outputs, keys and finished tasks: the same
+    /// records as embedded keeps.
+    ledger: Ledger<(), ()>,
     cancel_on_arrival: FxHashSet<TaskId>,
     /// Submit-stream sequences of unfinished tasks, and the next sequence
     /// not yet seen: together they bound what may be purged.
@@ -201,6 +183,7 @@ fn stale(message: impl Into<String>) -> WireError {
 impl Driver {
     pub(crate) fn new(subjects: Subjects, epoch: u64, settings: Settings, now: Millis) -> Driver {
         let mut core = Core::with_limits(settings.limits);
+        let retain = settings.retain_finished;
         for (pool, config) in &settings.pools {
             core.handle(
                 now,
@@ -220,11 +203,7 @@ impl Driver {
             workers: BTreeMap::new(),
             groups: FxHashMap::default(),
             leases: FxHashMap::default(),
-            tasks: FxHashMap::default(),
-            finished: FxHashMap::default(),
-            finished_order: VecDeque::new(),
-            keys: FxHashMap::default(),
-            aliases: FxHashMap::default(),
+            ledger: Ledger::new(retain),
             cancel_on_arrival: FxHashSet::default(),
             live_seqs: BTreeSet::new(),
             next_unseen: 1,
@@ -323,7 +302,7 @@ impl Driver {
             Input::CancelOnArrival(id) => {
                 if self.core.task(id).is_some() {
                     let _ = self.cancel(now, id);
-                } else if !self.finished.contains_key(&id) {
+                } else if !self.ledger.is_finished(id) {
                     self.cancel_on_arrival.insert(id);
                 }
             }
@@ -348,12 +327,9 @@ impl Driver {
 
     fn submitted(&mut self, now: Millis, seq: u64, pool: PoolName, task: Result<Task, WireError>) {
         let id = TaskId(seq);
-        if self.finished.contains_key(&id) || self.tasks.contains_key(&id) {
-            return; // a redelivery after a consumer restart
-        }
         self.next_unseen = self.next_unseen.max(seq + 1);
-        if self.aliases.contains_key(&id) {
-            return;
+        if self.ledger.knows(id) {
+            return; // a redelivery after a consumer restart
         }
         let spec = task.and_then(|t| {
             let payload = t.payload().clone();
@@ -363,11 +339,11 @@ impl Driver {
                 .map_err(WireError::from)
         });
         if let Ok((_, _, Some(key))) = &spec {
-            if let Some(&original) = self.keys.get(key) {
+            if let Some(original) = self.ledger.by_key(key) {
                 // The same idempotency key as a task we hold: this is that
                 // task (JetStream's Nats-Msg-Id window may have passed).
                 tracing::info!(task_id = %id, original = %original, "duplicate idempotency key");
-                self.aliases.insert(id, original);
+                self.ledger.alias(id, original);
                 self.out.push(Output::Discard { seq });
                 return;
             }
@@ -382,32 +358,20 @@ impl Driver {
         let fixed = spec.fixed_start.is_some();
         let spec_pool = spec.pool.clone();
         // Known before the core answers: a Start it returns reads the payload.
-        self.tasks.insert(
-            id,
-            TaskInfo {
-                pool: spec_pool.clone(),
-                key: key.clone(),
-                payload,
-                attempts: Vec::new(),
-                output: None,
-                error: None,
-            },
-        );
+        self.ledger.accept(id, payload, key.as_deref(), ());
         if let Err(e) = self.apply(now, Event::Submitted(spec)) {
             // A limit or a time too far ahead: refused like a malformed
             // submission (recorded failed, dead-lettered), never left queued.
-            self.tasks.remove(&id);
+            self.ledger.unaccept(id);
             self.refuse_submission(now, id, spec_pool, e.into());
             return;
         }
-        if let Some(key) = &key {
-            self.keys.insert(key.clone(), id);
-        }
-        if self.tasks.contains_key(&id) {
+        let live = self.ledger.is_live(id);
+        if live {
             self.live_seqs.insert(seq);
         }
         tracing::debug!(task_id = %id, "task accepted");
-        if self.tasks.contains_key(&id) && self.core.task(id).is_some_and(|v| v.attempts == 0) {
+        if live && self.core.task(id).is_some_and(|v| v.attempts == 0) {
             let state = if fixed {
                 TaskState::Scheduled
             } else {
@@ -432,33 +396,22 @@ impl Driver {
         e: WireError,
     ) {
         tracing::info!(task_id = %id, pool = %pool, code = %e.code, error = %e.message, "submission refused");
-        self.record_finished(
-            now,
-            TaskStatus {
-                id,
-                pool,
-                state: TaskState::Failed,
-                reason: None,
-                attempts: Vec::new(),
-                output: None,
-                output_base64: None,
-                error: Some(format!("submission refused: {} [{}]", e.message, e.code)),
-                deadline_missed: false,
-            },
-            None,
-            None,
-            Some(e),
-        );
-    }
-
-    /// The task an id stands for: itself, or the task it duplicated.
-    fn resolve(&self, id: TaskId) -> TaskId {
-        self.aliases.get(&id).copied().unwrap_or(id)
+        let outcome = Arc::new(Outcome {
+            id,
+            pool,
+            state: TaskState::Failed,
+            output: None,
+            error: Some(format!("submission refused: {} [{}]", e.message, e.code)),
+            attempts: Vec::new(),
+            deadline_missed: false,
+        });
+        self.ledger.record_outcome(outcome.clone(), None);
+        self.record_finished(now, &outcome, Some(e));
     }
 
     fn cancel(&mut self, now: Millis, id: TaskId) -> Result<Ack, WireError> {
-        let id = self.resolve(id);
-        if self.finished.contains_key(&id) {
+        let id = self.ledger.resolve(id);
+        if self.ledger.is_finished(id) {
             return Err(Rejection::AlreadyFinished(id).into());
         }
         self.apply(now, Event::CancelRequested(id))?;
@@ -467,17 +420,7 @@ impl Driver {
 
     /// A live or recently finished task; `None` if unknown here.
     pub(crate) fn status(&self, id: TaskId) -> Option<TaskStatus> {
-        let id = self.resolve(id);
-        if let Some(done) = self.finished.get(&id) {
-            return Some(done.clone());
-        }
-        let view = self.core.task(id)?;
-        let info = self.tasks.get(&id);
-        Some(TaskStatus::live(
-            view,
-            info.map(|i| i.attempts.clone()).unwrap_or_default(),
-            info.and_then(|i| i.error.clone()),
-        ))
+        self.ledger.status(&self.core, id)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -509,41 +452,25 @@ impl Driver {
         );
     }
 
-    fn record_finished(
-        &mut self,
-        now: Millis,
-        status: TaskStatus,
-        output: Option<Bytes>,
-        key: Option<String>,
-        dead_letter: Option<WireError>,
-    ) {
-        let id = status.id;
+    /// Announces a finished task (recorded in the ledger) and has its
+    /// result stored.
+    fn record_finished(&mut self, now: Millis, done: &Outcome, dead_letter: Option<WireError>) {
+        let last = done.attempts.last();
         self.event(
             now,
-            id,
-            status.state,
-            status.attempts.len() as u32,
-            status.attempts.last().map(|a| a.group.clone()),
-            status.attempts.last().and_then(|a| a.worker.clone()),
-            output,
-            status.error.clone(),
+            done.id,
+            done.state,
+            done.attempts.len() as u32,
+            last.map(|a| a.group.clone()),
+            last.and_then(|a| a.worker.clone()),
+            done.output.clone(),
+            done.error.clone(),
         );
         self.out.push(Output::Persist {
-            seq: id.0,
-            status: status.clone(),
+            seq: done.id.0,
+            status: TaskStatus::of_outcome(done),
             dead_letter,
         });
-        self.finished.insert(id, status);
-        self.finished_order.push_back((id, key));
-        while self.finished_order.len() > self.settings.retain_finished {
-            if let Some((old, key)) = self.finished_order.pop_front() {
-                self.finished.remove(&old);
-                if let Some(key) = key {
-                    self.keys.remove(&key);
-                }
-                self.aliases.retain(|_, original| *original != old);
-            }
-        }
     }
 
     fn carry_out(&mut self, now: Millis, action: Action) {
@@ -569,25 +496,23 @@ impl Driver {
                     );
                     return;
                 };
-                let Some(info) = self.tasks.get_mut(&task) else {
+                let Some(entry) = self.ledger.started(
+                    task,
+                    attempt,
+                    labels.clone(),
+                    Some(worker_id.clone()),
+                    now,
+                ) else {
                     return;
                 };
-                info.attempts.push(AttemptRecord {
-                    attempt,
-                    group: labels.clone(),
-                    worker: Some(worker_id.clone()),
-                    started_at: now,
-                    ended_at: None,
-                    outcome: None,
-                    error: None,
-                });
+                let payload = entry.payload.clone();
                 let lease = Lease {
                     v: PROTOCOL_VERSION,
                     task_id: task,
                     attempt,
                     pool,
                     group: labels.clone(),
-                    payload: info.payload.clone(),
+                    payload,
                     ttl: self.settings.lease_ttl,
                     epoch: self.epoch,
                 };
@@ -600,7 +525,6 @@ impl Driver {
                         attempt,
                         worker: worker_id.clone(),
                         expires: now.plus(self.settings.lease_ttl),
-                        timed_out: false,
                     },
                 );
                 tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
@@ -622,9 +546,11 @@ impl Driver {
                 reason,
                 ..
             } => {
-                if let Some(lease) = self.leases.get_mut(&task) {
+                if reason == RevokeReason::Timeout {
+                    self.ledger.timed_out(task, attempt);
+                }
+                if let Some(lease) = self.leases.get(&task) {
                     if lease.attempt == attempt {
-                        lease.timed_out |= reason == RevokeReason::Timeout;
                         let subject = self.subjects.revoke(&lease.worker);
                         tracing::debug!(task_id = %task, attempt, worker_id = %lease.worker, ?reason, "attempt revoked");
                         self.publish(
@@ -642,7 +568,7 @@ impl Driver {
             }
             Action::RetryAt { task, attempt, at } => {
                 tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
-                let error = self.tasks.get(&task).and_then(|i| i.error.clone());
+                let error = self.ledger.last_error(task).map(str::to_string);
                 self.event(
                     now,
                     task,
@@ -656,42 +582,20 @@ impl Driver {
             }
             Action::Finished {
                 task,
+                pool,
                 state,
                 attempts: _,
                 deadline_missed,
-                ..
             } => {
-                let Some(mut info) = self.tasks.remove(&task) else {
+                // A running attempt of a cancelled task was revoked and ends
+                // with it (the ledger closes it): the worker's late report
+                // finds no task to update.
+                let Some(done) = self.ledger.finish(task, pool, state, deadline_missed, now) else {
                     return;
                 };
                 self.live_seqs.remove(&task.0);
-                tracing::info!(task_id = %task, state = %state, attempts = info.attempts.len(), "task finished");
-                if state == TaskState::Cancelled {
-                    // A running attempt was revoked and ends with the task:
-                    // the worker's late report finds no task to update.
-                    for rec in info.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
-                        rec.ended_at = Some(now);
-                        rec.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
-                    }
-                }
-                let output = if state == TaskState::Succeeded {
-                    info.output.take()
-                } else {
-                    None
-                };
-                let (output_text, output_base64) = crate::task::output_fields(output.as_deref());
-                let status = TaskStatus {
-                    id: task,
-                    pool: info.pool,
-                    state,
-                    reason: None,
-                    attempts: info.attempts,
-                    output: output_text,
-                    output_base64,
-                    error: info.error,
-                    deadline_missed,
-                };
-                self.record_finished(now, status, output, info.key, None);
+                tracing::info!(task_id = %task, state = %state, attempts = done.outcome.attempts.len(), "task finished");
+                self.record_finished(now, &done.outcome, None);
             }
         }
     }
@@ -945,7 +849,8 @@ impl Driver {
         }
         for (task, attempt) in running {
             self.leases.remove(&task);
-            self.end_attempt(now, task, attempt, AttemptOutcome::Lost, None);
+            self.ledger
+                .ended(task, attempt, AttemptOutcome::Lost, None, None, now);
             let _ = self.apply(
                 now,
                 Event::AttemptEnded {
@@ -993,73 +898,24 @@ impl Driver {
         })
     }
 
-    fn end_attempt(
-        &mut self,
-        now: Millis,
-        task: TaskId,
-        attempt: u32,
-        outcome: AttemptOutcome,
-        error: Option<String>,
-    ) {
-        if let Some(info) = self.tasks.get_mut(&task) {
-            if let Some(rec) = info
-                .attempts
-                .iter_mut()
-                .rev()
-                .find(|a| a.attempt == attempt)
-            {
-                rec.ended_at = Some(now);
-                rec.outcome = Some(outcome.as_str().into());
-                rec.error = error.clone();
-            }
-            if error.is_some() {
-                info.error = error;
-            }
-        }
-    }
-
     fn outcome(&mut self, now: Millis, o: AttemptReport) -> Result<Ack, WireError> {
         self.check_lease(&o.worker_id, o.task_id, o.attempt, o.epoch)?;
-        let timed_out = self.leases.remove(&o.task_id).is_some_and(|l| l.timed_out);
-        let mut o = o;
-        if timed_out && !matches!(o.result, AttemptResult::Succeeded { .. }) {
-            // Stopped for its timeout: lost, whatever the worker calls it.
-            o.result = AttemptResult::Failed {
-                error: TIMEOUT.into(),
-                retryable: true,
-            };
-        }
+        self.leases.remove(&o.task_id);
         self.release_slot(now, &o.worker_id, o.task_id, o.attempt);
         if let Some(w) = self.workers.get_mut(&o.worker_id) {
             w.last_seen = now;
         }
-        let outcome = match o.result {
-            AttemptResult::Succeeded { output } => {
-                if let Some(info) = self.tasks.get_mut(&o.task_id) {
-                    info.output = Some(output);
-                }
-                self.end_attempt(now, o.task_id, o.attempt, AttemptOutcome::Succeeded, None);
-                AttemptOutcome::Succeeded
-            }
-            AttemptResult::Failed { error, .. } if timed_out && error == TIMEOUT => {
-                self.end_attempt(now, o.task_id, o.attempt, AttemptOutcome::Lost, Some(error));
-                AttemptOutcome::Lost
-            }
+        let (outcome, output, error) = match o.result {
+            AttemptResult::Succeeded { output } => (AttemptOutcome::Succeeded, Some(output), None),
             AttemptResult::Failed { error, retryable } => {
-                self.end_attempt(
-                    now,
-                    o.task_id,
-                    o.attempt,
-                    AttemptOutcome::Failed { retryable },
-                    Some(error),
-                );
-                AttemptOutcome::Failed { retryable }
+                (AttemptOutcome::Failed { retryable }, None, Some(error))
             }
-            AttemptResult::Cancelled => {
-                self.end_attempt(now, o.task_id, o.attempt, AttemptOutcome::Cancelled, None);
-                AttemptOutcome::Cancelled
-            }
+            AttemptResult::Cancelled => (AttemptOutcome::Cancelled, None, None),
         };
+        // Stopped for its timeout: lost, whatever the worker calls it.
+        let outcome = self
+            .ledger
+            .ended(o.task_id, o.attempt, outcome, output, error, now);
         self.apply(
             now,
             Event::AttemptEnded {
@@ -1084,12 +940,13 @@ impl Driver {
             tracing::info!(task_id = %task, attempt, worker_id = %worker, "lease expired");
             self.leases.remove(&task);
             self.release_slot(now, &worker, task, attempt);
-            self.end_attempt(
-                now,
+            self.ledger.ended(
                 task,
                 attempt,
                 AttemptOutcome::Lost,
+                None,
                 Some("lease expired".into()),
+                now,
             );
             let _ = self.apply(
                 now,

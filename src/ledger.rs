@@ -1,0 +1,610 @@
+//! The per-task bookkeeping beside the core, shared by both shells.
+//!
+//! The core decides (placement, retries, timers); it keeps no payloads,
+//! outputs or attempt histories. Both shells — the embedded
+//! [`Scheduler`](crate::Scheduler) and the leader's driver — need the same
+//! records beside it: each live task's payload and attempts (group, worker,
+//! times, outcome, error), its output, the idempotency key it holds, and a
+//! bounded ring of finished tasks to answer `task` and `wait` after the
+//! fact. Before this module each shell kept its own copy and the copies
+//! disagreed (a remote attempt stopped for its timeout was `cancelled`, an
+//! embedded one `lost`; a key was free again after its task finished in
+//! one and not in the other). Now there is one.
+//!
+//! Sans-IO like the core: every call is handed `now` where it records a
+//! time. A shell keeps what only it needs in `X` (waiters and abort handles
+//! for embedded, nothing for the driver).
+//!
+//! **Rules kept here.**
+//! - An attempt revoked for its attempt timeout that does not succeed is
+//!   `lost` with the error `timeout` (SPEC §2 rule 8; the core counts it
+//!   lost and retries it), however the executor or worker reports the stop.
+//! - A task that finishes while an attempt is still open (cancelled while
+//!   running) closes that attempt as `cancelled` at `now`.
+//! - An idempotency key is bound to its task while the task is live and
+//!   while its outcome is retained (the last `retain` finished tasks): a
+//!   resubmission in that window is the same task, never a second run.
+//! - Ids only grow (the embedded counter, the submit stream's sequence);
+//!   live entries sit in a window indexed by `id - base`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rustc_hash::FxHashMap;
+
+use crate::core::{AttemptOutcome, Core, Labels, Millis, PoolName, TaskId, TaskState};
+use crate::task::{AttemptRecord, Outcome, TaskStatus};
+
+/// The error of an attempt stopped for its attempt timeout.
+pub(crate) const TIMEOUT: &str = "timeout";
+
+/// One live task.
+pub(crate) struct Entry<X, R> {
+    /// What the executor or worker is handed.
+    pub payload: Bytes,
+    /// The shell's own data, from the start.
+    pub extra: X,
+    /// Allocated once the task first starts or holds a key: most tasks in
+    /// a busy embedded scheduler make one attempt and need little.
+    run: Option<Box<Run<R>>>,
+}
+
+#[derive(Default)]
+struct Run<R> {
+    attempts: Vec<AttemptRecord>,
+    output: Option<Bytes>,
+    error: Option<String>,
+    /// The attempt revoked for running past its timeout.
+    timed_out: Option<u32>,
+    key: Option<String>,
+    /// Other ids that stand for this task (resubmissions with its key).
+    aliases: Vec<TaskId>,
+    /// The shell's own data, once the task runs.
+    extra: R,
+}
+
+impl<X, R: Default> Entry<X, R> {
+    fn run(&mut self) -> &mut Run<R> {
+        self.run.get_or_insert_with(Default::default)
+    }
+
+    /// The shell's data kept once the task runs (allocated on first use).
+    pub fn run_extra(&mut self) -> &mut R {
+        &mut self.run().extra
+    }
+}
+
+/// A task that just finished.
+pub(crate) struct Finished<X, R> {
+    pub outcome: Arc<Outcome>,
+    pub extra: X,
+    pub run_extra: R,
+}
+
+/// An entry of the ring of retained outcomes.
+enum Retained {
+    /// A finished task and the key it held.
+    Task(TaskId, Option<String>),
+    /// A resubmission that stands for an earlier entry of the ring.
+    Alias(TaskId),
+}
+
+/// What an id stands for.
+pub(crate) enum Found<'a, X, R> {
+    Live(TaskId, &'a Entry<X, R>),
+    Finished(&'a Arc<Outcome>),
+}
+
+/// The records of live and recently finished tasks.
+pub(crate) struct Ledger<X, R> {
+    live: Entries<Entry<X, R>>,
+    finished: FxHashMap<TaskId, Arc<Outcome>>,
+    /// Retained outcomes (and their aliases), oldest first.
+    ring: VecDeque<Retained>,
+    /// Idempotency key → the task that holds it (live or retained).
+    keys: FxHashMap<String, TaskId>,
+    /// A resubmission with a known key → the task it duplicates.
+    aliases: FxHashMap<TaskId, TaskId>,
+    retain: usize,
+}
+
+impl<X, R: Default> Ledger<X, R> {
+    /// A ledger that keeps the outcomes of the last `retain` finished tasks.
+    pub fn new(retain: usize) -> Ledger<X, R> {
+        Ledger {
+            live: Entries::default(),
+            finished: FxHashMap::default(),
+            ring: VecDeque::new(),
+            keys: FxHashMap::default(),
+            aliases: FxHashMap::default(),
+            retain,
+        }
+    }
+
+    /// The task that holds `key`, live or retained.
+    pub fn by_key(&self, key: &str) -> Option<TaskId> {
+        self.keys.get(key).copied()
+    }
+
+    /// The task an id stands for: itself, or the task it duplicated.
+    pub fn resolve(&self, id: TaskId) -> TaskId {
+        self.aliases.get(&id).copied().unwrap_or(id)
+    }
+
+    /// Records that `dup` (a resubmission) stands for `original`, as long
+    /// as `original` is live or retained.
+    pub fn alias(&mut self, dup: TaskId, original: TaskId) {
+        if let Some(entry) = self.live.get_mut(original) {
+            entry.run().aliases.push(dup);
+            self.aliases.insert(dup, original);
+        } else if self.finished.contains_key(&original) {
+            // Behind its original in the ring: evicted after it.
+            self.aliases.insert(dup, original);
+            self.ring.push_back(Retained::Alias(dup));
+        }
+    }
+
+    /// A new live task. Its key (if any) binds to it.
+    pub fn accept(&mut self, id: TaskId, payload: Bytes, key: Option<&str>, extra: X) {
+        let mut entry = Entry {
+            payload,
+            extra,
+            run: None,
+        };
+        if let Some(key) = key {
+            self.keys.insert(key.to_string(), id);
+            entry.run().key = Some(key.to_string());
+        }
+        self.live.insert(id, entry);
+    }
+
+    /// Takes back an [`accept`](Ledger::accept) the core then refused.
+    pub fn unaccept(&mut self, id: TaskId) {
+        if let Some(mut entry) = self.live.remove(id) {
+            if let Some(key) = entry.run().key.take() {
+                if self.keys.get(&key) == Some(&id) {
+                    self.keys.remove(&key);
+                }
+            }
+        }
+    }
+
+    pub fn is_live(&self, id: TaskId) -> bool {
+        self.live.get(id).is_some()
+    }
+
+    pub fn is_finished(&self, id: TaskId) -> bool {
+        self.finished.contains_key(&self.resolve(id))
+    }
+
+    /// Known at all (live, retained, or an alias of either).
+    pub fn knows(&self, id: TaskId) -> bool {
+        self.is_live(id) || self.is_finished(id) || self.aliases.contains_key(&id)
+    }
+
+    pub fn get_mut(&mut self, id: TaskId) -> Option<&mut Entry<X, R>> {
+        self.live.get_mut(id)
+    }
+
+    /// The live entry or the retained outcome that `id` stands for.
+    pub fn find(&self, id: TaskId) -> Option<Found<'_, X, R>> {
+        let id = self.resolve(id);
+        if let Some(done) = self.finished.get(&id) {
+            return Some(Found::Finished(done));
+        }
+        self.live.get(id).map(|e| Found::Live(id, e))
+    }
+
+    /// A retained outcome.
+    pub fn outcome(&self, id: TaskId) -> Option<&Arc<Outcome>> {
+        self.finished.get(&self.resolve(id))
+    }
+
+    /// Attempt `attempt` started in `group` (on `worker`, remotely) at
+    /// `now`. Returns the entry, or `None` for a task not live here.
+    pub fn started(
+        &mut self,
+        id: TaskId,
+        attempt: u32,
+        group: Labels,
+        worker: Option<String>,
+        now: Millis,
+    ) -> Option<&mut Entry<X, R>> {
+        let entry = self.live.get_mut(id)?;
+        let run = entry.run();
+        // Most tasks make one attempt: no room for four.
+        run.attempts.reserve_exact(1);
+        run.attempts.push(AttemptRecord {
+            attempt,
+            group,
+            worker,
+            started_at: now,
+            ended_at: None,
+            outcome: None,
+            error: None,
+        });
+        Some(entry)
+    }
+
+    /// Attempt `attempt` was revoked for running past its timeout.
+    pub fn timed_out(&mut self, id: TaskId, attempt: u32) {
+        if let Some(entry) = self.live.get_mut(id) {
+            entry.run().timed_out = Some(attempt);
+        }
+    }
+
+    /// Attempt `attempt` ended at `now`. Returns the outcome as recorded,
+    /// which is what the core must hear: an attempt stopped for its
+    /// timeout that did not succeed is `lost` with the error `timeout`.
+    pub fn ended(
+        &mut self,
+        id: TaskId,
+        attempt: u32,
+        outcome: AttemptOutcome,
+        output: Option<Bytes>,
+        error: Option<String>,
+        now: Millis,
+    ) -> AttemptOutcome {
+        let Some(entry) = self.live.get_mut(id) else {
+            return outcome;
+        };
+        let run = entry.run();
+        let (outcome, error) =
+            if outcome != AttemptOutcome::Succeeded && run.timed_out == Some(attempt) {
+                (AttemptOutcome::Lost, Some(TIMEOUT.to_string()))
+            } else {
+                (outcome, error)
+            };
+        if let Some(record) = run.attempts.iter_mut().rev().find(|a| a.attempt == attempt) {
+            record.ended_at = Some(now);
+            record.outcome = Some(outcome.as_str().into());
+            record.error = error.clone();
+        }
+        if output.is_some() {
+            run.output = output;
+        }
+        if error.is_some() {
+            run.error = error;
+        }
+        outcome
+    }
+
+    /// The task finished (the core said so). Its record becomes a retained
+    /// outcome; an attempt still open is closed as `cancelled`. Returns the
+    /// outcome and the shell's data, or `None` for a task not live here.
+    pub fn finish(
+        &mut self,
+        id: TaskId,
+        pool: PoolName,
+        state: TaskState,
+        deadline_missed: bool,
+        now: Millis,
+    ) -> Option<Finished<X, R>> {
+        let entry = self.live.remove(id)?;
+        let mut run = entry.run.map(|b| *b).unwrap_or_default();
+        for record in run.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
+            record.ended_at = Some(now);
+            record.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
+        }
+        let outcome = Arc::new(Outcome {
+            id,
+            pool,
+            state,
+            output: if state == TaskState::Succeeded {
+                run.output
+            } else {
+                None
+            },
+            error: run.error,
+            attempts: run.attempts,
+            deadline_missed,
+        });
+        self.retire(outcome.clone(), run.key, run.aliases);
+        Some(Finished {
+            outcome,
+            extra: entry.extra,
+            run_extra: run.extra,
+        })
+    }
+
+    /// Records an outcome decided without the core (a refused submission),
+    /// or one read back from durable storage.
+    pub fn record_outcome(&mut self, outcome: Arc<Outcome>, key: Option<&str>) {
+        if self.finished.contains_key(&outcome.id) {
+            return;
+        }
+        if let Some(key) = key {
+            self.keys.insert(key.to_string(), outcome.id);
+        }
+        self.retire(outcome, key.map(str::to_string), Vec::new());
+    }
+
+    fn retire(&mut self, outcome: Arc<Outcome>, key: Option<String>, aliases: Vec<TaskId>) {
+        let id = outcome.id;
+        if self.retain == 0 {
+            if let Some(key) = key {
+                if self.keys.get(&key) == Some(&id) {
+                    self.keys.remove(&key);
+                }
+            }
+            for a in aliases {
+                self.aliases.remove(&a);
+            }
+            return;
+        }
+        self.finished.insert(id, outcome);
+        self.ring.push_back(Retained::Task(id, key));
+        // The aliases follow their original in the ring and leave after it.
+        self.ring.extend(aliases.into_iter().map(Retained::Alias));
+        while self.finished.len() > self.retain {
+            match self.ring.pop_front() {
+                Some(Retained::Task(old, key)) => {
+                    self.finished.remove(&old);
+                    if let Some(key) = key {
+                        if self.keys.get(&key) == Some(&old) {
+                            self.keys.remove(&key);
+                        }
+                    }
+                }
+                Some(Retained::Alias(a)) => {
+                    self.aliases.remove(&a);
+                }
+                None => break,
+            }
+        }
+        // Aliases at the front stood for tasks already gone.
+        while let Some(Retained::Alias(a)) = self.ring.front() {
+            self.aliases.remove(a);
+            self.ring.pop_front();
+        }
+    }
+
+    /// A live or retained task as `task` shows it; `None` if unknown.
+    pub fn status(&self, core: &Core, id: TaskId) -> Option<TaskStatus> {
+        match self.find(id)? {
+            Found::Finished(done) => Some(TaskStatus::of_outcome(done)),
+            Found::Live(id, entry) => {
+                let view = core.task(id)?;
+                let run = entry.run.as_deref();
+                Some(TaskStatus::live(
+                    view,
+                    run.map(|r| r.attempts.clone()).unwrap_or_default(),
+                    run.and_then(|r| r.error.clone()),
+                ))
+            }
+        }
+    }
+
+    /// The error of the last failed attempt of a live task.
+    pub fn last_error(&self, id: TaskId) -> Option<&str> {
+        self.live.get(id)?.run.as_deref()?.error.as_deref()
+    }
+}
+
+/// Live entries by id. The scheduler hands out ids in order and most tasks
+/// finish roughly in order, so live ids mostly fall in a window
+/// `[base, base + window.len())`: a deque indexed by `id - base`, with no
+/// hashing and 8 bytes of overhead per entry. When finished tasks leave the
+/// window more than half empty (a long-running task holds its front), the
+/// oldest entries move to a map, so the window never keeps finished tasks
+/// alive for long.
+pub(crate) struct Entries<T> {
+    base: u64,
+    window: VecDeque<Option<T>>,
+    in_window: usize,
+    far: FxHashMap<TaskId, T>,
+}
+
+impl<T> Default for Entries<T> {
+    fn default() -> Self {
+        Entries {
+            base: 0,
+            window: VecDeque::new(),
+            in_window: 0,
+            far: FxHashMap::default(),
+        }
+    }
+}
+
+impl<T> Entries<T> {
+    /// Adds the entry of a new task; ids only grow.
+    pub(crate) fn insert(&mut self, id: TaskId, entry: T) {
+        if self.window.is_empty() {
+            self.base = id.0;
+        }
+        let Some(at) = id.0.checked_sub(self.base) else {
+            self.far.insert(id, entry);
+            return;
+        };
+        let at = at as usize;
+        while self.window.len() < at {
+            self.window.push_back(None);
+        }
+        if at < self.window.len() {
+            // An id below the window's end: not from the counter.
+            match &mut self.window[at] {
+                Some(_) => {
+                    self.far.insert(id, entry);
+                }
+                slot => {
+                    *slot = Some(entry);
+                    self.in_window += 1;
+                }
+            }
+            return;
+        }
+        self.window.push_back(Some(entry));
+        self.in_window += 1;
+    }
+
+    fn index(&self, id: TaskId) -> Option<usize> {
+        let at = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
+        (at < self.window.len() && self.window[at].is_some()).then_some(at)
+    }
+
+    pub(crate) fn get(&self, id: TaskId) -> Option<&T> {
+        match self.index(id) {
+            Some(at) => self.window[at].as_ref(),
+            None => self.far.get(&id),
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, id: TaskId) -> Option<&mut T> {
+        match self.index(id) {
+            Some(at) => self.window[at].as_mut(),
+            None => self.far.get_mut(&id),
+        }
+    }
+
+    pub(crate) fn remove(&mut self, id: TaskId) -> Option<T> {
+        let Some(at) = self.index(id) else {
+            return self.far.remove(&id);
+        };
+        self.in_window -= 1;
+        let entry = self.window[at].take();
+        while self.window.front().is_some_and(Option::is_none) {
+            self.window.pop_front();
+            self.base += 1;
+        }
+        while self.window.len() > 64 && self.in_window * 2 < self.window.len() {
+            if let Some(Some(old)) = self.window.pop_front() {
+                self.in_window -= 1;
+                self.far.insert(TaskId(self.base), old);
+            }
+            self.base += 1;
+        }
+        entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(retain: usize) -> Ledger<(), ()> {
+        Ledger::new(retain)
+    }
+
+    fn finish(l: &mut Ledger<(), ()>, id: u64, state: TaskState) -> Arc<Outcome> {
+        l.finish(TaskId(id), PoolName::default(), state, false, Millis(9))
+            .expect("live")
+            .outcome
+    }
+
+    #[test]
+    fn an_attempt_stopped_for_its_timeout_is_lost_with_reason_timeout() {
+        let mut l = ledger(10);
+        l.accept(TaskId(1), Bytes::new(), None, ());
+        l.started(TaskId(1), 1, Labels::new(), Some("w".into()), Millis(1));
+        l.timed_out(TaskId(1), 1);
+        // However the stop is reported (embedded: aborted = cancelled;
+        // remote: failed or cancelled), it is lost with reason timeout.
+        let told = l.ended(
+            TaskId(1),
+            1,
+            AttemptOutcome::Cancelled,
+            None,
+            None,
+            Millis(5),
+        );
+        assert_eq!(told, AttemptOutcome::Lost);
+        l.started(TaskId(1), 2, Labels::new(), None, Millis(6));
+        let told = l.ended(
+            TaskId(1),
+            2,
+            AttemptOutcome::Succeeded,
+            Some(Bytes::from("ok")),
+            None,
+            Millis(7),
+        );
+        assert_eq!(told, AttemptOutcome::Succeeded);
+        let done = finish(&mut l, 1, TaskState::Succeeded);
+        assert_eq!(done.attempts[0].outcome.as_deref(), Some("lost"));
+        assert_eq!(done.attempts[0].error.as_deref(), Some(TIMEOUT));
+        assert_eq!(done.attempts[0].ended_at, Some(Millis(5)));
+        assert_eq!(done.attempts[1].outcome.as_deref(), Some("succeeded"));
+        assert_eq!(done.output.as_deref(), Some(&b"ok"[..]));
+    }
+
+    #[test]
+    fn a_success_after_the_timeout_revoke_still_counts() {
+        let mut l = ledger(10);
+        l.accept(TaskId(1), Bytes::new(), None, ());
+        l.started(TaskId(1), 1, Labels::new(), None, Millis(1));
+        l.timed_out(TaskId(1), 1);
+        let told = l.ended(
+            TaskId(1),
+            1,
+            AttemptOutcome::Succeeded,
+            None,
+            None,
+            Millis(2),
+        );
+        assert_eq!(told, AttemptOutcome::Succeeded);
+    }
+
+    #[test]
+    fn finishing_closes_an_open_attempt_as_cancelled() {
+        let mut l = ledger(10);
+        l.accept(TaskId(3), Bytes::new(), None, ());
+        l.started(TaskId(3), 1, Labels::new(), None, Millis(1));
+        let done = finish(&mut l, 3, TaskState::Cancelled);
+        assert_eq!(done.attempts[0].outcome.as_deref(), Some("cancelled"));
+        assert_eq!(done.attempts[0].ended_at, Some(Millis(9)));
+        assert!(!l.is_live(TaskId(3)) && l.is_finished(TaskId(3)));
+    }
+
+    #[test]
+    fn a_key_is_bound_while_live_and_retained_then_free() {
+        let mut l = ledger(2);
+        l.accept(TaskId(1), Bytes::new(), Some("k"), ());
+        assert_eq!(l.by_key("k"), Some(TaskId(1)));
+        l.alias(TaskId(2), TaskId(1));
+        assert_eq!(l.resolve(TaskId(2)), TaskId(1));
+        finish(&mut l, 1, TaskState::Succeeded);
+        // Retained: the key and the alias still stand for task 1.
+        assert_eq!(l.by_key("k"), Some(TaskId(1)));
+        assert!(l.outcome(TaskId(2)).is_some());
+        l.alias(TaskId(3), TaskId(1));
+        for id in [10, 11] {
+            l.accept(TaskId(id), Bytes::new(), None, ());
+            finish(&mut l, id, TaskState::Succeeded);
+        }
+        // Two newer outcomes pushed task 1 out, with its key and aliases.
+        assert_eq!(l.by_key("k"), None);
+        assert!(!l.knows(TaskId(1)) && !l.knows(TaskId(2)) && !l.knows(TaskId(3)));
+        assert!(l.knows(TaskId(10)) && l.knows(TaskId(11)));
+    }
+
+    #[test]
+    fn with_no_retention_a_key_is_free_once_finished() {
+        let mut l = ledger(0);
+        l.accept(TaskId(1), Bytes::new(), Some("k"), ());
+        l.alias(TaskId(2), TaskId(1));
+        finish(&mut l, 1, TaskState::Failed);
+        assert_eq!(l.by_key("k"), None);
+        assert!(!l.knows(TaskId(1)) && !l.knows(TaskId(2)));
+    }
+
+    #[test]
+    fn unaccept_forgets_the_task_and_its_key() {
+        let mut l = ledger(5);
+        l.accept(TaskId(4), Bytes::new(), Some("k"), ());
+        l.unaccept(TaskId(4));
+        assert!(!l.knows(TaskId(4)));
+        assert_eq!(l.by_key("k"), None);
+    }
+
+    #[test]
+    fn the_ring_stays_bounded() {
+        let mut l = ledger(3);
+        for id in 1..=100 {
+            l.accept(TaskId(id), Bytes::new(), Some(&format!("k{id}")), ());
+            l.alias(TaskId(1000 + id), TaskId(id));
+            finish(&mut l, id, TaskState::Succeeded);
+        }
+        assert_eq!(l.finished.len(), 3);
+        assert!(l.keys.len() <= 3 && l.aliases.len() <= 4 && l.ring.len() <= 7);
+    }
+}
