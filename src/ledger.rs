@@ -227,6 +227,16 @@ impl<X, R: Default> Ledger<X, R> {
         Some(entry)
     }
 
+    /// Puts back the attempts (and last error) an earlier leadership
+    /// journaled for a task just accepted again.
+    pub fn restore(&mut self, id: TaskId, attempts: Vec<AttemptRecord>, error: Option<String>) {
+        if let Some(entry) = self.live.get_mut(id) {
+            let run = entry.run();
+            run.attempts = attempts;
+            run.error = error;
+        }
+    }
+
     /// Attempt `attempt` was revoked for running past its timeout.
     pub fn timed_out(&mut self, id: TaskId, attempt: u32) {
         if let Some(entry) = self.live.get_mut(id) {

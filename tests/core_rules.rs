@@ -1168,3 +1168,60 @@ trait Tap: Sized {
     }
 }
 impl<T> Tap for T {}
+
+// ---- recovery after a leader change ------------------------------------------
+
+#[test]
+fn a_recovered_running_attempt_keeps_its_slot_and_is_not_started_again() {
+    let mut s = Sim::new();
+    s.submit(task(9));
+    // Its worker re-attached with 2 slots: the resumed attempt takes one,
+    // a waiter the other; no Start for the resumed attempt.
+    let lines = s
+        .recover(task(1).labels("gpu=a100"), 2, Some(("gpu=a100", 2)))
+        .unwrap();
+    assert_eq!(lines, ["start t9#1 {gpu=a100}"]);
+    assert_eq!(s.state(1), "running");
+    assert_eq!(s.view(1).unwrap().attempts, 2);
+    assert_eq!(s.end(1, OK), ["finish t1 succeeded attempts=2"]);
+}
+
+#[test]
+fn a_recovered_waiting_task_goes_on_counting_its_attempts() {
+    let mut s = Sim::new();
+    s.capacity("p", "", 1);
+    let lines = s.recover(task(1).max_attempts(3), 2, None).unwrap();
+    assert_eq!(lines, ["start t1#3 {}"]);
+    assert_eq!(s.end(1, FAIL), ["finish t1 failed attempts=3"]);
+    // Never past its last attempt, whatever the record says.
+    let lines = s.recover(task(2).max_attempts(2), 5, None).unwrap();
+    assert_eq!(lines, ["start t2#2 {}"]);
+}
+
+#[test]
+fn a_recovered_fixed_start_retry_is_not_missed() {
+    let mut s = Sim::new();
+    s.capacity("p", "", 1);
+    s.at(10_000);
+    // Its start (long past) was honoured by attempt 1.
+    let lines = s.recover(task(1).start_at(100, 10), 1, None).unwrap();
+    assert_eq!(lines, ["start t1#2 {}"]);
+}
+
+#[test]
+fn a_recovery_that_cannot_hold_is_refused_and_changes_nothing() {
+    let mut s = Sim::new();
+    s.capacity("p", "gpu=a100", 1);
+    s.submit(task(5).labels("gpu=a100"));
+    let e = s
+        .recover(task(1).labels("gpu=h100"), 1, Some(("gpu=a100", 2)))
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT);
+    let e = s.recover(task(1), 0, Some(("", 1))).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT);
+    // The group is full: a capacity that does not add the slot is refused.
+    let e = s.recover(task(1), 1, Some(("gpu=a100", 1))).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT);
+    let e = s.recover(task(5), 1, None).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ALREADY_EXISTS);
+}

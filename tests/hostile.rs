@@ -40,6 +40,37 @@ async fn dead_letters(js: &jetstream::Context) -> Vec<(String, String, String)> 
     out
 }
 
+/// Every dead letter: headers and body.
+async fn dead_letters_full(c: &Cluster) -> Vec<(HeaderMap, bytes::Bytes)> {
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let js = jetstream::new(nats);
+    let mut out = Vec::new();
+    // Written right after the result; give it a moment.
+    for _ in 0..50 {
+        let Ok(stream) = js.get_stream("CRONOQ_DEADLETTER").await else {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
+            .await
+            .expect("dead-letter consumer");
+        let mut messages = consumer.messages().await.expect("dead-letter messages");
+        while let Ok(Some(Ok(m))) =
+            tokio::time::timeout(std::time::Duration::from_millis(500), messages.next()).await
+        {
+            out.push((
+                m.message.headers.clone().unwrap_or_default(),
+                m.message.payload.clone(),
+            ));
+        }
+        if !out.is_empty() {
+            break;
+        }
+    }
+    out
+}
+
 /// Finding 1: `Cronoq-Deadline: 10000000000000000000s` used to panic the
 /// submit consumer for good (and again after every restart). Now it is
 /// refused, recorded failed with its reason, dead-lettered, and the next
@@ -157,6 +188,23 @@ async fn a_payload_that_cannot_be_leased_is_refused_on_every_path() {
         "{}",
         describe(&status)
     );
+    // Its dead letter has no room for the body beside the reason headers:
+    // it keeps the headers and says how long the body was (sending it
+    // whole made NATS drop the server's connection, again and again).
+    let letters = dead_letters_full(&c).await;
+    let (headers, body) = letters
+        .iter()
+        .find(|(h, _)| {
+            h.get("Cronoq-Dead-Letter-Seq").map(|v| v.to_string()) == Some(ack.sequence.to_string())
+        })
+        .expect("a dead letter for the oversized submission");
+    assert_eq!(
+        headers
+            .get("Cronoq-Dead-Letter-Body-Dropped")
+            .map(|v| v.to_string()),
+        Some((1u64 << 20).to_string())
+    );
+    assert!(body.is_empty());
     // The largest payload that is accepted runs.
     let ok = c
         .submit(cronoq::Task::new(vec![b'z'; (1 << 20) - 16 * 1024]))

@@ -192,6 +192,10 @@ fn registers() -> Vec<Register> {
         slots: 2,
         credentials: None,
         instance: Some("5f3a9c1e0b7d2a64-4242".into()),
+        running: vec![RunningAttempt {
+            task_id: TaskId(42),
+            attempt: 2,
+        }],
     };
     let signed = Register {
         credentials: Some(Credentials {
@@ -219,6 +223,7 @@ fn registers_minimal() -> Register {
         slots: 1,
         credentials: None,
         instance: None,
+        running: Vec::new(),
     }
 }
 
@@ -229,6 +234,10 @@ fn register_reply() -> RegisterReply {
         heartbeat_interval: Millis(1_000),
         worker_timeout: Millis(3_000),
         lease_ttl: Millis(10_000),
+        adopted: vec![RunningAttempt {
+            task_id: TaskId(42),
+            attempt: 2,
+        }],
     }
 }
 
@@ -531,6 +540,15 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
     add("Reply_TaskStatus", replies(&task_statuses()));
     add("Reply_Snapshot", replies(&snapshots()));
     add("TaskStatus", each(task_statuses()));
+    add(
+        "TaskRecord",
+        each(
+            task_statuses()
+                .into_iter()
+                .map(cronoq::wire::TaskRecord::of_status)
+                .collect::<Vec<_>>(),
+        ),
+    );
     add("Snapshot", each(snapshots()));
     all
 }
@@ -789,6 +807,8 @@ fn asyncapi_names_every_subject() {
             "WireError",
             "TaskStatus",
             "Snapshot",
+            // Stored in the results bucket, never sent on a subject.
+            "TaskRecord",
         ];
         if !inner.contains(&name.as_str()) {
             assert!(

@@ -80,6 +80,30 @@ pub enum Event {
     },
     /// Time passed: fire the timers due at `now`.
     Tick,
+    /// Recovery after a leader change: a task the previous leader accepted,
+    /// which has already made `attempts` attempts. With `running`, the last
+    /// of them still runs (its worker re-attached) in the group of `pool`
+    /// carrying exactly `running.labels`, whose capacity becomes
+    /// `running.capacity` counting that attempt's slot: no `Start` is
+    /// returned for it, and it ends with an `AttemptEnded` like any other.
+    /// Without, the task waits for attempt `attempts + 1` (at most its last).
+    Recovered {
+        /// The task.
+        spec: TaskSpec,
+        /// Attempts made so far.
+        attempts: u32,
+        /// Where the last attempt still runs.
+        running: Option<Resumed>,
+    },
+}
+
+/// Where a recovered attempt still runs (see [`Event::Recovered`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resumed {
+    /// The group's exact label set.
+    pub labels: Labels,
+    /// The group's capacity, the resumed attempt's slot included.
+    pub capacity: u32,
 }
 
 /// Why an attempt is revoked.
@@ -434,7 +458,12 @@ impl Core {
                     self.tidy.push(Tidy::Pool(p));
                 }
             }
-            Event::Submitted(spec) => self.submit(spec, out),
+            Event::Submitted(spec) => self.submit(spec, 0, out),
+            Event::Recovered {
+                spec,
+                attempts,
+                running,
+            } => self.recover(spec, attempts, running, out),
             Event::CancelRequested(id) => self.cancel(slot.expect("checked"), id, out),
             Event::AttemptStarted { .. } => {}
             Event::AttemptEnded {
@@ -487,7 +516,7 @@ impl Core {
     /// Refuses a submission or capacity the limits do not allow.
     fn check_limits(&self, now: Millis, event: &Event) -> Result<(), Rejection> {
         let (pool, creates) = match event {
-            Event::Submitted(spec) => {
+            Event::Submitted(spec) | Event::Recovered { spec, .. } => {
                 spec.check_horizon(now)?;
                 (&spec.pool, true)
             }
@@ -508,7 +537,7 @@ impl Core {
                 )));
             }
         }
-        if let Event::Submitted(_) = event {
+        if let Event::Submitted(_) | Event::Recovered { .. } = event {
             let live = existing.map_or(0, |p| self.groups.pools[p as usize].live);
             if live >= self.limits.max_tasks_per_pool {
                 return Err(Rejection::ResourceExhausted(format!(
@@ -554,6 +583,46 @@ impl Core {
             Event::Submitted(spec) if self.by_id.contains(spec.id) => {
                 Err(Rejection::DuplicateTask(spec.id))
             }
+            Event::Recovered { spec, .. } if self.by_id.contains(spec.id) => {
+                Err(Rejection::DuplicateTask(spec.id))
+            }
+            Event::Recovered {
+                spec,
+                attempts,
+                running: Some(running),
+            } => {
+                if *attempts == 0 {
+                    return Err(Rejection::InvalidArgument(
+                        "a running recovered attempt is attempt 1 or later".into(),
+                    ));
+                }
+                let fits = spec
+                    .required
+                    .iter()
+                    .all(|(k, v)| running.labels.get(k) == Some(v));
+                if !fits {
+                    return Err(Rejection::InvalidArgument(format!(
+                        "task {} requires [{}], which group [{}] does not carry",
+                        spec.id, spec.required, running.labels
+                    )));
+                }
+                let busy = self
+                    .groups
+                    .find_pool(&spec.pool)
+                    .and_then(|p| {
+                        self.groups.pools[p as usize]
+                            .group_by_labels
+                            .get(&running.labels)
+                    })
+                    .map_or(0, |&g| self.groups.groups[g as usize].busy);
+                if running.capacity <= busy {
+                    return Err(Rejection::InvalidArgument(format!(
+                        "capacity {} leaves no slot for the resumed attempt ({busy} busy)",
+                        running.capacity
+                    )));
+                }
+                Ok(None)
+            }
             Event::CancelRequested(id) => match self.live(*id) {
                 None => Err(Rejection::UnknownTask(*id)),
                 Some((_, rec)) if rec.phase == Phase::Draining => {
@@ -586,7 +655,73 @@ impl Core {
 
     // ---- submission -------------------------------------------------------
 
-    fn submit(&mut self, spec: TaskSpec, out: &mut Vec<Action>) {
+    /// A task of an earlier leadership: waiting again, or running where
+    /// its worker re-attached (checked by `check_state`).
+    fn recover(
+        &mut self,
+        spec: TaskSpec,
+        attempts: u32,
+        running: Option<Resumed>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(running) = running else {
+            // Waiting for its next attempt; never past its last one.
+            let max = spec.max_attempts.unwrap_or_else(|| {
+                self.groups
+                    .find_pool(&spec.pool)
+                    .map_or(1, |p| self.groups.pools[p as usize].config.max_attempts)
+            });
+            let attempts = attempts.min(max.saturating_sub(1));
+            if attempts == 0 {
+                self.submit(spec, 0, out);
+            } else {
+                // A fixed start was honoured by its first attempt: a retry
+                // waits like any other.
+                let t = self.insert(spec, attempts);
+                self.enqueue_or_start(t, out);
+            }
+            return;
+        };
+        let t = self.insert(spec, attempts - 1);
+        let p = self.tasks[t as usize].pool;
+        let g = self.groups.group(p, &running.labels);
+        self.groups.set_capacity(g, running.capacity);
+        // As if started now: the slot, the phase, the attempt timeout; the
+        // `Start` is not returned (the attempt already runs).
+        let mut started = Vec::new();
+        self.start(t, g, false, &mut started);
+        self.fill_group(g, out);
+        self.refill_if_reserved(p);
+    }
+
+    fn submit(&mut self, spec: TaskSpec, attempts: u32, out: &mut Vec<Action>) {
+        let fixed_start = spec.fixed_start;
+        let t = self.insert(spec, attempts);
+        let p = self.tasks[t as usize].pool;
+        let Some(fixed) = fixed_start else {
+            self.enqueue_or_start(t, out);
+            return;
+        };
+        let now = self.now;
+        let lead = self.groups.pools[p as usize].config.reservation_lead;
+        if now > fixed.start_at.plus(fixed.tolerance) {
+            self.missed(t, out);
+            return;
+        }
+        self.timers.add(self.timer(t, TimerKind::Miss));
+        self.groups.pools[p as usize].scheduled += 1;
+        if now >= fixed.start_at.minus(lead) {
+            self.reserve(t);
+            // A start_at already reached fires at once.
+            self.fire_timers(out);
+        } else {
+            self.tasks[t as usize].phase = Phase::Scheduled;
+            self.timers.add(self.timer(t, TimerKind::ReservationDue));
+        }
+    }
+
+    /// Adds a live task's record (no queue, no timer yet).
+    fn insert(&mut self, spec: TaskSpec, attempts: u32) -> u32 {
         let p = self.groups.pool(&spec.pool);
         let r = self.groups.reqset(p, &spec.required);
         let config = &self.groups.pools[p as usize].config;
@@ -613,7 +748,7 @@ impl Core {
             pool: p,
             reqset: r,
             priority: spec.priority,
-            attempt: 0,
+            attempt: attempts,
             max_attempts: spec.max_attempts.unwrap_or(config.max_attempts),
             bypass: 0,
             group: u32::MAX,
@@ -635,26 +770,7 @@ impl Core {
         self.groups.pools[p as usize].live += 1;
         self.groups.reqsets[r as usize].live += 1;
 
-        let Some(fixed) = spec.fixed_start else {
-            self.enqueue_or_start(t, out);
-            return;
-        };
-        let now = self.now;
-        let lead = self.groups.pools[p as usize].config.reservation_lead;
-        if now > fixed.start_at.plus(fixed.tolerance) {
-            self.missed(t, out);
-            return;
-        }
-        self.timers.add(self.timer(t, TimerKind::Miss));
-        self.groups.pools[p as usize].scheduled += 1;
-        if now >= fixed.start_at.minus(lead) {
-            self.reserve(t);
-            // A start_at already reached fires at once.
-            self.fire_timers(out);
-        } else {
-            self.tasks[t as usize].phase = Phase::Scheduled;
-            self.timers.add(self.timer(t, TimerKind::ReservationDue));
-        }
+        t
     }
 
     /// The timer of `kind` for task `t`, computed from its fields.
@@ -1149,6 +1265,10 @@ fn check_arguments(event: &Event) -> Result<(), Rejection> {
         Event::PoolConfigured { config, .. } => config.validate(),
         Event::CapacitySet { labels, .. } => labels.validate(),
         Event::Submitted(spec) => spec.validate(),
+        Event::Recovered { spec, running, .. } => {
+            spec.validate()?;
+            running.as_ref().map_or(Ok(()), |r| r.labels.validate())
+        }
         _ => Ok(()),
     }
 }

@@ -32,7 +32,7 @@ use crate::task::{Outcome, Task, TaskStatus};
 use crate::wire::{
     self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
     Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, Subjects, TaskEvent,
-    WireError, PROTOCOL_VERSION,
+    TaskRecord, WireError, PROTOCOL_VERSION,
 };
 
 /// Where a reply goes: a NATS reply subject, or a local caller (HTTP).
@@ -51,6 +51,14 @@ pub(crate) enum Input {
         pool: PoolName,
         task: Result<Task, WireError>,
     },
+    /// A submission whose task an earlier leadership started: its journal
+    /// record says which attempts ran, and which one may still run.
+    Recovered {
+        seq: u64,
+        pool: PoolName,
+        task: Result<Task, WireError>,
+        record: TaskRecord,
+    },
     Register(Register, Responder<RegisterReply>),
     Heartbeat(Heartbeat, Responder<HeartbeatReply>),
     Deregister(Deregister, Responder<Ack>),
@@ -63,20 +71,38 @@ pub(crate) enum Input {
     Snapshot(Responder<Snapshot>),
 }
 
-/// Something the runner must do.
-#[derive(Debug, PartialEq)]
+/// Something the runner must do. Writes (`Persist`) and announcements
+/// (`Publish`, `Reply`) of one turn are carried out in that order: nobody
+/// hears of a state change before it is stored.
 pub(crate) enum Output {
     /// Publish on core NATS.
     Publish { subject: String, body: Bytes },
-    /// Store a finished task's result and drop its submission; a refused
-    /// submission is first copied to the dead-letter stream with its reason.
+    /// Store a task's record under its sequence in the results bucket (the
+    /// journal): a live task's attempts so far, or a finished task's result
+    /// (then its submission may be purged). A refused submission is first
+    /// copied to the dead-letter stream with its reason.
     Persist {
         seq: u64,
-        status: TaskStatus,
+        record: TaskRecord,
         dead_letter: Option<WireError>,
     },
     /// Drop a submission that duplicated another task (no result kept).
     Discard { seq: u64 },
+    /// Hand a result to a local caller (HTTP).
+    Reply(Box<dyn FnOnce() + Send>),
+}
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Output::Publish { subject, body } => {
+                write!(f, "Publish({subject}, {} bytes)", body.len())
+            }
+            Output::Persist { seq, record, .. } => write!(f, "Persist({seq}, {})", record.state),
+            Output::Discard { seq } => write!(f, "Discard({seq})"),
+            Output::Reply(_) => f.write_str("Reply"),
+        }
+    }
 }
 
 /// Timing and limits.
@@ -93,6 +119,22 @@ pub(crate) struct Settings {
     pub pools: Vec<(PoolName, PoolConfig)>,
     pub max_workers: usize,
     pub limits: crate::core::Limits,
+    /// After a leader change, how long an attempt the journal says runs
+    /// waits for its worker to register again before it counts as lost.
+    pub reattach_grace: Millis,
+}
+
+/// The error of an attempt whose worker did not register again with a new
+/// leader within the grace period.
+const NOT_REATTACHED: &str = "its worker did not re-attach after a leader change";
+
+/// An attempt of an earlier leadership that may still run: its task waits
+/// outside the core until the worker re-attaches it or the grace ends.
+struct Parked {
+    spec: crate::core::TaskSpec,
+    attempt: u32,
+    worker: String,
+    group: Labels,
 }
 
 /// The most slots one worker may offer.
@@ -153,6 +195,9 @@ struct LeaseState {
     attempt: u32,
     worker: String,
     expires: Millis,
+    /// Re-attached after a leader change: the worker holds the lease of
+    /// an earlier epoch, which is accepted for this attempt only.
+    reattached: bool,
 }
 
 /// The leader's state beside the core.
@@ -169,6 +214,13 @@ pub(crate) struct Driver {
     /// records as embedded keeps.
     ledger: Ledger<(), ()>,
     cancel_on_arrival: FxHashSet<TaskId>,
+    /// Tasks whose attempts changed this turn: their records are journaled
+    /// before anything of the turn is announced.
+    dirty: FxHashSet<TaskId>,
+    /// Attempts of earlier leaderships waiting for their workers.
+    parked: FxHashMap<TaskId, Parked>,
+    /// Until when they wait.
+    reattach_until: Millis,
     /// Submit-stream sequences of unfinished tasks, and the next sequence
     /// not yet seen: together they bound what may be purged.
     live_seqs: BTreeSet<u64>,
@@ -184,6 +236,7 @@ impl Driver {
     pub(crate) fn new(subjects: Subjects, epoch: u64, settings: Settings, now: Millis) -> Driver {
         let mut core = Core::with_limits(settings.limits);
         let retain = settings.retain_finished;
+        let reattach_until = now.plus(settings.reattach_grace);
         for (pool, config) in &settings.pools {
             core.handle(
                 now,
@@ -205,15 +258,34 @@ impl Driver {
             leases: FxHashMap::default(),
             ledger: Ledger::new(retain),
             cancel_on_arrival: FxHashSet::default(),
+            dirty: FxHashSet::default(),
+            parked: FxHashMap::default(),
+            reattach_until,
             live_seqs: BTreeSet::new(),
             next_unseen: 1,
             out: Vec::new(),
         }
     }
 
-    /// Outputs queued so far, oldest first.
+    /// Outputs queued so far, oldest first, after the journal records of
+    /// the tasks whose attempts changed (one per task, its latest state).
     pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
-        std::mem::take(&mut self.out)
+        let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
+        for id in self.dirty.drain() {
+            // A task that finished meanwhile has its result in `out`.
+            if !self.ledger.is_live(id) {
+                continue;
+            }
+            if let Some(status) = self.ledger.status(&self.core, id) {
+                out.push(Output::Persist {
+                    seq: id.0,
+                    record: TaskRecord::of_status(status),
+                    dead_letter: None,
+                });
+            }
+        }
+        out.append(&mut self.out);
+        out
     }
 
     /// Every submission below this stream sequence belongs to a finished
@@ -229,19 +301,27 @@ impl Driver {
 
     /// When the runner must call [`Driver::housekeeping`] next at the latest.
     pub(crate) fn next_wakeup(&self) -> Option<Millis> {
-        self.core.next_wakeup()
+        let core = self.core.next_wakeup();
+        if self.parked.is_empty() {
+            return core;
+        }
+        Some(core.map_or(self.reattach_until, |c| c.min(self.reattach_until)))
     }
 
-    fn respond<T: serde::Serialize>(&mut self, to: Responder<T>, result: Result<T, WireError>) {
+    fn respond<T: serde::Serialize + Send + 'static>(
+        &mut self,
+        to: Responder<T>,
+        result: Result<T, WireError>,
+    ) {
         match to {
             Responder::Nats(Some(subject)) => self.out.push(Output::Publish {
                 subject,
                 body: wire::encode_reply(&result).into(),
             }),
             Responder::Nats(None) => {}
-            Responder::Local(tx) => {
+            Responder::Local(tx) => self.out.push(Output::Reply(Box::new(move || {
                 let _ = tx.send(result);
-            }
+            }))),
         }
     }
 
@@ -267,6 +347,12 @@ impl Driver {
     pub(crate) fn handle(&mut self, now: Millis, input: Input) {
         match input {
             Input::Submitted { seq, pool, task } => self.submitted(now, seq, pool, task),
+            Input::Recovered {
+                seq,
+                pool,
+                task,
+                record,
+            } => self.recovered(now, seq, pool, task, record),
             Input::Register(r, to) => {
                 let result = self.register(now, r);
                 self.respond(to, result);
@@ -384,6 +470,111 @@ impl Driver {
         }
     }
 
+    /// A task an earlier leadership started. Its attempts come back into
+    /// the ledger; an attempt still open waits (parked, outside the core)
+    /// for its worker to re-attach it, until `reattach_until`; otherwise
+    /// the task waits for its next attempt. The earlier leader accepted
+    /// the submission, so its key is not checked again.
+    fn recovered(
+        &mut self,
+        now: Millis,
+        seq: u64,
+        pool: PoolName,
+        task: Result<Task, WireError>,
+        record: TaskRecord,
+    ) {
+        let id = TaskId(seq);
+        let (Ok(task), Some(last)) = (&task, record.attempts.last()) else {
+            return self.submitted(now, seq, pool, task);
+        };
+        self.next_unseen = self.next_unseen.max(seq + 1);
+        if self.ledger.knows(id) {
+            return;
+        }
+        let spec = match task.to_spec(id, self.settings.max_payload_bytes) {
+            Ok(spec) => spec,
+            Err(e) => return self.refuse_submission(now, id, pool, e.into()),
+        };
+        let (attempt, open) = (last.attempt, last.outcome.is_none());
+        let running_on = last.worker.clone().zip(Some(last.group.clone()));
+        self.ledger
+            .accept(id, task.payload().clone(), task.key(), ());
+        self.ledger.restore(id, record.attempts, record.error);
+        self.live_seqs.insert(seq);
+        tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
+        if open {
+            match running_on {
+                Some((worker, group)) if now < self.reattach_until => {
+                    self.parked.insert(
+                        id,
+                        Parked {
+                            spec,
+                            attempt,
+                            worker,
+                            group,
+                        },
+                    );
+                    return;
+                }
+                _ => {
+                    self.ended(
+                        id,
+                        attempt,
+                        AttemptOutcome::Lost,
+                        None,
+                        Some(NOT_REATTACHED.into()),
+                        now,
+                    );
+                }
+            }
+        }
+        self.resume_waiting(now, spec, attempt);
+    }
+
+    /// A recovered task waits for attempt `attempts + 1`.
+    fn resume_waiting(&mut self, now: Millis, spec: crate::core::TaskSpec, attempts: u32) {
+        let (id, pool) = (spec.id, spec.pool.clone());
+        let event = Event::Recovered {
+            spec,
+            attempts,
+            running: None,
+        };
+        if let Err(e) = self.apply(now, event) {
+            self.ledger.unaccept(id);
+            self.live_seqs.remove(&id.0);
+            self.refuse_submission(now, id, pool, e.into());
+        }
+    }
+
+    /// The grace is over: attempts not re-attached are lost, their tasks
+    /// wait for their next attempt.
+    fn end_reattach_grace(&mut self, now: Millis) {
+        if self.parked.is_empty() || now < self.reattach_until {
+            return;
+        }
+        let mut parked: Vec<(TaskId, Parked)> = self.parked.drain().collect();
+        parked.sort_by_key(|(id, _)| *id);
+        for (id, p) in parked {
+            tracing::info!(task_id = %id, attempt = p.attempt, worker_id = %p.worker, "attempt lost: its worker did not re-attach");
+            self.ended(
+                id,
+                p.attempt,
+                AttemptOutcome::Lost,
+                None,
+                Some(NOT_REATTACHED.into()),
+                now,
+            );
+            self.resume_waiting(now, p.spec, p.attempt);
+        }
+    }
+
+    /// Whether `attempt` of `task` waits for `worker` to re-attach it.
+    fn is_parked(&self, worker_id: &str, task: TaskId, attempt: u32) -> bool {
+        self.parked
+            .get(&task)
+            .is_some_and(|p| p.attempt == attempt && p.worker == worker_id)
+    }
+
     /// A submission that cannot run: recorded as a failed task with the
     /// reason (so `task` answers and the stream can drop it) and copied to
     /// the dead-letter stream. Never retried: the same bytes would be
@@ -468,7 +659,7 @@ impl Driver {
         );
         self.out.push(Output::Persist {
             seq: done.id.0,
-            status: TaskStatus::of_outcome(done),
+            record: TaskRecord::of_outcome(done),
             dead_letter,
         });
     }
@@ -506,6 +697,7 @@ impl Driver {
                     return;
                 };
                 let payload = entry.payload.clone();
+                self.dirty.insert(task);
                 let lease = Lease {
                     v: PROTOCOL_VERSION,
                     task_id: task,
@@ -525,6 +717,7 @@ impl Driver {
                         attempt,
                         worker: worker_id.clone(),
                         expires: now.plus(self.settings.lease_ttl),
+                        reattached: false,
                     },
                 );
                 tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
@@ -733,9 +926,76 @@ impl Driver {
                 running: BTreeSet::new(),
             },
         );
+        let adopted = self.reattach(now, &r.worker_id, &r.running, r.slots);
         let slots = r.slots;
         self.update_worker(now, &r.worker_id, |w| w.slots = slots);
-        Ok(self.register_reply())
+        let mut reply = self.register_reply();
+        reply.adopted = adopted;
+        Ok(reply)
+    }
+
+    /// A worker registering with a new leader lists what it still runs:
+    /// the attempts the journal says it runs (parked) are re-attached —
+    /// running again in the core, in its group, leased to it — before its
+    /// slots are offered, so nothing else takes them. The rest it stops.
+    /// At most `slots` attempts; the worker has no share yet.
+    fn reattach(
+        &mut self,
+        now: Millis,
+        worker_id: &str,
+        running: &[RunningAttempt],
+        slots: u32,
+    ) -> Vec<RunningAttempt> {
+        let mut adopted = Vec::new();
+        let Some(w) = self.workers.get(worker_id) else {
+            return adopted;
+        };
+        let (pool, labels) = (w.pool.clone(), w.labels.clone());
+        let base = self
+            .groups
+            .get(&(pool.clone(), labels.clone()))
+            .map_or(0, |g| g.slots);
+        for a in running.iter().take(slots as usize) {
+            let fits = self.parked.get(&a.task_id).is_some_and(|p| {
+                p.attempt == a.attempt
+                    && p.worker == worker_id
+                    && p.group == labels
+                    && p.spec.pool == pool
+            });
+            if !fits {
+                continue;
+            }
+            let p = self.parked.remove(&a.task_id).expect("checked");
+            let capacity = base + adopted.len() as u64 + 1;
+            let event = Event::Recovered {
+                spec: p.spec.clone(),
+                attempts: p.attempt,
+                running: Some(crate::core::Resumed {
+                    labels: labels.clone(),
+                    capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+                }),
+            };
+            if let Err(e) = self.apply(now, event) {
+                tracing::warn!(task_id = %a.task_id, attempt = a.attempt, error = %e, "attempt could not be re-attached");
+                self.parked.insert(a.task_id, p);
+                continue;
+            }
+            tracing::info!(task_id = %a.task_id, attempt = a.attempt, worker_id, "attempt re-attached");
+            if let Some(w) = self.workers.get_mut(worker_id) {
+                w.running.insert((a.task_id, a.attempt));
+            }
+            self.leases.insert(
+                a.task_id,
+                LeaseState {
+                    attempt: a.attempt,
+                    worker: worker_id.to_string(),
+                    expires: now.plus(self.settings.lease_ttl),
+                    reattached: true,
+                },
+            );
+            adopted.push(*a);
+        }
+        adopted
     }
 
     /// Whether a worker may join `pool`: declared, or undeclared ones
@@ -764,6 +1024,7 @@ impl Driver {
             heartbeat_interval: self.settings.heartbeat_interval,
             worker_timeout: self.settings.worker_timeout,
             lease_ttl: self.settings.lease_ttl,
+            adopted: Vec::new(),
         }
     }
 
@@ -849,8 +1110,7 @@ impl Driver {
         }
         for (task, attempt) in running {
             self.leases.remove(&task);
-            self.ledger
-                .ended(task, attempt, AttemptOutcome::Lost, None, None, now);
+            self.ended(task, attempt, AttemptOutcome::Lost, None, None, now);
             let _ = self.apply(
                 now,
                 Event::AttemptEnded {
@@ -870,14 +1130,30 @@ impl Driver {
         attempt: u32,
         epoch: u64,
     ) -> Result<(), WireError> {
-        if epoch != self.epoch {
-            return Err(stale(format!(
-                "lease of epoch {epoch} is stale (the leader's epoch is {})",
-                self.epoch
-            )));
+        if self.is_parked(worker_id, task, attempt) {
+            // A successor that has not seen this worker again yet.
+            return Err(WireError::new(
+                ErrorCode::UNAVAILABLE,
+                format!(
+                    "attempt {attempt} of task {task} waits for {worker_id} to register again \
+                     with the leader of epoch {}",
+                    self.epoch
+                ),
+            ));
         }
+        // An attempt re-attached after a leader change keeps the epoch of
+        // the lease it runs under; every other lease is of this epoch.
         match self.leases.get(&task) {
-            Some(l) if l.attempt == attempt && l.worker == worker_id => Ok(()),
+            Some(l) if l.attempt == attempt && l.worker == worker_id => {
+                if epoch == self.epoch || (l.reattached && epoch < self.epoch) {
+                    Ok(())
+                } else {
+                    Err(stale(format!(
+                        "lease of epoch {epoch} is stale (the leader's epoch is {})",
+                        self.epoch
+                    )))
+                }
+            }
             _ => Err(stale(format!(
                 "attempt {attempt} of task {task} is not leased to {worker_id}"
             ))),
@@ -898,6 +1174,22 @@ impl Driver {
         })
     }
 
+    /// Records an attempt's end in the ledger (journaled this turn);
+    /// returns the outcome the core must hear.
+    fn ended(
+        &mut self,
+        task: TaskId,
+        attempt: u32,
+        outcome: AttemptOutcome,
+        output: Option<Bytes>,
+        error: Option<String>,
+        now: Millis,
+    ) -> AttemptOutcome {
+        self.dirty.insert(task);
+        self.ledger
+            .ended(task, attempt, outcome, output, error, now)
+    }
+
     fn outcome(&mut self, now: Millis, o: AttemptReport) -> Result<Ack, WireError> {
         self.check_lease(&o.worker_id, o.task_id, o.attempt, o.epoch)?;
         self.leases.remove(&o.task_id);
@@ -913,9 +1205,7 @@ impl Driver {
             AttemptResult::Cancelled => (AttemptOutcome::Cancelled, None, None),
         };
         // Stopped for its timeout: lost, whatever the worker calls it.
-        let outcome = self
-            .ledger
-            .ended(o.task_id, o.attempt, outcome, output, error, now);
+        let outcome = self.ended(o.task_id, o.attempt, outcome, output, error, now);
         self.apply(
             now,
             Event::AttemptEnded {
@@ -930,6 +1220,7 @@ impl Driver {
     /// Timers of the core, expired leases, silent workers.
     pub(crate) fn housekeeping(&mut self, now: Millis) {
         let _ = self.apply(now, Event::Tick);
+        self.end_reattach_grace(now);
         let expired: Vec<(TaskId, u32, String)> = self
             .leases
             .iter()
@@ -940,7 +1231,7 @@ impl Driver {
             tracing::info!(task_id = %task, attempt, worker_id = %worker, "lease expired");
             self.leases.remove(&task);
             self.release_slot(now, &worker, task, attempt);
-            self.ledger.ended(
+            self.ended(
                 task,
                 attempt,
                 AttemptOutcome::Lost,
@@ -1003,6 +1294,7 @@ impl Driver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::task::AttemptRecord;
 
     fn settings() -> Settings {
         Settings {
@@ -1016,11 +1308,25 @@ mod tests {
             pools: Vec::new(),
             max_workers: 1_000_000,
             limits: crate::core::Limits::default(),
+            reattach_grace: Millis(3_000),
         }
     }
 
     fn driver() -> Driver {
         Driver::new(Subjects::default(), 7, settings(), Millis(0))
+    }
+
+    /// Hands local callers their replies (the runner does so once the
+    /// turn's records are stored); keeps the other outputs for the test.
+    fn answer(d: &mut Driver) {
+        let mut kept = Vec::new();
+        for output in d.take_outputs() {
+            match output {
+                Output::Reply(reply) => reply(),
+                other => kept.push(other),
+            }
+        }
+        d.out = kept;
     }
 
     fn register(d: &mut Driver, id: &str, labels: &str, slots: u32) {
@@ -1049,10 +1355,12 @@ mod tests {
                     slots,
                     credentials: None,
                     instance: instance.map(str::to_string),
+                    running: Vec::new(),
                 },
                 Responder::Local(tx),
             ),
         );
+        answer(d);
         rx.try_recv().unwrap()
     }
 
@@ -1076,6 +1384,7 @@ mod tests {
             result,
         };
         d.handle(Millis(now), Input::Outcome(report, Responder::Local(tx)));
+        answer(d);
         rx.try_recv().unwrap()
     }
 
@@ -1092,6 +1401,7 @@ mod tests {
     fn snapshot(d: &mut Driver) -> Snapshot {
         let (tx, mut rx) = oneshot::channel();
         d.handle(Millis(0), Input::Snapshot(Responder::Local(tx)));
+        answer(d);
         rx.try_recv().unwrap().unwrap()
     }
 
@@ -1231,9 +1541,9 @@ mod tests {
         let dead = outputs.iter().find_map(|o| match o {
             Output::Persist {
                 seq: 1,
-                status,
+                record,
                 dead_letter: Some(e),
-            } => Some((status.clone(), e.clone())),
+            } => Some((record.clone(), e.clone())),
             _ => None,
         });
         let (status, reason) = dead.expect("a dead letter for submission 1");
@@ -1327,7 +1637,8 @@ mod tests {
                 Responder::Local(tx),
             ),
         );
-        assert!(d.take_outputs().len() <= 2);
+        // Two revokes at most, and the reply.
+        assert!(d.take_outputs().len() <= 3);
     }
 
     fn submit(d: &mut Driver, now: u64, seq: u64, labels: &str) {
@@ -1438,7 +1749,9 @@ mod tests {
             .filter(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".lease")))
             .count();
         assert_eq!(leases, 1);
-        assert!(outputs.contains(&Output::Discard { seq: 2 }));
+        assert!(outputs
+            .iter()
+            .any(|o| matches!(o, Output::Discard { seq: 2 })));
         assert_eq!(d.status(TaskId(2)).unwrap().id, TaskId(1));
     }
 
@@ -1457,5 +1770,206 @@ mod tests {
         report(&mut d, 2, "a", lease.task_id, 1, 7, succeeded).unwrap();
         // Task 1 finished, task 2 runs now: only submission 1 may go.
         assert_eq!(d.purge_floor(), 2);
+    }
+
+    // ---- recovery after a leader change ----------------------------------
+
+    /// The journal record of a task whose attempt `attempt` ran (or runs,
+    /// when `open`) on `worker` under an earlier leadership.
+    fn journaled(seq: u64, attempt: u32, worker: &str, open: bool) -> TaskRecord {
+        let attempts = (1..=attempt)
+            .map(|n| AttemptRecord {
+                attempt: n,
+                group: Labels::new(),
+                worker: Some(worker.into()),
+                started_at: Millis(1),
+                ended_at: (n < attempt || !open).then_some(Millis(2)),
+                outcome: (n < attempt || !open).then(|| "lost".into()),
+                error: None,
+            })
+            .collect();
+        TaskRecord {
+            v: 1,
+            id: TaskId(seq),
+            pool: PoolName::new("p").unwrap(),
+            state: TaskState::Running,
+            attempts,
+            output: None,
+            error: None,
+            deadline_missed: false,
+        }
+    }
+
+    fn recover(d: &mut Driver, now: u64, record: TaskRecord) {
+        d.handle(
+            Millis(now),
+            Input::Recovered {
+                seq: record.id.0,
+                pool: PoolName::new("p").unwrap(),
+                task: Ok(Task::new("x").pool("p")),
+                record,
+            },
+        );
+    }
+
+    fn register_running(
+        d: &mut Driver,
+        now: u64,
+        id: &str,
+        slots: u32,
+        running: &[(u64, u32)],
+    ) -> RegisterReply {
+        let (tx, mut rx) = oneshot::channel();
+        d.handle(
+            Millis(now),
+            Input::Register(
+                Register {
+                    v: 1,
+                    worker_id: id.into(),
+                    pool: PoolName::new("p").unwrap(),
+                    labels: Labels::new(),
+                    slots,
+                    credentials: None,
+                    instance: Some("i".into()),
+                    running: running
+                        .iter()
+                        .map(|&(t, attempt)| RunningAttempt {
+                            task_id: TaskId(t),
+                            attempt,
+                        })
+                        .collect(),
+                },
+                Responder::Local(tx),
+            ),
+        );
+        answer(d);
+        rx.try_recv().unwrap().unwrap()
+    }
+
+    /// Issue 8, re-attachment: a successor (epoch 7 here) learns from the
+    /// journal that attempt 1 of task 1 runs on `a`; `a` registers again
+    /// listing it: the attempt keeps running there (no new lease, its slot
+    /// taken), its report under the old epoch counts, and an attempt the
+    /// journal does not know is not adopted.
+    #[test]
+    fn a_running_attempt_is_reattached_when_its_worker_registers_again() {
+        let mut d = driver();
+        recover(&mut d, 1, journaled(1, 1, "a", true));
+        submit(&mut d, 1, 2, "");
+        // Before `a` is back, its reports wait (the worker retries).
+        let e = report(&mut d, 2, "a", TaskId(1), 1, 6, AttemptResult::Cancelled).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UNAVAILABLE);
+        let reply = register_running(&mut d, 3, "a", 1, &[(1, 1), (99, 1)]);
+        assert_eq!(
+            reply.adopted,
+            [RunningAttempt {
+                task_id: TaskId(1),
+                attempt: 1
+            }]
+        );
+        assert!(
+            leases(&mut d).is_empty(),
+            "its one slot is the re-attached attempt's"
+        );
+        assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+        assert_eq!(d.status(TaskId(2)).unwrap().state, TaskState::Queued);
+        report(
+            &mut d,
+            4,
+            "a",
+            TaskId(1),
+            1,
+            6,
+            AttemptResult::Succeeded {
+                output: Bytes::from("done"),
+            },
+        )
+        .unwrap();
+        let status = d.status(TaskId(1)).unwrap();
+        assert_eq!(status.state, TaskState::Succeeded);
+        assert_eq!(status.attempts.len(), 1, "one run, one attempt");
+        let next = leases(&mut d);
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].1.task_id, TaskId(2));
+        assert!(d.core.check_invariants().is_ok());
+    }
+
+    /// Issue 8: an attempt whose worker does not come back within the
+    /// grace is lost (with its reason) and the task runs as its next
+    /// attempt, not as attempt 1 again.
+    #[test]
+    fn an_attempt_not_reattached_within_the_grace_is_lost_and_retried_as_the_next() {
+        let mut d = driver();
+        recover(&mut d, 1, journaled(1, 2, "gone", true));
+        register(&mut d, "b", "", 1);
+        assert!(leases(&mut d).is_empty(), "parked until the grace ends");
+        d.housekeeping(Millis(3_001));
+        let next = leases(&mut d);
+        assert_eq!(next.len(), 1);
+        assert_eq!((next[0].1.task_id, next[0].1.attempt), (TaskId(1), 3));
+        let status = d.status(TaskId(1)).unwrap();
+        assert_eq!(status.attempts.len(), 3);
+        assert_eq!(status.attempts[1].outcome.as_deref(), Some("lost"));
+        assert_eq!(status.attempts[1].error.as_deref(), Some(NOT_REATTACHED));
+        // The records of the turn: the lost attempt and the new one.
+        assert!(d.core.check_invariants().is_ok());
+    }
+
+    /// Issue 8: a task whose last attempt ended (here: lost) waits for its
+    /// next attempt at once.
+    #[test]
+    fn a_recovered_task_between_attempts_goes_on_with_the_next() {
+        let mut d = driver();
+        register(&mut d, "b", "", 1);
+        recover(&mut d, 1, journaled(1, 1, "x", false));
+        let next = leases(&mut d);
+        assert_eq!((next[0].1.task_id, next[0].1.attempt), (TaskId(1), 2));
+    }
+
+    /// Issue 8, persist before announce: the lease of an attempt goes out
+    /// in the same turn as the attempt's journal record, which the runner
+    /// stores first; the outcome's record and result likewise.
+    #[test]
+    fn every_attempt_change_is_journaled_in_its_turn() {
+        let mut d = driver();
+        register(&mut d, "a", "", 1);
+        submit(&mut d, 1, 1, "");
+        let outputs = d.take_outputs();
+        let record = outputs.iter().find_map(|o| match o {
+            Output::Persist { seq: 1, record, .. } => Some(record.clone()),
+            _ => None,
+        });
+        let record = record.expect("the started attempt is journaled");
+        assert_eq!(record.state, TaskState::Running);
+        assert_eq!(record.attempts[0].worker.as_deref(), Some("a"));
+        assert!(record.attempts[0].outcome.is_none());
+        let (tx, _rx) = oneshot::channel();
+        d.handle(
+            Millis(2),
+            Input::Outcome(
+                AttemptReport {
+                    v: 1,
+                    worker_id: "a".into(),
+                    task_id: TaskId(1),
+                    attempt: 1,
+                    epoch: 7,
+                    result: AttemptResult::Succeeded {
+                        output: Bytes::from("ok"),
+                    },
+                },
+                Responder::Local(tx),
+            ),
+        );
+        let outputs = d.take_outputs();
+        let finals: Vec<&TaskRecord> = outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Persist { seq: 1, record, .. } => Some(record),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(finals.len(), 1, "one record per task per turn");
+        assert_eq!(finals[0].state, TaskState::Succeeded);
+        assert_eq!(finals[0].output.as_deref(), Some(&b"ok"[..]));
     }
 }

@@ -202,7 +202,7 @@ impl LeaderApi {
     /// A finished task's result from the bucket.
     async fn stored_result(&self, id: TaskId) -> Result<Option<TaskStatus>, WireError> {
         match self.inner.results.get(id.to_string()).await {
-            Ok(Some(bytes)) => Ok(Some(wire::decode(&bytes)?)),
+            Ok(Some(bytes)) => Ok(Some(wire::TaskRecord::decode(&bytes)?.into_status())),
             Ok(None) => Ok(None),
             Err(e) => Err(unavailable(format!("results bucket: {e}"))),
         }
@@ -277,7 +277,11 @@ impl LeaderApi {
         match self.ask(|to| Input::Cancel(id, to)).await {
             Ok(_) => Ok(()),
             Err(e) if e.code == ErrorCode::NOT_FOUND => {
-                if self.stored_result(id).await?.is_some() {
+                if self
+                    .stored_result(id)
+                    .await?
+                    .is_some_and(|s| s.state.is_terminal())
+                {
                     return Err(crate::core::Rejection::AlreadyFinished(id).into());
                 }
                 if self.accepted(id).await?.is_some() {
@@ -694,11 +698,14 @@ async fn lead(
             pools: base.pools.clone(),
             max_workers: s.max_workers,
             limits: s.limits(),
+            // A re-attaching worker registers within a heartbeat of seeing
+            // the new leader; one silent this long is gone anyway.
+            reattach_grace: worker_timeout,
         },
         now,
     );
     let (inputs, input_rx) = mpsc::channel(65_536);
-    let (persist_tx, persist_rx) = mpsc::unbounded_channel::<Persisted>();
+    let (commit_tx, commit_rx) = mpsc::unbounded_channel::<Turn>();
     let pending: Pending = Arc::default();
     let (floor_tx, floor_rx) = watch::channel(1u64);
     let (lost_tx, lost_rx) = watch::channel(None);
@@ -745,8 +752,9 @@ async fn lead(
         .await
         .map_err(nats_err(format!("subscribing to {api_subject}")))?;
     let api_requests = tokio::spawn(serve_api(base.client.clone(), api.clone(), requests));
-    let persister = tokio::spawn(persist(
-        persist_rx,
+    let committer = tokio::spawn(commit(
+        commit_rx,
+        client_for(&api),
         Fenced {
             js: base.js.clone(),
             bucket: base.subjects.results_bucket(),
@@ -767,8 +775,7 @@ async fn lead(
             drive(
                 driver,
                 input_rx,
-                client_for(&api),
-                persist_tx,
+                commit_tx,
                 pending,
                 floor_tx,
                 &api.inner.driver_beat,
@@ -781,7 +788,7 @@ async fn lead(
     Ok(Leadership {
         api,
         driver,
-        others: vec![consumer, api_requests, persister, purger],
+        others: vec![consumer, api_requests, committer, purger],
         lost: lost_rx,
     })
 }
@@ -1073,10 +1080,18 @@ async fn consume(
                 }
             };
             next_seq = seq + 1;
+            // Its journal record, if an earlier leadership wrote one.
+            let mut journaled = None;
             if seq <= startup_last {
-                // Finished before a restart, but not yet purged: skip it.
-                if let Ok(Some(_)) = results.get(seq.to_string()).await {
-                    continue;
+                if let Ok(Some(bytes)) = results.get(seq.to_string()).await {
+                    match wire::TaskRecord::decode(&bytes) {
+                        // Finished before, not yet purged: skip it.
+                        Ok(record) if record.state.is_terminal() => continue,
+                        Ok(record) => journaled = Some(record),
+                        Err(e) => {
+                            tracing::warn!(seq, error = %e, "unreadable journal record ignored")
+                        }
+                    }
                 }
             }
             let m = &message.message;
@@ -1107,11 +1122,16 @@ async fn consume(
                     )
                 }
             };
-            if inputs
-                .send(Input::Submitted { seq, pool, task })
-                .await
-                .is_err()
-            {
+            let input = match journaled {
+                Some(record) => Input::Recovered {
+                    seq,
+                    pool,
+                    task,
+                    record,
+                },
+                None => Input::Submitted { seq, pool, task },
+            };
+            if inputs.send(input).await.is_err() {
                 return;
             }
         }
@@ -1207,8 +1227,7 @@ type Pending = Arc<std::sync::Mutex<BTreeSet<u64>>>;
 async fn drive(
     mut driver: Driver,
     mut inputs: mpsc::Receiver<Input>,
-    client: async_nats::Client,
-    persist: mpsc::UnboundedSender<Persisted>,
+    commit: mpsc::UnboundedSender<Turn>,
     pending: Pending,
     floor: watch::Sender<u64>,
     beat: &AtomicU64,
@@ -1257,32 +1276,35 @@ async fn drive(
             tracing::warn!("leadership not renewed in time; the driver stops");
             return;
         }
+        let mut turn = Turn::default();
         for output in driver.take_outputs() {
             match output {
-                Output::Publish { subject, body } => {
-                    if let Err(e) = client.publish(subject, body).await {
-                        tracing::warn!(error = %e, "publish failed");
-                    }
-                }
                 Output::Persist {
                     seq,
-                    status,
+                    record,
                     dead_letter,
                 } => {
-                    // Marked before the floor can pass it (below).
-                    pending
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(seq);
-                    let _ = persist.send(Persisted {
+                    if record.state.is_terminal() {
+                        // Marked before the floor can pass it (below).
+                        pending
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(seq);
+                    }
+                    turn.writes.push(Persisted {
                         seq,
-                        status,
+                        record,
                         dead_letter,
                     });
                 }
                 // A discarded duplicate has no result: the purge takes it.
                 Output::Discard { .. } => {}
+                announce => turn.announce.push(announce),
             }
+        }
+        if !(turn.writes.is_empty() && turn.announce.is_empty()) && commit.send(turn).is_err() {
+            // The committer stopped: fenced out, a successor leads.
+            return;
         }
         let _ = floor.send_if_modified(|f| {
             let new = driver.purge_floor();
@@ -1297,7 +1319,9 @@ async fn drive(
 /// loop goes on.
 fn handle_guarded(driver: &mut Driver, now: Millis, input: Input) {
     let submitted = match &input {
-        Input::Submitted { seq, pool, .. } => Some((*seq, pool.clone())),
+        Input::Submitted { seq, pool, .. } | Input::Recovered { seq, pool, .. } => {
+            Some((*seq, pool.clone()))
+        }
         _ => None,
     };
     let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| driver.handle(now, input)));
@@ -1323,63 +1347,129 @@ fn handle_guarded(driver: &mut Driver, now: Millis, input: Input) {
     }
 }
 
-/// A finished task's result to store; a refused submission's dead letter
-/// to write first.
+/// A task's record to store (a live task's attempts, or a finished
+/// task's result); a refused submission's dead letter to write first.
 struct Persisted {
     seq: u64,
-    status: TaskStatus,
+    record: wire::TaskRecord,
     dead_letter: Option<WireError>,
 }
 
-/// Stores finished tasks' results (up to 64 at once); retries while NATS
-/// is away. A refused submission is first copied to the dead-letter
-/// stream, so it is there before the purge can drop the original.
-async fn persist(
-    rx: mpsc::UnboundedReceiver<Persisted>,
+/// What one driver turn produced: records to store, then what to announce.
+#[derive(Default)]
+struct Turn {
+    writes: Vec<Persisted>,
+    announce: Vec<Output>,
+}
+
+/// The largest group commit: records written concurrently before the
+/// announcements they gate go out.
+const MAX_GROUP_COMMIT: usize = 4096;
+
+/// The journal's group commit. Takes the driver's turns in order, as many
+/// as are queued at once: stores their records (fenced on the leader
+/// subject, concurrently, the latest record per task only), and only once
+/// every one is stored publishes the turns' announcements in order —
+/// leases, revokes, events, replies. So a worker never holds a lease whose
+/// attempt is not journaled, and nobody hears "succeeded" (nor gets an
+/// outcome acknowledged) before the result is stored. Turns commit one
+/// after another, so the records of one task land in the order they were
+/// made. Fenced out (a successor leads): stops, announcing nothing more.
+async fn commit(
+    mut turns: mpsc::UnboundedReceiver<Turn>,
+    client: async_nats::Client,
     results: Fenced,
     pending: Pending,
     js: jetstream::Context,
     submit_stream: stream::Stream,
     subjects: Subjects,
 ) {
-    let items = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
     let results = &results;
-    let pending = &pending;
-    let (js, submit_stream, subjects) = (&js, &submit_stream, &subjects);
-    items
-        .for_each_concurrent(64, |item| async move {
-            let Persisted {
-                seq,
-                status,
-                dead_letter,
-            } = item;
-            if let Some(reason) = dead_letter {
-                dead_letter_copy(js, submit_stream, subjects, seq, &status.pool, &reason).await;
+    let (js, submit_stream, subjects, client) = (&js, &submit_stream, &subjects, &client);
+    while let Some(first) = turns.recv().await {
+        let (mut writes, mut announce) = (first.writes, first.announce);
+        while writes.len() < MAX_GROUP_COMMIT {
+            match turns.try_recv() {
+                Ok(turn) => {
+                    writes.extend(turn.writes);
+                    announce.extend(turn.announce);
+                }
+                Err(_) => break,
             }
-            let body: Bytes = wire::encode(&status).into();
-            let mut delay = Duration::from_millis(100);
-            loop {
-                match results.put(&seq.to_string(), body.clone()).await {
-                    Ok(true) => break,
-                    // Fenced out: a successor leads and will finish the
-                    // task itself. The submission stays (pending): this
-                    // server purges nothing past it.
-                    Ok(false) => return,
-                    Err(e) => {
-                        tracing::warn!(task_id = seq, error = %e, "storing a result failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+        }
+        // The latest record of each task stands for the ones before it.
+        let mut latest: rustc_hash::FxHashMap<u64, usize> = Default::default();
+        for (i, w) in writes.iter().enumerate() {
+            latest.insert(w.seq, i);
+        }
+        let writes = writes
+            .into_iter()
+            .enumerate()
+            .filter(|(i, w)| latest.get(&w.seq) == Some(i) || w.dead_letter.is_some())
+            .map(|(_, w)| w);
+        let stored: Vec<Option<(u64, bool)>> = futures_util::stream::iter(writes)
+            .map(|item| async move {
+                let Persisted {
+                    seq,
+                    record,
+                    dead_letter,
+                } = item;
+                if let Some(reason) = dead_letter {
+                    let max_payload = client.server_info().max_payload;
+                    dead_letter_copy(
+                        js,
+                        submit_stream,
+                        subjects,
+                        seq,
+                        &record.pool,
+                        &reason,
+                        max_payload,
+                    )
+                    .await;
+                }
+                let body: Bytes = wire::encode(&record).into();
+                let mut delay = Duration::from_millis(100);
+                loop {
+                    match results.put(&seq.to_string(), body.clone()).await {
+                        Ok(true) => return Some((seq, record.state.is_terminal())),
+                        // Fenced out: a successor leads and will finish the
+                        // task itself. The submission stays (pending): this
+                        // server purges nothing past it.
+                        Ok(false) => return None,
+                        Err(e) => {
+                            tracing::warn!(task_id = seq, error = %e, "storing a task record failed; retrying");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(5));
+                        }
                     }
                 }
+            })
+            .buffer_unordered(256)
+            .collect()
+            .await;
+        if stored.iter().any(Option::is_none) {
+            return;
+        }
+        {
+            let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+            for (seq, terminal) in stored.into_iter().flatten() {
+                if terminal {
+                    pending.remove(&seq);
+                }
             }
-            pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&seq);
-        })
-        .await;
+        }
+        for output in announce {
+            match output {
+                Output::Publish { subject, body } => {
+                    if let Err(e) = client.publish(subject, body).await {
+                        tracing::warn!(error = %e, "publish failed");
+                    }
+                }
+                Output::Reply(reply) => reply(),
+                Output::Persist { .. } | Output::Discard { .. } => {}
+            }
+        }
+    }
 }
 
 /// Copies submission `seq` to `P.deadletter.<pool>` with its headers and
@@ -1393,6 +1483,7 @@ async fn dead_letter_copy(
     seq: u64,
     pool: &PoolName,
     reason: &WireError,
+    max_payload: usize,
 ) {
     let original = match submit_stream.get_raw_message(seq).await {
         Ok(m) => m,
@@ -1427,13 +1518,30 @@ async fn dead_letter_copy(
         .collect();
     headers.insert("Cronoq-Dead-Letter-Reason", text.as_str());
     headers.insert("Cronoq-Dead-Letter-Seq", seq.to_string().as_str());
+    // A body that fills the submission's NATS message leaves no room for
+    // the reason headers: NATS would close the connection over it. Such a
+    // letter keeps the headers and says how long the body was.
+    let mut body = original.payload.clone();
+    let header_bytes: usize = headers
+        .iter()
+        .map(|(n, vs)| {
+            let name: &str = n.as_ref();
+            vs.iter()
+                .map(|v| name.len() + v.as_str().len() + 4)
+                .sum::<usize>()
+        })
+        .sum();
+    let limit = max_payload.saturating_sub(1024);
+    if body.len() + header_bytes > limit {
+        headers.insert(
+            "Cronoq-Dead-Letter-Body-Dropped",
+            body.len().to_string().as_str(),
+        );
+        body = Bytes::new();
+    }
     for attempt in 0..5u32 {
         let sent = js
-            .publish_with_headers(
-                subjects.dead_letter(pool),
-                headers.clone(),
-                original.payload.clone(),
-            )
+            .publish_with_headers(subjects.dead_letter(pool), headers.clone(), body.clone())
             .await;
         let acked = match sent {
             Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),

@@ -195,6 +195,10 @@ pub struct Register {
     /// one from the same instance is idempotent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// Attempts it still runs (registering again with a new leader): the
+    /// leader re-attaches those its journal says this worker runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<RunningAttempt>,
 }
 
 /// The leader accepted a registration.
@@ -211,6 +215,11 @@ pub struct RegisterReply {
     pub worker_timeout: Millis,
     /// A lease not renewed within this is lost.
     pub lease_ttl: Millis,
+    /// Of the attempts the registration listed, those the leader counts as
+    /// running here (their renewals and reports are accepted under their
+    /// old epoch); the worker stops the others at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adopted: Vec<RunningAttempt>,
 }
 
 /// An attempt a worker is running.
@@ -461,5 +470,103 @@ pub fn rejected_event(task_id: TaskId, error: &WireError, at: Millis) -> TaskEve
         output: None,
         error: Some(format!("rejected: {error}")),
         at,
+    }
+}
+
+/// A task's record in the results bucket, under its decimal id: the
+/// leader's journal. Written (fenced on the leader subject) when an attempt
+/// starts, when one ends, and when the task finishes — each before anyone
+/// hears of the change — so a successor knows which attempts ran, which
+/// still run and on which worker, and never runs a task whose success was
+/// stored. A live task's record has a non-terminal `state`; a finished
+/// one's is the result, kept for `results_ttl`. The output is stored once,
+/// as raw bytes (a `TaskStatus` carries it twice, as text and base64, and
+/// would not fit one NATS message for a large output).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskRecord {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub id: TaskId,
+    /// Its pool.
+    pub pool: PoolName,
+    /// `scheduled`, `queued` or `running` while live; then the outcome.
+    pub state: TaskState,
+    /// Every attempt so far (a running one has no `outcome` yet).
+    pub attempts: Vec<crate::task::AttemptRecord>,
+    /// Output of the successful attempt.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<u8>>")]
+    pub output: Option<Bytes>,
+    /// Error of the last failed attempt.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// It finished after its deadline.
+    #[serde(default)]
+    pub deadline_missed: bool,
+}
+
+impl TaskRecord {
+    /// The record of a finished task.
+    pub fn of_outcome(o: &crate::task::Outcome) -> TaskRecord {
+        TaskRecord {
+            v: super::PROTOCOL_VERSION,
+            id: o.id,
+            pool: o.pool.clone(),
+            state: o.state,
+            attempts: o.attempts.clone(),
+            output: o.output.clone(),
+            error: o.error.clone(),
+            deadline_missed: o.deadline_missed,
+        }
+    }
+
+    /// The record of a live task as `task` shows it (it has no output).
+    pub fn of_status(s: crate::task::TaskStatus) -> TaskRecord {
+        TaskRecord {
+            v: super::PROTOCOL_VERSION,
+            id: s.id,
+            pool: s.pool,
+            state: s.state,
+            attempts: s.attempts,
+            output: None,
+            error: s.error,
+            deadline_missed: s.deadline_missed,
+        }
+    }
+
+    /// As `task` shows it.
+    pub fn into_status(self) -> crate::task::TaskStatus {
+        let (output, output_base64) = crate::task::output_fields(self.output.as_deref());
+        crate::task::TaskStatus {
+            id: self.id,
+            pool: self.pool,
+            state: self.state,
+            reason: None,
+            attempts: self.attempts,
+            output,
+            output_base64,
+            error: self.error,
+            deadline_missed: self.deadline_missed,
+        }
+    }
+
+    /// Decodes a value of the results bucket (also a `TaskStatus`, as
+    /// servers before the journal stored).
+    pub fn decode(bytes: &[u8]) -> Result<TaskRecord, WireError> {
+        match super::decode::<TaskRecord>(bytes) {
+            Ok(record) => Ok(record),
+            Err(e) => super::decode::<crate::task::TaskStatus>(bytes)
+                .map(TaskRecord::of_status_keeping_output)
+                .map_err(|_| e),
+        }
+    }
+
+    fn of_status_keeping_output(s: crate::task::TaskStatus) -> TaskRecord {
+        let output = s.output_bytes().map(Bytes::from);
+        let mut record = TaskRecord::of_status(s);
+        record.output = output;
+        record
     }
 }

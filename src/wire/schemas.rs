@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 use super::{
     Ack, AttemptReport, Cancel, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease,
     Register, RegisterReply, Renew, RenewReply, Reply, Revoke, Subjects, Submit, TaskEvent,
-    WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
+    TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
 use crate::core::{ErrorCode, Snapshot};
 use crate::task::TaskStatus;
@@ -106,9 +106,10 @@ fn bodies() -> Vec<Body> {
         reply!(RenewReply, "reply to `P.api.renew`"),
         reply!(TaskStatus, "reply to `P.api.task`"),
         reply!(Snapshot, "reply to `P.api.snapshot`"),
+        body!(TaskStatus, "`GET /v1/tasks/{id}` (JSON)"),
         body!(
-            TaskStatus,
-            "`GET /v1/tasks/{id}` (JSON); values of the results bucket (MessagePack)"
+            TaskRecord,
+            "values of the results bucket (MessagePack): the leader's journal"
         ),
         body!(Snapshot, "`GET /v1/snapshot` (JSON)"),
     ]
@@ -691,8 +692,10 @@ fn asyncapi(subjects: &Subjects) -> Value {
         |---|---|---|\n\
         | `{stream}` | stream on `{prefix}.submit.>` | accepted, unfinished submissions; file \
         storage, 2-minute duplicate window (`Nats-Msg-Id`); a task id is its sequence |\n\
-        | `{results}` | key-value bucket | a finished task's `TaskStatus` (MessagePack, \
-        `schemas/TaskStatus.json`) under its decimal id, for `results_ttl`; history 1 |\n\
+        | `{results}` | key-value bucket | the journal: each started or finished task's \
+        `TaskRecord` (MessagePack, `schemas/TaskRecord.json`) under its decimal id — its \
+        attempts while live, its result once finished (kept `results_ttl`); history 1; \
+        written only by the leader, fenced on `_leader` |\n\
         | `{state}` | key-value bucket | `epoch`: the leadership epoch as decimal text, bumped \
         (compare-and-set) by every server start |\n\n\
         **Epochs.** Each leadership has an epoch, carried by `RegisterReply`, `HeartbeatReply`, \

@@ -454,6 +454,7 @@ impl Session {
                 labels: self.labels.clone(),
                 slots: self.slots,
                 instance: Some(self.link.instance.clone()),
+                running: self.running_attempts(),
                 credentials: credentials(
                     self.token.as_deref(),
                     self.signer.as_ref(),
@@ -510,16 +511,23 @@ impl Session {
         }
     }
 
+    /// What this worker runs (or still reports on).
+    fn running_attempts(&self) -> Vec<RunningAttempt> {
+        let mut running: Vec<RunningAttempt> = self
+            .running
+            .keys()
+            .map(|&(task_id, attempt)| RunningAttempt { task_id, attempt })
+            .collect();
+        running.sort_by_key(|a| (a.task_id, a.attempt));
+        running
+    }
+
     async fn heartbeat(
         &mut self,
         stop: &mut watch::Receiver<StopLevel>,
         draining: bool,
     ) -> Result<(), Error> {
-        let running: Vec<RunningAttempt> = self
-            .running
-            .keys()
-            .map(|&(task_id, attempt)| RunningAttempt { task_id, attempt })
-            .collect();
+        let running = self.running_attempts();
         let heartbeat = Heartbeat {
             v: PROTOCOL_VERSION,
             worker_id: self.link.worker_id.clone(),
@@ -557,20 +565,14 @@ impl Session {
                     running = self.running.len(),
                     "leader does not know this worker, registering again"
                 );
-                // The leader counts this worker's attempts lost (removed,
-                // or a new leader that never leased them) and retries them
-                // elsewhere: stop them now rather than run beside the retry.
-                if !self.running.is_empty() {
-                    tracing::warn!(
-                        worker_id = %self.link.worker_id,
-                        running = self.running.len(),
-                        "stopping attempts the leader no longer counts"
-                    );
-                    self.abort_all().await;
-                }
-                // `None`: told to stop while re-registering; the loop sees
-                // the stop signal next.
+                // Removed (silent too long), or a new leader: register
+                // again listing what runs here. A new leader re-attaches
+                // the attempts its journal says run here; the others it
+                // counts lost and retries elsewhere, so they stop now rather
+                // than run beside the retry. `None`: told to stop while
+                // re-registering; the loop sees the stop signal next.
                 if let Some(reply) = self.register(stop).await? {
+                    self.stop_all_but(&reply.adopted).await;
                     self.accept(reply);
                 }
             }
@@ -764,6 +766,45 @@ impl Session {
             "attempt revoked"
         );
         running.stop(StopReason::Revoked);
+    }
+
+    /// Stops every attempt the leader did not re-attach, and waits for
+    /// them to end.
+    async fn stop_all_but(&mut self, adopted: &[RunningAttempt]) {
+        let keep: std::collections::HashSet<AttemptKey> =
+            adopted.iter().map(|a| (a.task_id, a.attempt)).collect();
+        let orphans: Vec<AttemptKey> = self
+            .running
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .copied()
+            .collect();
+        if !adopted.is_empty() {
+            tracing::info!(
+                worker_id = %self.link.worker_id,
+                reattached = adopted.len(),
+                "the leader re-attached running attempts"
+            );
+        }
+        if orphans.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            worker_id = %self.link.worker_id,
+            stopped = orphans.len(),
+            "stopping attempts the leader no longer counts"
+        );
+        let mut stopped = Vec::new();
+        for key in orphans {
+            if let Some(r) = self.running.remove(&key) {
+                r.stop(StopReason::Shutdown);
+                r.join.abort();
+                stopped.push(r);
+            }
+        }
+        for r in stopped {
+            let _ = r.join.await;
+        }
     }
 
     /// Aborts every attempt (handler and any pending report) and waits for

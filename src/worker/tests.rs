@@ -137,6 +137,7 @@ fn register_reply(epoch: u64) -> RegisterReply {
         heartbeat_interval: Millis(100),
         worker_timeout: Millis(1_000),
         lease_ttl: Millis(150),
+        adopted: Vec::new(),
     }
 }
 

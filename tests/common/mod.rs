@@ -201,6 +201,29 @@ impl Sim {
         Ok(lines)
     }
 
+    /// A task of an earlier leadership (`Event::Recovered`): `attempts`
+    /// made; with `running` = (group labels, new capacity), the last runs.
+    pub fn recover(
+        &mut self,
+        builder: TaskBuilder,
+        attempts: u32,
+        running: Option<(&str, u32)>,
+    ) -> Result<Vec<String>, Rejection> {
+        let id = builder.0.id.0;
+        let lines = self.try_step(Event::Recovered {
+            spec: builder.0,
+            attempts,
+            running: running.map(|(group, capacity)| cronoq::core::Resumed {
+                labels: labels(group),
+                capacity,
+            }),
+        })?;
+        if running.is_some() {
+            self.live_attempt.insert(id, attempts);
+        }
+        Ok(lines)
+    }
+
     /// Sets the settings of pool `name`, starting from the defaults.
     pub fn configure(&mut self, name: &str, change: impl FnOnce(&mut PoolConfig)) -> Vec<String> {
         let mut config = PoolConfig::default();
