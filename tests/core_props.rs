@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use common::{pool, render};
 use cronoq::core::{
-    Action, AttemptOutcome, Backoff, Core, ErrorCode, Event, FixedStart, GroupId, Labels, Millis,
-    OnMiss, PoolConfig, TaskId, TaskSpec, TaskState, TaskView, WaitReason,
+    Action, AttemptOutcome, Backoff, Core, ErrorCode, Event, FixedStart, FleetConfig, GroupId,
+    Labels, Millis, OnMiss, PoolConfig, TaskId, TaskSpec, TaskState, TaskView, WaitReason,
 };
 use proptest::prelude::*;
 
@@ -131,9 +131,30 @@ fn pool_config() -> impl Strategy<Value = PoolConfig> {
         any::<bool>(),
         (0..3u32, 0..6u32),
         (0..300u64, 0..600u64),
+        prop::collection::vec((label_set(0.4), 0..2u32, 0..4u32, 1..4u32), 0..4),
     )
         .prop_map(
-            |(max_attempts, urgency, max_bypass, lead, run, (min, extra), (initial, more))| {
+            |(
+                max_attempts,
+                urgency,
+                max_bypass,
+                lead,
+                run,
+                (min, extra),
+                (initial, more),
+                fleets,
+            )| {
+                let mut declared: Vec<FleetConfig> = Vec::new();
+                for (labels, min, extra, slots_per_worker) in fleets {
+                    if declared.iter().all(|f| f.labels != labels) {
+                        declared.push(FleetConfig {
+                            labels,
+                            min,
+                            max: min + extra,
+                            slots_per_worker,
+                        });
+                    }
+                }
                 PoolConfig {
                     max_attempts,
                     urgency_window: Millis(urgency),
@@ -146,6 +167,7 @@ fn pool_config() -> impl Strategy<Value = PoolConfig> {
                         initial: Millis(initial),
                         max: Millis(initial + more),
                     },
+                    fleets: declared,
                 }
             },
         )
@@ -224,6 +246,8 @@ struct TaskInfo {
 #[derive(Default)]
 struct Model {
     core: Core,
+    /// The fleets each pool declares (its last accepted configuration).
+    fleets: [Vec<FleetConfig>; POOLS.len()],
     now: u64,
     next_id: u64,
     tasks: BTreeMap<u64, TaskInfo>,
@@ -455,6 +479,10 @@ impl Model {
         // Likewise a start fired by a timer used the capacity before a resize.
         let mut resized: Option<((usize, Labels), u32)> = None;
         match &event {
+            Event::PoolConfigured { pool, config } => {
+                let p = POOLS.iter().position(|x| *x == pool.as_str()).unwrap();
+                self.fleets[p] = config.fleets.clone();
+            }
             Event::Submitted(spec) => {
                 self.next_id += 1;
                 self.tasks.insert(
@@ -628,6 +656,7 @@ impl Model {
     fn check_views(&self, context: &str) {
         let mut waiting = [0u64; POOLS.len()];
         let mut scheduled = [0u64; POOLS.len()];
+        let mut waiting_tasks: Vec<(usize, Labels)> = Vec::new();
         for (&id, info) in &self.tasks {
             let view = self.core.task(TaskId(id));
             let live = self.live.get(&id);
@@ -666,6 +695,7 @@ impl Model {
                     assert!(live.is_none(), "queued t{id} holds a slot {context}");
                     if v.reason != Some(WaitReason::Backoff) {
                         waiting[info.pool] += 1;
+                        waiting_tasks.push((info.pool, info.required.clone()));
                     }
                 }
                 TaskState::Scheduled => {
@@ -690,6 +720,7 @@ impl Model {
             );
             let demand: u64 = pool_snapshot.demand.iter().map(|d| d.waiting).sum();
             assert_eq!(demand, pool_snapshot.waiting, "demand {context}");
+            self.check_fleets(p, pool_snapshot, &waiting_tasks, context);
             let (mut capacity, mut busy) = (0u64, 0u64);
             for g in &pool_snapshot.groups {
                 let key = (p, g.labels.clone());
@@ -708,6 +739,85 @@ impl Model {
                 (capacity, busy),
                 "{context}"
             );
+        }
+    }
+}
+
+impl Model {
+    /// The fleets' figures of pool `p` against an oracle written apart
+    /// from the core's: each waiting task (its pool and required labels)
+    /// counts once, toward the covering fleet with the fewest labels,
+    /// first declared on a tie; busy and capacity are those of the group
+    /// with the fleet's exact labels.
+    fn check_fleets(
+        &self,
+        p: usize,
+        snapshot: &cronoq::core::PoolSnapshot,
+        waiting_tasks: &[(usize, Labels)],
+        context: &str,
+    ) {
+        let fleets = &self.fleets[p];
+        assert_eq!(snapshot.fleets.len(), fleets.len(), "fleets {context}");
+        let mut expected = vec![0u64; fleets.len()];
+        let mut uncovered = 0u64;
+        for (_, required) in waiting_tasks.iter().filter(|(pool, _)| *pool == p) {
+            let mut best: Option<usize> = None;
+            for (i, fleet) in fleets.iter().enumerate() {
+                let covers = required.iter().all(|(k, v)| fleet.labels.get(k) == Some(v));
+                let fewer = match best {
+                    None => true,
+                    Some(b) => fleet.labels.len() < fleets[b].labels.len(),
+                };
+                if covers && fewer {
+                    best = Some(i);
+                }
+            }
+            match best {
+                Some(i) => expected[i] += 1,
+                None => uncovered += 1,
+            }
+        }
+        for ((figures, fleet), waiting) in snapshot.fleets.iter().zip(fleets).zip(expected) {
+            assert_eq!(figures.labels, fleet.labels, "fleet order {context}");
+            assert_eq!(
+                figures.waiting, waiting,
+                "waiting of fleet {} {context}",
+                fleet.labels
+            );
+            let capacity = self
+                .capacity
+                .get(&(p, fleet.labels.clone()))
+                .copied()
+                .unwrap_or(0);
+            let busy = self
+                .live
+                .values()
+                .filter(|(_, g)| self.group_key(*g) == (p, fleet.labels.clone()))
+                .count() as u64;
+            assert_eq!(
+                (figures.capacity, figures.busy),
+                (u64::from(capacity), busy),
+                "{context}"
+            );
+            let slots = figures.busy + figures.waiting + figures.reserved;
+            let want = slots.div_ceil(u64::from(fleet.slots_per_worker));
+            let clamped = want.clamp(u64::from(fleet.min), u64::from(fleet.max));
+            assert_eq!(
+                figures.desired, clamped,
+                "desired of fleet {} {context}",
+                fleet.labels
+            );
+        }
+        // No double count: the fleets' waiting plus the uncovered tasks
+        // are the pool's waiting tasks.
+        let counted: u64 = snapshot.fleets.iter().map(|f| f.waiting).sum();
+        assert_eq!(counted + uncovered, snapshot.waiting, "{context}");
+        if fleets.is_empty() {
+            assert_eq!(snapshot.waiting_without_fleet, 0, "{context}");
+        } else {
+            // Plus due reservations no fleet covers, which the model
+            // does not track.
+            assert!(snapshot.waiting_without_fleet >= uncovered, "{context}");
         }
     }
 }

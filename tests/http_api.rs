@@ -695,6 +695,8 @@ fn odd_snapshot() -> Snapshot {
                     workers: 1,
                 },
             ],
+            fleets: vec![],
+            waiting_without_fleet: 0,
         }],
         workers: vec![],
         truncated: false,

@@ -20,8 +20,9 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use cronoq::core::{
-    Autoscale, Backoff, Core, Demand, ErrorCode, Event, GroupSnapshot, Labels, LeaderInfo, Millis,
-    PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason, WorkerInfo,
+    Autoscale, Backoff, Core, Demand, ErrorCode, Event, FleetAutoscale, GroupSnapshot, Labels,
+    LeaderInfo, Millis, PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState,
+    WaitReason, WorkerInfo,
 };
 use cronoq::task::{AttemptRecord, TaskStatus};
 use cronoq::wire::{
@@ -447,6 +448,18 @@ fn snapshots() -> Vec<Snapshot> {
                 busy: 1,
                 workers: 2,
             }],
+            fleets: vec![FleetAutoscale {
+                labels: labels(&[("gpu", "a100")]),
+                desired: 1,
+                waiting: 0,
+                reserved: 0,
+                busy: 1,
+                capacity: 4,
+                min: 0,
+                max: 8,
+                slots_per_worker: 2,
+            }],
+            waiting_without_fleet: 2,
         }],
         workers: vec![WorkerInfo {
             id: "gpu-node-7".into(),

@@ -21,6 +21,7 @@
 //! task is forgotten (the shell keeps results), so memory follows the
 //! number of waiting and running tasks.
 
+mod autoscale;
 mod check;
 mod groups;
 mod ids;
@@ -30,6 +31,7 @@ mod queue;
 mod snapshot;
 mod timers;
 
+pub use autoscale::*;
 pub use groups::GroupId;
 pub use model::*;
 pub use snapshot::*;

@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::autoscale::{validate_fleets, FleetConfig};
+
 /// A count of milliseconds. As an instant it counts from the Unix epoch; as
 /// a span it is a plain duration. The core never reads a clock: every
 /// instant it sees was handed to it.
@@ -573,6 +575,10 @@ pub struct PoolConfig {
     pub autoscale_max: u32,
     /// Backoff when a task names none.
     pub backoff: Backoff,
+    /// Fleets to autoscale separately, one per label set
+    /// ([`super::autoscale`]); none by default.
+    #[serde(default)]
+    pub fleets: Vec<FleetConfig>,
 }
 
 impl Default for PoolConfig {
@@ -586,6 +592,7 @@ impl Default for PoolConfig {
             autoscale_min: 0,
             autoscale_max: u32::MAX,
             backoff: Backoff::default(),
+            fleets: Vec::new(),
         }
     }
 }
@@ -610,7 +617,7 @@ impl PoolConfig {
                 "backoff initial delay is above its max".into(),
             ));
         }
-        Ok(())
+        validate_fleets(&self.fleets)
     }
 }
 

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::autoscale::{fleet_figures, FleetAutoscale, ReqsetDemand};
 use super::model::{Labels, Millis, PoolName};
 use super::Core;
 
@@ -125,6 +126,18 @@ pub struct PoolSnapshot {
     pub demand: Vec<Demand>,
     /// Groups with capacity or running attempts, least specialized first.
     pub groups: Vec<GroupSnapshot>,
+    /// The declared fleets' autoscaling figures, in declaration order
+    /// (counted from every waiting task, never from the capped `demand`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fleets: Vec<FleetAutoscale>,
+    /// Waiting tasks and due reservations no declared fleet covers (0
+    /// when the pool declares no fleet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waiting_without_fleet: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `desired = clamp(busy + waiting + due reservations not yet started, min, max)`.
@@ -204,6 +217,7 @@ impl Core {
                         }),
                     }
                 }
+                let figures = self.fleet_figures(pool, &demand);
                 if demand.len() > MAX_DEMAND_ROWS {
                     demand.sort_by_key(|d| std::cmp::Reverse(d.waiting));
                     demand.truncate(MAX_DEMAND_ROWS);
@@ -232,6 +246,8 @@ impl Core {
                     },
                     demand,
                     groups,
+                    fleets: figures.fleets,
+                    waiting_without_fleet: figures.waiting_without_fleet,
                 }
             })
             .collect();
@@ -242,6 +258,55 @@ impl Core {
             workers: Vec::new(),
             truncated,
         }
+    }
+}
+
+impl Core {
+    /// The fleets' figures of `pool` from `demand` (every reqset with
+    /// waiting tasks, before the snapshot caps it) and the due
+    /// reservations that have not reached `start_at`.
+    fn fleet_figures(
+        &self,
+        pool: &super::groups::Pool,
+        demand: &[Demand],
+    ) -> super::autoscale::FleetFigures {
+        let fleets = &pool.config.fleets;
+        if fleets.is_empty() {
+            return Default::default();
+        }
+        let mut rows: Vec<(&Labels, u64, u64)> =
+            demand.iter().map(|d| (&d.labels, d.waiting, 0)).collect();
+        let mut row_of: rustc_hash::FxHashMap<&Labels, usize> =
+            rows.iter().enumerate().map(|(i, r)| (r.0, i)).collect();
+        for entry @ &(_, _, t) in &pool.reservations {
+            if pool.ready_fixed.contains(entry) {
+                continue;
+            }
+            let labels = &self.groups.reqsets[self.tasks[t as usize].reqset as usize].labels;
+            match row_of.get(labels) {
+                Some(&i) => rows[i].2 += 1,
+                None => {
+                    row_of.insert(labels, rows.len());
+                    rows.push((labels, 0, 1));
+                }
+            }
+        }
+        fleet_figures(
+            fleets,
+            rows.iter()
+                .map(|(required, waiting, reserved)| ReqsetDemand {
+                    required,
+                    waiting: *waiting,
+                    reserved: *reserved,
+                }),
+            |labels| match pool.group_by_labels.get(labels) {
+                Some(&g) => {
+                    let g = &self.groups.groups[g as usize];
+                    (u64::from(g.capacity), u64::from(g.busy))
+                }
+                None => (0, 0),
+            },
+        )
     }
 }
 

@@ -8,6 +8,7 @@
 //! | `POST /v1/tasks` | a [`SubmitRequest`] → [`SubmitResponse`] `{"id": n}` |
 //! | `GET /v1/tasks/{id}` | the [`TaskStatus`] as JSON |
 //! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
+//! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`] (see [`autoscale`]) |
 //! | `GET /metrics` | Prometheus text format, from the snapshot ([`metrics_text`]) |
 //! | `GET /healthz` | [`Health`] JSON; 200 when live, else 503 |
 //! | `GET /readyz` | [`Health`] JSON; 200 when ready, else 503 |
@@ -47,7 +48,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Api, ApiError, Health};
-use crate::core::{ErrorCode, Labels, Rejection, Snapshot, TaskId};
+use crate::core::{AutoscaleAnswer, ErrorCode, Labels, PoolName, Rejection, Snapshot, TaskId};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{parse_duration, parse_time, WireError};
 
@@ -72,6 +73,7 @@ pub fn router(api: Arc<dyn Api>) -> Router {
         .route("/v1/tasks", post(submit))
         .route("/v1/tasks/{id}", get(task))
         .route("/v1/tasks/{id}/cancel", post(cancel))
+        .route("/v1/autoscale", get(autoscale))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -438,6 +440,63 @@ async fn cancel(
     Ok(Json(SubmitResponse { id }))
 }
 
+/// The query of `GET /v1/autoscale`: `pool` (default `default`) and
+/// `labels` (`k=v,k=v`, URL-encoded or not; empty or absent: the
+/// unlabeled fleet). Any other parameter, a parameter given twice, a
+/// malformed pool name or label set is `INVALID_ARGUMENT`.
+///
+/// ```
+/// use cronoq::core::Labels;
+/// let (pool, labels) = cronoq::http::autoscale_query(Some("pool=inference&labels=gpu=a100,zone=eu")).unwrap();
+/// assert_eq!((pool.as_str(), labels), ("inference", Labels::from([("gpu", "a100"), ("zone", "eu")])));
+/// assert!(cronoq::http::autoscale_query(Some("pool=inference&label=gpu=a100")).is_err());
+/// assert!(cronoq::http::autoscale_query(Some("labels=gpu")).is_err());
+/// ```
+pub fn autoscale_query(query: Option<&str>) -> Result<(PoolName, Labels), Rejection> {
+    let invalid = |m: String| Rejection::InvalidArgument(format!("autoscale query: {m}"));
+    let uri: Uri = format!("/?{}", query.unwrap_or(""))
+        .parse()
+        .map_err(|e| invalid(format!("{e}")))?;
+    let axum::extract::Query(pairs) =
+        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(&uri)
+            .map_err(|e| invalid(e.body_text()))?;
+    let (mut pool, mut labels): (Option<String>, Option<String>) = (None, None);
+    for (key, value) in pairs {
+        let slot = match key.as_str() {
+            "pool" => &mut pool,
+            "labels" => &mut labels,
+            other => {
+                return Err(invalid(format!(
+                    "unknown parameter {} (expected pool and labels)",
+                    crate::core::excerpt(other)
+                )))
+            }
+        };
+        if slot.replace(value).is_some() {
+            return Err(invalid(format!("{key} is given twice")));
+        }
+    }
+    let pool = PoolName::new(pool.as_deref().unwrap_or(PoolName::DEFAULT))
+        .map_err(|e| invalid(e.to_string()))?;
+    // Any malformed label set is INVALID_ARGUMENT here, too many labels
+    // included: no fleet can have them, the query is wrong.
+    let labels = Labels::parse(labels.as_deref().unwrap_or(""))
+        .map_err(|e| invalid(format!("labels: {e}")))?;
+    Ok((pool, labels))
+}
+
+/// `GET /v1/autoscale?pool=P&labels=k=v,…`: the autoscaling figures of one
+/// fleet ([`crate::core::answer`]), for KEDA's `metrics-api` scaler
+/// (`valueLocation: desired`). Always 200 for a well-formed query: an
+/// idle fleet, a fleet with no worker yet, an unknown pool or an
+/// undeclared label set answer (`declared: false` for the last two,
+/// desired 0).
+async fn autoscale(State(api): ApiState, uri: Uri) -> Result<Json<AutoscaleAnswer>, HttpError> {
+    let (pool, labels) = autoscale_query(uri.query())?;
+    let snapshot = api.snapshot().await?;
+    Ok(Json(crate::core::answer(&snapshot, &pool, &labels)))
+}
+
 async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {
     let snapshot = api.snapshot().await?;
     let text = metrics_text(&snapshot, &api.health());
@@ -713,6 +772,53 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
             );
         }
     }
+    // Fleets are declared in the configuration, so their series are
+    // bounded by it (at most MAX_FLEETS per pool).
+    type FleetValue = fn(&crate::core::FleetAutoscale) -> u64;
+    let fleet_gauges: [(&str, &str, FleetValue); 3] = [
+        (
+            "cronoq_autoscale_desired",
+            "Workers a declared fleet should have: ceil((busy + waiting + reserved) / slots_per_worker) within its min and max.",
+            |f| f.desired,
+        ),
+        (
+            "cronoq_autoscale_waiting",
+            "Waiting tasks that count toward a declared fleet (each task toward one fleet).",
+            |f| f.waiting,
+        ),
+        (
+            "cronoq_autoscale_reserved",
+            "Due fixed-start reservations that count toward a declared fleet.",
+            |f| f.reserved,
+        ),
+    ];
+    for (name, help, value) in fleet_gauges {
+        let mut family = Family::start(&mut out, name, "gauge", help);
+        for p in &snapshot.pools {
+            for f in &p.fleets {
+                let labels = f.labels.to_string();
+                family.sample(
+                    name,
+                    &[("pool", p.name.as_str()), ("labels", &labels)],
+                    value(f),
+                );
+            }
+        }
+    }
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_autoscale_waiting_without_fleet",
+        "gauge",
+        "Waiting tasks and due reservations of a pool that declares fleets but whose labels no fleet covers.",
+    );
+    for p in snapshot.pools.iter().filter(|p| !p.fleets.is_empty()) {
+        family.sample(
+            "cronoq_autoscale_waiting_without_fleet",
+            &[("pool", p.name.as_str())],
+            p.waiting_without_fleet,
+        );
+    }
+
     let mut family = Family::start(
         &mut out,
         "cronoq_metrics_label_sets_dropped",

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::core::{Backoff, Millis, OnMiss, PoolConfig, PoolName, Rejection};
+use crate::core::{Backoff, FleetConfig, Millis, OnMiss, PoolConfig, PoolName, Rejection};
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
@@ -217,6 +217,11 @@ pub struct PoolSection {
     /// Longest retry delay.
     #[serde(default, deserialize_with = "opt_duration")]
     pub backoff_max: Option<Duration>,
+    /// Fleets autoscaled separately, one per label set:
+    /// `fleets = [{ labels = { gpu = "a100" }, min = 0, max = 8, slots_per_worker = 2 }]`
+    /// (or `[[pools.fleets]]` tables). See `GET /v1/autoscale`.
+    #[serde(default)]
+    pub fleets: Vec<FleetConfig>,
 }
 
 impl PoolSection {
@@ -237,8 +242,14 @@ impl PoolSection {
                 initial: ms(self.backoff_initial, d.backoff.initial),
                 max: ms(self.backoff_max, d.backoff.max),
             },
+            fleets: self.fleets.clone(),
         };
-        config.validate()?;
+        config.validate().map_err(|e| match e {
+            Rejection::InvalidArgument(m) => {
+                Rejection::InvalidArgument(format!("config: pool {name}: {m}"))
+            }
+            other => other,
+        })?;
         Ok((name, config))
     }
 }
@@ -427,6 +438,90 @@ labels = ["gpu=h100"]
         assert_eq!(pool.autoscale_max, 50);
         assert_eq!(pool.urgency_window, Millis(60_000));
         assert!(c.auth.required);
+    }
+
+    #[test]
+    fn fleets_parse_inline_or_as_tables() {
+        let inline = r#"
+[[pools]]
+name = "inference"
+fleets = [{ labels = {}, max = 4 }, { labels = { gpu = "a100" }, min = 1, max = 8, slots_per_worker = 2 }]
+"#;
+        let tables = r#"
+[[pools]]
+name = "inference"
+[[pools.fleets]]
+max = 4
+[[pools.fleets]]
+labels = { gpu = "a100" }
+min = 1
+max = 8
+slots_per_worker = 2
+"#;
+        for text in [inline, tables] {
+            let (_, pool) = ServerConfig::parse(text).unwrap().pools[0]
+                .to_core()
+                .unwrap();
+            assert_eq!(
+                pool.fleets,
+                [
+                    FleetConfig {
+                        labels: crate::core::Labels::new(),
+                        min: 0,
+                        max: 4,
+                        slots_per_worker: 1
+                    },
+                    FleetConfig {
+                        labels: crate::core::Labels::from([("gpu", "a100")]),
+                        min: 1,
+                        max: 8,
+                        slots_per_worker: 2
+                    },
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn bad_fleets_are_refused_with_the_pool_and_fleet_named() {
+        for (fleets, why) in [
+            (
+                "{ labels = { gpu = \"a100\" }, min = 9, max = 8 }",
+                "fleet gpu=a100: min 9 is above max 8",
+            ),
+            (
+                "{ labels = { gpu = \"a100\" }, max = 8, slots_per_worker = 0 }",
+                "fleet gpu=a100: slots_per_worker must be at least 1",
+            ),
+            (
+                "{ labels = { \"gpu!\" = \"a100\" }, max = 8 }",
+                "labels: label name",
+            ),
+            (
+                "{ labels = { gpu = \"a 100\" }, max = 8 }",
+                "labels: label value",
+            ),
+            (
+                "{ max = 1 }, { labels = {}, max = 2 }",
+                "fleet (unlabeled) is declared twice",
+            ),
+            ("{ labels = { gpu = 1 }, max = 8 }", "invalid type"),
+            ("{ labels = { gpu = \"a100\" } }", "missing field `max`"),
+            ("{ max = 8, slots = 2 }", "unknown field `slots`"),
+        ] {
+            let text = format!("[[pools]]\nname = \"inference\"\nfleets = [{fleets}]\n");
+            let e = ServerConfig::parse(&text).unwrap_err();
+            assert_eq!(e.code(), crate::core::ErrorCode::INVALID_ARGUMENT, "{text}");
+            let message = e.to_string();
+            assert!(message.starts_with("config: "), "{message}");
+            assert!(message.contains(why), "{text}: {message}");
+        }
+        let many: Vec<String> = (0..=crate::core::MAX_FLEETS)
+            .map(|i| format!("{{ labels = {{ n = \"{i}\" }}, max = 1 }}"))
+            .collect();
+        let text = format!("[[pools]]\nname = \"p\"\nfleets = [{}]\n", many.join(", "));
+        let e = ServerConfig::parse(&text).unwrap_err();
+        assert!(e.to_string().contains("at most 64 per pool"), "{e}");
     }
 
     #[test]

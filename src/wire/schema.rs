@@ -13,8 +13,9 @@ use std::borrow::Cow;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 
 use crate::core::{
-    Autoscale, Backoff, Demand, ErrorCode, GroupSnapshot, Labels, LeaderInfo, Millis, PoolName,
-    PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason, WorkerInfo,
+    Autoscale, Backoff, Demand, ErrorCode, FleetAutoscale, GroupSnapshot, Labels, LeaderInfo,
+    Millis, PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason,
+    WorkerInfo,
 };
 use crate::task::{AttemptRecord, TaskStatus};
 
@@ -173,6 +174,47 @@ struct PoolSnapshotSchema {
     demand: Vec<Demand>,
     /// Groups with capacity or running attempts, least specialized first.
     groups: Vec<GroupSnapshot>,
+    /// The declared fleets' autoscaling figures, in declaration order
+    /// (counted from every waiting task, never from the capped `demand`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    fleets: Vec<FleetAutoscale>,
+    /// Waiting tasks and due reservations no declared fleet covers (0
+    /// when the pool declares no fleet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    waiting_without_fleet: u64,
+}
+
+/// Named by `skip_serializing_if` above (schemars reads the attribute).
+#[allow(dead_code)]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+mirrored_schema!(FleetAutoscale, FleetAutoscaleSchema, "FleetAutoscale");
+/// The autoscaling figures of one declared fleet.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct FleetAutoscaleSchema {
+    /// The fleet's label set.
+    labels: Labels,
+    /// Workers the fleet should have: `ceil((busy + waiting + reserved) /
+    /// slots_per_worker)`, clamped to `[min, max]`.
+    desired: u64,
+    /// Waiting tasks that count toward this fleet.
+    waiting: u64,
+    /// Due fixed-start reservations (not yet started) that count toward
+    /// this fleet: their slot is wanted before `start_at`.
+    reserved: u64,
+    /// Busy slots of the group whose labels equal the fleet's.
+    busy: u64,
+    /// Slots of that group.
+    capacity: u64,
+    /// Configured fewest workers.
+    min: u64,
+    /// Configured most workers.
+    max: u64,
+    /// Configured slots per worker.
+    slots_per_worker: u32,
 }
 
 mirrored_schema!(Autoscale, AutoscaleSchema, "Autoscale");

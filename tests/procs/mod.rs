@@ -398,6 +398,11 @@ election_timeout = "3s"
 name = "default"
 backoff_initial = "100ms"
 backoff_max = "1s"
+# Only GET /v1/autoscale reads these (tests/autoscale.rs).
+fleets = [
+  { labels = {}, min = 0, max = 4, slots_per_worker = 1 },
+  { labels = { gpu = "a100" }, min = 0, max = 3, slots_per_worker = 2 },
+]
 "#;
 
 /// `cronoq server` with [`SERVER_CONFIG`] and the HTTP API on a free port.
