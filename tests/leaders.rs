@@ -10,7 +10,7 @@ mod procs;
 
 use cronoq::client::ClientOptions;
 use cronoq::core::{Snapshot, TaskState};
-use procs::{eventually, http_get, Cluster, CronoqServer};
+use procs::{describe, eventually, hold, http_get, Cluster, CronoqServer};
 
 /// The snapshot a server answers over its own HTTP API.
 async fn snapshot_of(server: &CronoqServer) -> Result<Snapshot, String> {
@@ -133,4 +133,69 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
         log.contains("lost leadership") || log.contains("driver stops"),
         "{log}"
     );
+}
+
+/// Issue 8, re-attachment: attempts running when the leader is killed keep
+/// running on their workers; the successor re-attaches them from the
+/// journal and counts their outcomes, so each ran exactly once (attempt
+/// 1). Then the same with a single server killed and started again.
+#[tokio::test]
+async fn running_attempts_survive_the_leaders_death_and_run_once() {
+    let mut c = Cluster::start(&[("cpu", "", 4)]).await;
+    let mut second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
+    let (_, epoch) = leader_seen_by(&c.server).await.expect("leader's view");
+
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(
+            c.submit_payload(&hold(&format!("held-{i}"), "go"), "")
+                .await,
+        );
+    }
+    for id in &held {
+        c.running(*id).await;
+    }
+    c.server.kill9();
+    let (_, new_epoch) = taken_over_by(&second).await;
+    assert!(new_epoch > epoch);
+    std::mem::swap(&mut c.server, &mut second);
+    // The worker re-registers with the successor, listing its attempts.
+    c.snapshot_until("the re-attached attempts to count as busy", |s| {
+        s.workers.iter().any(|w| w.id == "cpu" && w.busy == 3)
+    })
+    .await;
+    c.release("go");
+    for id in &held {
+        let status = c.finished(*id).await;
+        assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
+        assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    }
+
+    // A lone server killed and started again: the same.
+    let mut more = Vec::new();
+    for i in 0..2 {
+        more.push(
+            c.submit_payload(&hold(&format!("again-{i}"), "go2"), "")
+                .await,
+        );
+    }
+    for id in &more {
+        c.running(*id).await;
+    }
+    c.server.kill9();
+    drop(second);
+    c.server = CronoqServer::start(&c.nats, c.dir.path()).await;
+    c.snapshot_until("the re-attached attempts to count as busy", |s| {
+        s.workers.iter().any(|w| w.id == "cpu" && w.busy == 2)
+    })
+    .await;
+    c.release("go2");
+    for id in &more {
+        let status = c.finished(*id).await;
+        assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
+        assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    }
+    let runs = c.runs();
+    assert_eq!(runs.len(), 5, "each ran once, as attempt 1: {runs:?}");
+    assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
 }

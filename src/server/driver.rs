@@ -59,6 +59,9 @@ pub(crate) enum Input {
         task: Result<Task, WireError>,
         record: TaskRecord,
     },
+    /// The consumer delivered every submission stored before this
+    /// leadership began: the journal is read.
+    CaughtUp,
     Register(Register, Responder<RegisterReply>),
     Heartbeat(Heartbeat, Responder<HeartbeatReply>),
     Deregister(Deregister, Responder<Ack>),
@@ -221,6 +224,11 @@ pub(crate) struct Driver {
     parked: FxHashMap<TaskId, Parked>,
     /// Until when they wait.
     reattach_until: Millis,
+    /// Reading back what earlier leaderships left: registrations wait
+    /// (a worker lists its attempts once, so the journal must be read),
+    /// and reports on attempts not known yet are answered UNAVAILABLE.
+    catching_up: bool,
+    deferred: Vec<(Register, Responder<RegisterReply>)>,
     /// Submit-stream sequences of unfinished tasks, and the next sequence
     /// not yet seen: together they bound what may be purged.
     live_seqs: BTreeSet<u64>,
@@ -261,6 +269,8 @@ impl Driver {
             dirty: FxHashSet::default(),
             parked: FxHashMap::default(),
             reattach_until,
+            catching_up: false,
+            deferred: Vec::new(),
             live_seqs: BTreeSet::new(),
             next_unseen: 1,
             out: Vec::new(),
@@ -302,7 +312,7 @@ impl Driver {
     /// When the runner must call [`Driver::housekeeping`] next at the latest.
     pub(crate) fn next_wakeup(&self) -> Option<Millis> {
         let core = self.core.next_wakeup();
-        if self.parked.is_empty() {
+        if self.parked.is_empty() || self.catching_up {
             return core;
         }
         Some(core.map_or(self.reattach_until, |c| c.min(self.reattach_until)))
@@ -344,8 +354,37 @@ impl Driver {
         result
     }
 
+    /// Reads back an earlier leadership's state before serving workers:
+    /// until [`Input::CaughtUp`].
+    pub(crate) fn catch_up_first(&mut self) {
+        self.catching_up = true;
+    }
+
     pub(crate) fn handle(&mut self, now: Millis, input: Input) {
         match input {
+            Input::CaughtUp => {
+                if self.catching_up {
+                    self.catching_up = false;
+                    // The grace runs from now: workers could not re-attach
+                    // before.
+                    self.reattach_until = now.plus(self.settings.reattach_grace);
+                    tracing::info!(parked = self.parked.len(), "journal read; serving workers");
+                    for (r, to) in std::mem::take(&mut self.deferred) {
+                        let result = self.register(now, r);
+                        self.respond(to, result);
+                    }
+                }
+            }
+            Input::Register(r, to) if self.catching_up => {
+                const MAX_DEFERRED: usize = 100_000;
+                if self.deferred.len() < MAX_DEFERRED {
+                    self.deferred.push((r, to));
+                } else {
+                    let e =
+                        WireError::new(ErrorCode::UNAVAILABLE, "the leader is reading its journal");
+                    self.respond(to, Err(e));
+                }
+            }
             Input::Submitted { seq, pool, task } => self.submitted(now, seq, pool, task),
             Input::Recovered {
                 seq,
@@ -549,7 +588,7 @@ impl Driver {
     /// The grace is over: attempts not re-attached are lost, their tasks
     /// wait for their next attempt.
     fn end_reattach_grace(&mut self, now: Millis) {
-        if self.parked.is_empty() || now < self.reattach_until {
+        if self.parked.is_empty() || self.catching_up || now < self.reattach_until {
             return;
         }
         let mut parked: Vec<(TaskId, Parked)> = self.parked.drain().collect();
@@ -1130,13 +1169,15 @@ impl Driver {
         attempt: u32,
         epoch: u64,
     ) -> Result<(), WireError> {
-        if self.is_parked(worker_id, task, attempt) {
+        if self.is_parked(worker_id, task, attempt)
+            || (self.catching_up && !self.leases.contains_key(&task))
+        {
             // A successor that has not seen this worker again yet.
             return Err(WireError::new(
                 ErrorCode::UNAVAILABLE,
                 format!(
-                    "attempt {attempt} of task {task} waits for {worker_id} to register again \
-                     with the leader of epoch {}",
+                    "the leader of epoch {} has not re-attached attempt {attempt} of task {task} \
+                     yet: {worker_id} registers again first",
                     self.epoch
                 ),
             ));
@@ -1971,5 +2012,48 @@ mod tests {
         assert_eq!(finals.len(), 1, "one record per task per turn");
         assert_eq!(finals[0].state, TaskState::Succeeded);
         assert_eq!(finals[0].output.as_deref(), Some(&b"ok"[..]));
+    }
+
+    /// Issue 8: a worker that registers with a successor before the
+    /// successor has read the journal waits for it (it lists its attempts
+    /// once): it is answered after `CaughtUp`, its attempt re-attached.
+    #[test]
+    fn registrations_wait_until_the_journal_is_read() {
+        let mut d = driver();
+        d.catch_up_first();
+        let (tx, mut rx) = oneshot::channel();
+        d.handle(
+            Millis(1),
+            Input::Register(
+                Register {
+                    v: 1,
+                    worker_id: "a".into(),
+                    pool: PoolName::new("p").unwrap(),
+                    labels: Labels::new(),
+                    slots: 2,
+                    credentials: None,
+                    instance: Some("i".into()),
+                    running: vec![RunningAttempt {
+                        task_id: TaskId(5),
+                        attempt: 1,
+                    }],
+                },
+                Responder::Local(tx),
+            ),
+        );
+        answer(&mut d);
+        assert!(
+            rx.try_recv().is_err(),
+            "no answer before the journal is read"
+        );
+        // Its renewal meanwhile is not refused as stale.
+        let e = report(&mut d, 1, "a", TaskId(5), 1, 6, AttemptResult::Cancelled).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UNAVAILABLE);
+        recover(&mut d, 2, journaled(5, 1, "a", true));
+        d.handle(Millis(3), Input::CaughtUp);
+        answer(&mut d);
+        let reply = rx.try_recv().unwrap().unwrap();
+        assert_eq!(reply.adopted.len(), 1);
+        assert_eq!(d.status(TaskId(5)).unwrap().state, TaskState::Running);
     }
 }

@@ -684,7 +684,7 @@ async fn lead(
     let s = &base.config.server;
     let now = wall_now();
     let worker_timeout = Millis::from_duration(s.worker_timeout);
-    let driver = Driver::new(
+    let mut driver = Driver::new(
         base.subjects.clone(),
         epoch,
         Settings {
@@ -726,20 +726,30 @@ async fn lead(
             epoch,
         }),
     };
-    let startup_last = base
+    let startup = base
         .submit_stream
         .clone()
         .info()
         .await
         .map_err(nats_err("reading the submit stream"))?
         .state
-        .last_sequence;
+        .clone();
+    let startup_last = startup.last_sequence;
+    // Submissions left by earlier leaderships: read them (and their journal
+    // records) before serving workers, who list their attempts once.
+    let catch_up_to = (startup.messages > 0).then_some(startup_last);
+    if catch_up_to.is_some() {
+        driver.catch_up_first();
+    }
     let consumer = tokio::spawn(consume(
         base.client.clone(),
         base.submit_stream.clone(),
         base.subjects.clone(),
         base.results.clone(),
-        startup_last,
+        Startup {
+            last: startup_last,
+            catch_up_to,
+        },
         inputs.clone(),
         api.clone(),
     ));
@@ -1006,12 +1016,21 @@ fn client_for(api: &LeaderApi) -> async_nats::Client {
 /// Reads the submit stream from its first message, forever; recreates the
 /// consumer from the next sequence after errors and after every reconnect
 /// (a NATS restart).
+/// What the submit stream held when a leadership began.
+struct Startup {
+    /// Its last sequence: submissions up to it may have journal records.
+    last: u64,
+    /// When to tell the driver it has read them all (`None`: nothing to
+    /// read).
+    catch_up_to: Option<u64>,
+}
+
 async fn consume(
     client: async_nats::Client,
     stream: stream::Stream,
     subjects: Subjects,
     results: kv::Store,
-    startup_last: u64,
+    startup: Startup,
     inputs: mpsc::Sender<Input>,
     api: LeaderApi,
 ) {
@@ -1020,6 +1039,10 @@ async fn consume(
             .consumer_beat
             .store(wall_now().0, Ordering::Relaxed)
     };
+    let Startup {
+        last: startup_last,
+        mut catch_up_to,
+    } = startup;
     let mut next_seq = 1u64;
     loop {
         beat();
@@ -1086,7 +1109,15 @@ async fn consume(
                 if let Ok(Some(bytes)) = results.get(seq.to_string()).await {
                     match wire::TaskRecord::decode(&bytes) {
                         // Finished before, not yet purged: skip it.
-                        Ok(record) if record.state.is_terminal() => continue,
+                        Ok(record) if record.state.is_terminal() => {
+                            if catch_up_to.is_some_and(|last| seq >= last) {
+                                catch_up_to = None;
+                                if inputs.send(Input::CaughtUp).await.is_err() {
+                                    return;
+                                }
+                            }
+                            continue;
+                        }
                         Ok(record) => journaled = Some(record),
                         Err(e) => {
                             tracing::warn!(seq, error = %e, "unreadable journal record ignored")
@@ -1133,6 +1164,12 @@ async fn consume(
             };
             if inputs.send(input).await.is_err() {
                 return;
+            }
+            if catch_up_to.is_some_and(|last| seq >= last) {
+                catch_up_to = None;
+                if inputs.send(Input::CaughtUp).await.is_err() {
+                    return;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
