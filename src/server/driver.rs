@@ -277,6 +277,12 @@ impl Driver {
         }
     }
 
+    /// The core's invariants (simulation and tests).
+    #[cfg(test)]
+    pub(crate) fn core_invariants(&self) -> Result<(), String> {
+        self.core.check_invariants().map_err(|e| e.to_string())
+    }
+
     /// Outputs queued so far, oldest first, after the journal records of
     /// the tasks whose attempts changed (one per task, its latest state).
     pub(crate) fn take_outputs(&mut self) -> Vec<Output> {

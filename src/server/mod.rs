@@ -34,6 +34,8 @@
 mod config;
 pub(crate) mod driver;
 pub mod election;
+#[cfg(test)]
+mod sim;
 
 pub use config::*;
 

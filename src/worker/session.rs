@@ -204,6 +204,32 @@ impl Running {
 
 type AttemptKey = (TaskId, u32);
 
+/// The last [`DoneAttempts::CAP`] attempts that ran here.
+#[derive(Default)]
+struct DoneAttempts {
+    order: std::collections::VecDeque<AttemptKey>,
+    set: std::collections::HashSet<AttemptKey>,
+}
+
+impl DoneAttempts {
+    const CAP: usize = 4096;
+
+    fn insert(&mut self, key: AttemptKey) {
+        if self.set.insert(key) {
+            self.order.push_back(key);
+            if self.order.len() > Self::CAP {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn contains(&self, key: &AttemptKey) -> bool {
+        self.set.contains(key)
+    }
+}
+
 struct Session {
     link: Arc<Link>,
     handler: Handler,
@@ -216,6 +242,9 @@ struct Session {
     epoch: u64,
     heartbeat_interval: Duration,
     running: HashMap<AttemptKey, Running>,
+    /// Attempts that ran here, most recent last (bounded): a lease for one
+    /// of them again (a duplicate) is not obeyed twice.
+    done: DoneAttempts,
     finished_tx: mpsc::UnboundedSender<(AttemptKey, u64)>,
 }
 
@@ -273,6 +302,7 @@ pub(super) async fn run(
         epoch: 0,
         heartbeat_interval: Duration::ZERO,
         running: HashMap::new(),
+        done: DoneAttempts::default(),
         finished_tx,
     };
 
@@ -325,6 +355,7 @@ pub(super) async fn run(
                 // same attempt may have replaced it meanwhile.
                 if session.running.get(&key).is_some_and(|r| r.epoch == epoch) {
                     session.running.remove(&key);
+                    session.done.insert(key);
                 }
             }
             message = inbox.next() => {
@@ -646,6 +677,15 @@ impl Session {
 
     fn on_lease(&mut self, lease: Lease, draining: bool) {
         let key = (lease.task_id, lease.attempt);
+        if self.done.contains(&key) {
+            tracing::warn!(
+                worker_id = %self.link.worker_id,
+                task_id = %lease.task_id,
+                attempt = lease.attempt,
+                "lease of an attempt that already ran here ignored"
+            );
+            return;
+        }
         if lease.epoch != self.epoch {
             tracing::warn!(
                 worker_id = %self.link.worker_id,
@@ -800,6 +840,7 @@ impl Session {
                 r.stop(StopReason::Shutdown);
                 r.join.abort();
                 stopped.push(r);
+                self.done.insert(key);
             }
         }
         for r in stopped {

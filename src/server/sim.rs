@@ -1,0 +1,651 @@
+//! Deterministic simulation of the leader's driver through failures
+//! (issue 8): the real [`Driver`] — ledger, core, journal records,
+//! re-attachment — as successive leaders, with workers, on a simulated
+//! clock, against an in-memory journal standing in for JetStream's
+//! contract (a write lands only if its writer's epoch is the newest: the
+//! fence; turns commit in order, records before announcements).
+//!
+//! Faults, at random: the leader crashes (its uncommitted turn is lost; a
+//! successor with a newer epoch reads the submissions and the journal back
+//! after an election gap), a worker dies (its jobs with it; it is replaced
+//! by a new one), worker requests are lost (and retried), leases and
+//! revokes are delayed, reordered and duplicated. Every task succeeds when
+//! it runs, so every accepted task must end `succeeded`.
+//!
+//! Checked after every step:
+//! * the core's invariants (busy ≤ capacity among them);
+//! * **one terminal state**: a task's stored terminal record never changes;
+//! * **no re-run of a stored success**: no worker starts an attempt of a
+//!   task whose success is in the journal;
+//! * **one lease per attempt**: an attempt number of a task starts at most
+//!   once, on one worker, and only under the epoch the worker follows.
+//!
+//! And at the end (faults stop, the system runs on): **no task lost**:
+//! every submission has a stored `succeeded` record.
+//!
+//! `CRONOQ_SIM_SEED=n` replays one seed; `CRONOQ_SIM_SEEDS=n` runs more
+//! (default 300 here; each seed runs a few thousand steps).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::driver::{Driver, Input, Output, Responder, Settings};
+use crate::core::{Labels, Millis, PoolConfig, PoolName, TaskId, TaskState};
+use crate::task::Task;
+use crate::wire::{
+    self, Ack, AttemptReport, AttemptResult, Heartbeat, HeartbeatReply, Lease, Register,
+    RegisterReply, Revoke, RunningAttempt, Subjects, TaskRecord, WireError,
+};
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+const POOL: &str = "p";
+const HEARTBEAT_EVERY: u64 = 200;
+
+fn settings() -> Settings {
+    // Attempts lost to crashes are retried; none is the last.
+    let pool = PoolConfig {
+        max_attempts: 1_000,
+        ..PoolConfig::default()
+    };
+    Settings {
+        server_id: "sim".into(),
+        lease_ttl: Millis(3_600_000),
+        worker_timeout: Millis(1_000),
+        heartbeat_interval: Millis(HEARTBEAT_EVERY),
+        max_payload_bytes: 1 << 16,
+        max_reply_bytes: 1 << 20,
+        retain_finished: 100_000,
+        pools: vec![(PoolName::new(POOL).unwrap(), pool)],
+        max_workers: 1_000,
+        limits: crate::core::Limits::default(),
+        reattach_grace: Millis(1_000),
+    }
+}
+
+/// The results bucket: records under task ids, fenced by epoch.
+#[derive(Default)]
+struct Journal {
+    records: BTreeMap<u64, TaskRecord>,
+    /// The newest leader's epoch: older writers are refused.
+    fence: u64,
+    succeeded: BTreeSet<u64>,
+}
+
+struct Leader {
+    driver: Driver,
+    epoch: u64,
+    /// Submissions handed to the driver so far.
+    delivered: u64,
+}
+
+/// A request a worker waits on.
+enum Waiting {
+    Register(oneshot::Receiver<Result<RegisterReply, WireError>>),
+    Heartbeat(oneshot::Receiver<Result<HeartbeatReply, WireError>>),
+    Report((TaskId, u32), oneshot::Receiver<Result<Ack, WireError>>),
+}
+
+struct Run {
+    done_at: u64,
+    /// Finished: reporting until acknowledged (or stale).
+    reporting: bool,
+}
+
+struct Worker {
+    id: String,
+    slots: u32,
+    epoch: u64,
+    registered: bool,
+    running: BTreeMap<(TaskId, u32), Run>,
+    /// Attempts that ran here (the real worker remembers the last 4,096):
+    /// a duplicated lease is not obeyed twice.
+    done: BTreeSet<(TaskId, u32)>,
+    waiting: Vec<Waiting>,
+    next_heartbeat: u64,
+}
+
+/// Something on its way from the leader to a worker.
+struct Message {
+    at: u64,
+    worker: String,
+    body: Body,
+}
+
+enum Body {
+    Lease(Lease),
+    Revoke(Revoke),
+}
+
+struct World {
+    rng: Rng,
+    now: u64,
+    journal: Journal,
+    leader: Option<Leader>,
+    /// No leader until then (an election after a crash).
+    election_at: u64,
+    next_epoch: u64,
+    submissions: Vec<Task>,
+    workers: Vec<Worker>,
+    next_worker: u32,
+    network: Vec<Message>,
+    /// (task, attempt) → worker, for every attempt ever started.
+    started: BTreeMap<(TaskId, u32), String>,
+    runs: u64,
+    reruns: u64,
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let mut w = World {
+            rng: Rng(seed),
+            now: 0,
+            journal: Journal::default(),
+            leader: None,
+            election_at: 0,
+            next_epoch: 1,
+            submissions: Vec::new(),
+            workers: Vec::new(),
+            next_worker: 0,
+            network: Vec::new(),
+            started: BTreeMap::new(),
+            runs: 0,
+            reruns: 0,
+        };
+        for _ in 0..3 {
+            w.add_worker();
+        }
+        w
+    }
+
+    fn add_worker(&mut self) {
+        self.next_worker += 1;
+        let slots = 1 + self.rng.below(3) as u32;
+        self.workers.push(Worker {
+            id: format!("w{}", self.next_worker),
+            slots,
+            epoch: 0,
+            registered: false,
+            running: BTreeMap::new(),
+            done: BTreeSet::new(),
+            waiting: Vec::new(),
+            next_heartbeat: self.now,
+        });
+    }
+
+    fn pool() -> PoolName {
+        PoolName::new(POOL).unwrap()
+    }
+
+    /// A successor takes over: a newer epoch fences the old one out, then
+    /// it reads every submission back with its journal record.
+    fn elect(&mut self) {
+        let epoch = self.next_epoch;
+        self.next_epoch += 1;
+        self.journal.fence = epoch;
+        let mut driver = Driver::new(Subjects::default(), epoch, settings(), Millis(self.now));
+        if !self.submissions.is_empty() {
+            driver.catch_up_first();
+        }
+        self.leader = Some(Leader {
+            driver,
+            epoch,
+            delivered: 0,
+        });
+    }
+
+    /// The consumer: hands the driver a few more submissions.
+    fn deliver(&mut self) {
+        let Some(leader) = &mut self.leader else {
+            return;
+        };
+        let total = self.submissions.len() as u64;
+        let batch = 1 + self.rng.below(20);
+        while leader.delivered < total && batch > 0 {
+            let seq = leader.delivered + 1;
+            leader.delivered = seq;
+            let task = self.submissions[(seq - 1) as usize].clone();
+            let input = match self.journal.records.get(&seq) {
+                Some(r) if r.state.is_terminal() => None,
+                Some(r) => Some(Input::Recovered {
+                    seq,
+                    pool: Self::pool(),
+                    task: Ok(task),
+                    record: r.clone(),
+                }),
+                None => Some(Input::Submitted {
+                    seq,
+                    pool: Self::pool(),
+                    task: Ok(task),
+                }),
+            };
+            if let Some(input) = input {
+                leader.driver.handle(Millis(self.now), input);
+            }
+            if seq == total {
+                leader.driver.handle(Millis(self.now), Input::CaughtUp);
+            }
+            if self.rng.chance(300) {
+                break;
+            }
+        }
+    }
+
+    /// One driver turn committed: records first (fenced), then what the
+    /// turn announces. A crash before the commit loses the whole turn.
+    fn commit(&mut self) {
+        let Some(leader) = &mut self.leader else {
+            return;
+        };
+        leader.driver.housekeeping(Millis(self.now));
+        let outputs = leader.driver.take_outputs();
+        if self.rng.chance(3) {
+            // Crash with the turn in flight: nothing of it was stored.
+            self.crash();
+            return;
+        }
+        let epoch = leader.epoch;
+        let mut announce = Vec::new();
+        for output in outputs {
+            match output {
+                Output::Persist { seq, record, .. } => {
+                    assert_eq!(epoch, self.journal.fence, "a deposed leader acted");
+                    if let Some(old) = self.journal.records.get(&seq) {
+                        if old.state.is_terminal() {
+                            assert_eq!(old, &record, "task {seq}: a terminal record was rewritten");
+                        }
+                    }
+                    if record.state == TaskState::Succeeded {
+                        self.journal.succeeded.insert(seq);
+                    }
+                    self.journal.records.insert(seq, record);
+                }
+                Output::Discard { .. } => {}
+                other => announce.push(other),
+            }
+        }
+        for output in announce {
+            match output {
+                Output::Reply(reply) => reply(),
+                Output::Publish { subject, body } => {
+                    let worker = subject.split('.').nth(2).unwrap_or_default().to_string();
+                    let body = if subject.ends_with(".lease") {
+                        Body::Lease(wire::decode(&body).expect("lease"))
+                    } else if subject.ends_with(".revoke") {
+                        Body::Revoke(wire::decode(&body).expect("revoke"))
+                    } else {
+                        continue; // task events
+                    };
+                    let copies = if self.rng.chance(30) { 2 } else { 1 };
+                    for _ in 0..copies {
+                        let at = self.now + self.rng.below(150);
+                        self.network.push(Message {
+                            at,
+                            worker: worker.clone(),
+                            body: match &body {
+                                Body::Lease(l) => Body::Lease(l.clone()),
+                                Body::Revoke(r) => Body::Revoke(r.clone()),
+                            },
+                        });
+                    }
+                }
+                Output::Persist { .. } | Output::Discard { .. } => {}
+            }
+        }
+    }
+
+    fn crash(&mut self) {
+        self.leader = None;
+        self.election_at = self.now + 200 + self.rng.below(1_500);
+    }
+
+    fn request(&mut self, make: impl FnOnce() -> Input) -> bool {
+        // Lost on the way: the worker times out and asks again.
+        if self.rng.chance(20) {
+            return false;
+        }
+        match &mut self.leader {
+            Some(leader) => {
+                leader.driver.handle(Millis(self.now), make());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn step_workers(&mut self) {
+        // Messages due now, in random order among themselves.
+        let mut due = Vec::new();
+        let mut i = 0;
+        while i < self.network.len() {
+            if self.network[i].at <= self.now {
+                due.push(self.network.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        for m in due {
+            let Some(w) = self.workers.iter().position(|w| w.id == m.worker) else {
+                continue; // a dead worker
+            };
+            match m.body {
+                Body::Lease(lease) => self.on_lease(w, lease),
+                Body::Revoke(revoke) => {
+                    let worker = &mut self.workers[w];
+                    let key = (revoke.task_id, revoke.attempt);
+                    if revoke.epoch >= worker.epoch {
+                        if let Some(run) = worker.running.get_mut(&key) {
+                            if !run.reporting {
+                                // Stopped: reports cancelled.
+                                run.reporting = true;
+                                run.done_at = 0;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for w in 0..self.workers.len() {
+            self.step_worker(w);
+        }
+    }
+
+    fn on_lease(&mut self, w: usize, lease: Lease) {
+        let worker = &mut self.workers[w];
+        let key = (lease.task_id, lease.attempt);
+        if lease.epoch != worker.epoch
+            || worker.running.contains_key(&key)
+            || worker.done.contains(&key)
+        {
+            return;
+        }
+        assert!(
+            !self.journal.succeeded.contains(&lease.task_id.0),
+            "task {} ran again (attempt {}) after its success was stored",
+            lease.task_id,
+            lease.attempt
+        );
+        if let Some(other) = self.started.get(&key) {
+            panic!(
+                "attempt {} of task {} started twice: on {other} and on {}",
+                lease.attempt, lease.task_id, worker.id
+            );
+        }
+        self.started.insert(key, worker.id.clone());
+        self.runs += 1;
+        if lease.attempt > 1 {
+            self.reruns += 1;
+        }
+        let done_at = self.now + 20 + self.rng.below(400);
+        worker.running.insert(
+            key,
+            Run {
+                done_at,
+                reporting: false,
+            },
+        );
+    }
+
+    fn step_worker(&mut self, w: usize) {
+        let now = self.now;
+        // Answers that came back.
+        let waiting = std::mem::take(&mut self.workers[w].waiting);
+        let mut still = Vec::new();
+        let mut register_again = false;
+        for waiting in waiting {
+            match waiting {
+                Waiting::Register(mut rx) => match rx.try_recv() {
+                    Ok(Ok(reply)) => {
+                        let worker = &mut self.workers[w];
+                        let keep: BTreeSet<(TaskId, u32)> = reply
+                            .adopted
+                            .iter()
+                            .map(|a| (a.task_id, a.attempt))
+                            .collect();
+                        let stopped: Vec<(TaskId, u32)> = worker
+                            .running
+                            .keys()
+                            .filter(|k| !keep.contains(k))
+                            .copied()
+                            .collect();
+                        for k in stopped {
+                            worker.running.remove(&k);
+                            worker.done.insert(k);
+                        }
+                        worker.epoch = reply.epoch;
+                        worker.registered = true;
+                    }
+                    Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {}
+                    Err(oneshot::error::TryRecvError::Empty) => still.push(Waiting::Register(rx)),
+                },
+                Waiting::Heartbeat(mut rx) => match rx.try_recv() {
+                    Ok(Ok(reply)) if reply.registered => {
+                        let worker = &mut self.workers[w];
+                        worker.epoch = worker.epoch.max(reply.epoch);
+                    }
+                    Ok(Ok(_)) => register_again = true,
+                    Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {}
+                    Err(oneshot::error::TryRecvError::Empty) => still.push(Waiting::Heartbeat(rx)),
+                },
+                Waiting::Report(key, mut rx) => match rx.try_recv() {
+                    Ok(Ok(_)) => {
+                        self.workers[w].running.remove(&key);
+                        self.workers[w].done.insert(key);
+                    }
+                    Ok(Err(e)) if e.code != crate::core::ErrorCode::UNAVAILABLE => {
+                        self.workers[w].running.remove(&key);
+                        self.workers[w].done.insert(key);
+                    }
+                    Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {}
+                    Err(oneshot::error::TryRecvError::Empty) => {
+                        still.push(Waiting::Report(key, rx))
+                    }
+                },
+            }
+        }
+        self.workers[w].waiting = still;
+        let worker = &self.workers[w];
+        let (id, slots) = (worker.id.clone(), worker.slots);
+        let running: Vec<RunningAttempt> = worker
+            .running
+            .keys()
+            .map(|&(task_id, attempt)| RunningAttempt { task_id, attempt })
+            .collect();
+        if !worker.registered || register_again {
+            if worker
+                .waiting
+                .iter()
+                .any(|x| matches!(x, Waiting::Register(_)))
+            {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            let register = Register {
+                v: 1,
+                worker_id: id.clone(),
+                pool: Self::pool(),
+                labels: Labels::new(),
+                slots,
+                credentials: None,
+                instance: Some(id.clone()),
+                running,
+            };
+            if self.request(|| Input::Register(register, Responder::Local(tx))) {
+                self.workers[w].waiting.push(Waiting::Register(rx));
+            }
+            return;
+        }
+        if now >= worker.next_heartbeat {
+            self.workers[w].next_heartbeat = now + HEARTBEAT_EVERY;
+            let (tx, rx) = oneshot::channel();
+            let heartbeat = Heartbeat {
+                v: 1,
+                worker_id: id.clone(),
+                free_slots: 0,
+                running: running.clone(),
+            };
+            if self.request(|| Input::Heartbeat(heartbeat, Responder::Local(tx))) {
+                self.workers[w].waiting.push(Waiting::Heartbeat(rx));
+            }
+        }
+        // Finished runs report (again, until answered).
+        let epoch = self.workers[w].epoch;
+        let due: Vec<((TaskId, u32), bool)> = self.workers[w]
+            .running
+            .iter()
+            .filter(|(_, r)| r.done_at <= now)
+            .map(|(k, r)| (*k, r.reporting && r.done_at == 0))
+            .collect();
+        for (key, cancelled) in due {
+            let worker = &mut self.workers[w];
+            if worker
+                .waiting
+                .iter()
+                .any(|x| matches!(x, Waiting::Report(k, _) if *k == key))
+            {
+                continue;
+            }
+            let run = worker.running.get_mut(&key).expect("due");
+            run.reporting = true;
+            let result = if cancelled {
+                AttemptResult::Cancelled
+            } else {
+                AttemptResult::Succeeded {
+                    output: Bytes::from("ok"),
+                }
+            };
+            let report = AttemptReport {
+                v: 1,
+                worker_id: id.clone(),
+                task_id: key.0,
+                attempt: key.1,
+                epoch,
+                result,
+            };
+            let (tx, rx) = oneshot::channel();
+            if self.request(|| Input::Outcome(report, Responder::Local(tx))) {
+                self.workers[w].waiting.push(Waiting::Report(key, rx));
+            }
+        }
+    }
+
+    fn step(&mut self, faults: bool) {
+        self.now += 5 + self.rng.below(40);
+        if self.leader.is_none() && self.now >= self.election_at {
+            self.elect();
+            // Workers watch the leader record: they heartbeat at once.
+            for w in &mut self.workers {
+                w.next_heartbeat = self.now;
+            }
+        }
+        if faults {
+            if self.rng.chance(6) && self.submissions.len() < 400 {
+                let n = 1 + self.rng.below(8);
+                for _ in 0..n {
+                    self.submissions.push(Task::new("x").pool(POOL));
+                }
+            }
+            if self.leader.is_some() && self.rng.chance(4) {
+                self.crash();
+            }
+            if self.rng.chance(2) && !self.workers.is_empty() {
+                // kill -9 of a worker: its jobs die with it.
+                let w = self.rng.below(self.workers.len() as u64) as usize;
+                self.workers.remove(w);
+                self.add_worker();
+            }
+        }
+        self.deliver();
+        self.commit();
+        self.step_workers();
+        self.commit();
+        if let Some(leader) = &self.leader {
+            if let Err(broken) = leader.driver.core_invariants() {
+                panic!("core invariant broken: {broken}");
+            }
+        }
+    }
+
+    fn all_succeeded(&self) -> bool {
+        (1..=self.submissions.len() as u64).all(|seq| self.journal.succeeded.contains(&seq))
+    }
+}
+
+fn run(seed: u64) -> (u64, u64) {
+    let mut world = World::new(seed);
+    for _ in 0..2_000 {
+        world.step(true);
+    }
+    // Faults stop; everything accepted must end, and succeed.
+    let mut steps = 0;
+    while !world.all_succeeded() {
+        world.step(false);
+        steps += 1;
+        if steps > 20_000 {
+            let missing: Vec<u64> = (1..=world.submissions.len() as u64)
+                .filter(|s| !world.journal.succeeded.contains(s))
+                .take(10)
+                .collect();
+            let states: Vec<String> = missing
+                .iter()
+                .map(|s| {
+                    world
+                        .leader
+                        .as_ref()
+                        .and_then(|l| l.driver.status(TaskId(*s)))
+                        .map_or("unknown".into(), |st| format!("{s}: {}", st.state))
+                })
+                .collect();
+            panic!("tasks never succeeded: {missing:?} {states:?}");
+        }
+    }
+    (world.runs, world.reruns)
+}
+
+#[test]
+fn failover_simulation() {
+    let seeds: Vec<u64> = match std::env::var("CRONOQ_SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("CRONOQ_SIM_SEED")],
+        Err(_) => {
+            let n = std::env::var("CRONOQ_SIM_SEEDS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(300);
+            (0..n).collect()
+        }
+    };
+    let (mut runs, mut reruns) = (0, 0);
+    for seed in seeds {
+        let result = std::panic::catch_unwind(|| run(seed));
+        match result {
+            Ok((r, rr)) => {
+                runs += r;
+                reruns += rr;
+            }
+            Err(panic) => {
+                eprintln!("failing seed: CRONOQ_SIM_SEED={seed}");
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+    eprintln!("{runs} attempts started, {reruns} of them retries (crashes, lost workers)");
+}
