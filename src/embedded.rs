@@ -100,6 +100,7 @@ struct RunInfo {
     timed_out: Option<u32>,
     more_waiters: Vec<oneshot::Sender<Arc<Outcome>>>,
     key: Option<String>,
+    traceparent: Option<String>,
 }
 
 /// Live entries by id. The scheduler hands out ids in order and most tasks
@@ -165,6 +166,25 @@ impl Entries {
             Some(at) => self.window[at].as_mut(),
             None => self.far.get_mut(&id),
         }
+    }
+
+    /// The ids of the newest `limit` live entries, highest first. The
+    /// window is at least half full (see `remove`), so this reads about
+    /// `2 * limit` of its slots; the far map holds the few old entries.
+    fn newest(&self, limit: usize) -> Vec<TaskId> {
+        let mut ids: Vec<TaskId> = self
+            .window
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, e)| e.is_some())
+            .take(limit)
+            .map(|(at, _)| TaskId(self.base + at as u64))
+            .collect();
+        ids.extend(self.far.keys().copied());
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids.truncate(limit);
+        ids
     }
 
     fn remove(&mut self, id: TaskId) -> Option<Entry> {
@@ -499,6 +519,9 @@ impl Scheduler {
                 st.keys.insert(key.to_string(), id);
                 entry.run.get_or_insert_with(Default::default).key = Some(key.to_string());
             }
+            if let Some(tp) = task.trace_context() {
+                entry.run.get_or_insert_with(Default::default).traceparent = Some(tp.to_string());
+            }
             st.entries.insert(id, entry);
             let jobs = inner.carry_out(&mut st, now);
             ((id, rx), jobs)
@@ -531,17 +554,20 @@ impl Scheduler {
     /// A task's state, why it waits, and its attempts; also for recently
     /// finished tasks.
     pub fn task(&self, id: TaskId) -> Option<TaskStatus> {
+        self.inner.lock().status(id)
+    }
+
+    /// The newest `limit` tasks, highest id first: live ones and the most
+    /// recently finished of those kept ([`SchedulerBuilder::retain_finished`]),
+    /// as [`TaskStatus::summary`]s. Costs O(`limit`) lookups, not a scan
+    /// of every waiting task.
+    pub fn recent_tasks(&self, limit: usize) -> Vec<TaskStatus> {
         let st = self.inner.lock();
-        if let Some(done) = st.finished.get(&id) {
-            return Some(status_of_outcome(done));
-        }
-        let view = st.core.task(id)?;
-        let run = st.entries.get(id).and_then(|e| e.run.as_deref());
-        Some(TaskStatus::live(
-            view,
-            run.map(|r| r.attempts.clone()).unwrap_or_default(),
-            run.and_then(|r| r.error.clone()),
-        ))
+        let finished = st.finished_order.iter().rev().copied();
+        crate::task::newest_ids(st.entries.newest(limit).into_iter(), finished, limit)
+            .into_iter()
+            .filter_map(|id| st.status(id).map(TaskStatus::summary))
+            .collect()
     }
 
     /// Waits for a task by id (live or recently finished).
@@ -592,6 +618,19 @@ fn status_of_outcome(o: &Outcome) -> TaskStatus {
 impl State {
     fn core_knows(&self, id: TaskId) -> bool {
         self.core.task(id).is_some()
+    }
+
+    fn status(&self, id: TaskId) -> Option<TaskStatus> {
+        if let Some(done) = self.finished.get(&id) {
+            return Some(status_of_outcome(done));
+        }
+        let view = self.core.task(id)?;
+        let run = self.entries.get(id).and_then(|e| e.run.as_deref());
+        Some(TaskStatus::live(
+            view,
+            run.map(|r| r.attempts.clone()).unwrap_or_default(),
+            run.and_then(|r| r.error.clone()),
+        ))
     }
 }
 
@@ -688,6 +727,7 @@ impl Inner {
                             attempt: *attempt,
                             pool,
                             group: labels,
+                            traceparent: run.traceparent.clone(),
                         },
                         payload: entry.payload.clone(),
                         registration,

@@ -59,6 +59,8 @@ pub(crate) enum Input {
     CancelOnArrival(TaskId),
     GetTask(TaskId, Responder<Option<TaskStatus>>),
     Snapshot(Responder<Snapshot>),
+    /// The newest live and recently finished tasks (a checked limit).
+    RecentTasks(usize, Responder<wire::TaskList>),
 }
 
 /// Something the runner must do.
@@ -164,6 +166,7 @@ struct TaskInfo {
     pool: PoolName,
     key: Option<String>,
     payload: Bytes,
+    traceparent: Option<String>,
     attempts: Vec<AttemptRecord>,
     output: Option<Bytes>,
     error: Option<String>,
@@ -341,7 +344,28 @@ impl Driver {
                 }
                 self.respond(to, Ok(snap));
             }
+            Input::RecentTasks(limit, to) => {
+                let mut tasks = self.recent_tasks(limit);
+                if let Responder::Nats(_) = to {
+                    // One NATS message must carry it; the reply wraps the
+                    // list in a few bytes (`{"ok": {"tasks": …}}`).
+                    let limit = self.settings.max_reply_bytes.saturating_sub(64);
+                    crate::task::trim_list_to(&mut tasks, limit, |t| wire::encode(&t).len());
+                }
+                self.respond(to, Ok(wire::TaskList { tasks }));
+            }
         }
+    }
+
+    /// The newest `limit` tasks, live or recently finished, highest id
+    /// first, as summaries.
+    fn recent_tasks(&self, limit: usize) -> Vec<TaskStatus> {
+        let live = self.live_seqs.iter().rev().map(|&seq| TaskId(seq));
+        let finished = self.finished_order.iter().rev().map(|(id, _)| *id);
+        crate::task::newest_ids(live, finished, limit)
+            .into_iter()
+            .filter_map(|id| self.status(id).map(TaskStatus::summary))
+            .collect()
     }
 
     // ---- tasks ------------------------------------------------------------
@@ -358,11 +382,12 @@ impl Driver {
         let spec = task.and_then(|t| {
             let payload = t.payload().clone();
             let key = t.key().map(str::to_string);
+            let traceparent = t.trace_context().map(str::to_string);
             t.to_spec(id, self.settings.max_payload_bytes)
-                .map(|spec| (spec, payload, key))
+                .map(|spec| (spec, payload, key, traceparent))
                 .map_err(WireError::from)
         });
-        if let Ok((_, _, Some(key))) = &spec {
+        if let Ok((_, _, Some(key), _)) = &spec {
             if let Some(&original) = self.keys.get(key) {
                 // The same idempotency key as a task we hold: this is that
                 // task (JetStream's Nats-Msg-Id window may have passed).
@@ -372,7 +397,7 @@ impl Driver {
                 return;
             }
         }
-        let (spec, payload, key) = match spec {
+        let (spec, payload, key, traceparent) = match spec {
             Ok(x) => x,
             Err(e) => {
                 self.refuse_submission(now, id, pool, e);
@@ -388,6 +413,7 @@ impl Driver {
                 pool: spec_pool.clone(),
                 key: key.clone(),
                 payload,
+                traceparent,
                 attempts: Vec::new(),
                 output: None,
                 error: None,
@@ -590,6 +616,7 @@ impl Driver {
                     payload: info.payload.clone(),
                     ttl: self.settings.lease_ttl,
                     epoch: self.epoch,
+                    traceparent: info.traceparent.clone(),
                 };
                 self.update_worker(now, &worker_id, |w| {
                     w.running.insert((task, attempt));
@@ -1137,6 +1164,7 @@ impl Driver {
                 slots: if w.draining { 0 } else { w.slots },
                 busy: w.running.len() as u32,
                 last_seen: w.last_seen,
+                draining: w.draining,
             })
             .collect();
         snap

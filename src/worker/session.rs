@@ -708,6 +708,7 @@ impl Session {
             pool = %lease.pool,
             group = %lease.group,
             epoch = lease.epoch,
+            traceparent = lease.traceparent.as_deref(),
             "attempt started"
         );
         let (abort, registration) = AbortHandle::new_pair();
@@ -804,6 +805,7 @@ impl Attempt {
             attempt: lease.attempt,
             pool: lease.pool.clone(),
             group: lease.group.clone(),
+            traceparent: lease.traceparent.clone(),
         };
         let handler = self.handler.clone();
         let payload = lease.payload.clone();
