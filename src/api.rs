@@ -42,8 +42,35 @@ pub trait Api: Send + Sync + 'static {
     fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()>;
     /// Pools, groups, demand, workers.
     fn snapshot(&self) -> ApiFuture<'_, Snapshot>;
+    /// The most recent tasks, newest (highest id) first: live ones and
+    /// the most recently finished, at most `limit`
+    /// (1..=[`MAX_RECENT_TASKS`]; see [`check_recent_limit`]). Each is a
+    /// [`TaskStatus::summary`]: outputs left out, long errors cut.
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>>;
     /// Liveness and readiness.
     fn health(&self) -> Health;
+}
+
+/// The most tasks one [`Api::recent_tasks`] call lists.
+pub const MAX_RECENT_TASKS: usize = 500;
+
+/// Refuses a `limit` of [`Api::recent_tasks`] outside 1..=[`MAX_RECENT_TASKS`]
+/// (`INVALID_ARGUMENT`).
+///
+/// ```
+/// assert!(cronoq::api::check_recent_limit(50).is_ok());
+/// assert!(cronoq::api::check_recent_limit(0).is_err());
+/// assert!(cronoq::api::check_recent_limit(501).is_err());
+/// ```
+pub fn check_recent_limit(limit: usize) -> Result<(), ApiError> {
+    if (1..=MAX_RECENT_TASKS).contains(&limit) {
+        Ok(())
+    } else {
+        Err(WireError::new(
+            ErrorCode::INVALID_ARGUMENT,
+            format!("limit {limit} is outside 1..={MAX_RECENT_TASKS}"),
+        ))
+    }
 }
 
 impl From<embedded::Error> for ApiError {
@@ -70,6 +97,13 @@ impl Api for Scheduler {
 
     fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
         Box::pin(async move { Ok(Scheduler::snapshot(self)) })
+    }
+
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(async move {
+            check_recent_limit(limit)?;
+            Ok(Scheduler::recent_tasks(self, limit))
+        })
     }
 
     fn health(&self) -> Health {

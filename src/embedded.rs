@@ -94,6 +94,8 @@ type Waiter = Option<OutcomeTx>;
 struct RunExtra {
     abort: Option<(u32, AbortHandle)>,
     more_waiters: Vec<OutcomeTx>,
+    /// The W3C trace context given at submit.
+    traceparent: Option<String>,
 }
 
 type Entry = crate::ledger::Entry<Waiter, RunExtra>;
@@ -397,6 +399,11 @@ impl Scheduler {
             let (tx, rx) = oneshot::channel();
             st.ledger
                 .accept(id, task.payload.clone(), task.key(), Some(tx));
+            if let Some(tp) = task.trace_context() {
+                if let Some(entry) = st.ledger.get_mut(id) {
+                    entry.run_extra().traceparent = Some(tp.to_string());
+                }
+            }
             let jobs = inner.carry_out(&mut st, now);
             ((id, rx), jobs)
         };
@@ -428,8 +435,16 @@ impl Scheduler {
     /// A task's state, why it waits, and its attempts; also for recently
     /// finished tasks.
     pub fn task(&self, id: TaskId) -> Option<TaskStatus> {
+        self.inner.lock().status(id)
+    }
+
+    /// The newest `limit` tasks, highest id first: live ones and the most
+    /// recently finished of those kept ([`SchedulerBuilder::retain_finished`]),
+    /// as [`TaskStatus::summary`]s. Costs O(`limit`) lookups, not a scan
+    /// of every waiting task.
+    pub fn recent_tasks(&self, limit: usize) -> Vec<TaskStatus> {
         let st = self.inner.lock();
-        st.ledger.status(&st.core, id)
+        st.ledger.recent(&st.core, limit)
     }
 
     /// Waits for a task by id (live or recently finished).
@@ -459,6 +474,10 @@ fn add_waiter(entry: &mut Entry, tx: oneshot::Sender<Arc<Outcome>>) {
 impl State {
     fn core_knows(&self, id: TaskId) -> bool {
         self.core.task(id).is_some()
+    }
+
+    fn status(&self, id: TaskId) -> Option<TaskStatus> {
+        self.ledger.status(&self.core, id)
     }
 }
 
@@ -534,7 +553,9 @@ impl Inner {
                         .started(*task, *attempt, labels.clone(), None, now)
                         .expect("started task has an entry");
                     let (abort, registration) = AbortHandle::new_pair();
-                    entry.run_extra().abort = Some((*attempt, abort));
+                    let run = entry.run_extra();
+                    run.abort = Some((*attempt, abort));
+                    let traceparent = run.traceparent.clone();
                     tracing::debug!(task_id = %task, attempt, pool = %pool, group = %labels, "attempt started");
                     jobs.push(Job {
                         executor,
@@ -543,6 +564,7 @@ impl Inner {
                             attempt: *attempt,
                             pool,
                             group: labels,
+                            traceparent,
                         },
                         payload: entry.payload.clone(),
                         registration,

@@ -386,6 +386,19 @@ impl<X, R: Default> Ledger<X, R> {
         }
     }
 
+    /// The newest `limit` tasks, live or retained, highest id first, as
+    /// [`TaskStatus::summary`]s: O(`limit`) lookups, not a scan.
+    pub fn recent(&self, core: &Core, limit: usize) -> Vec<TaskStatus> {
+        let finished = self.ring.iter().rev().filter_map(|r| match r {
+            Retained::Task(id, _) => Some(*id),
+            Retained::Alias(_) => None,
+        });
+        crate::task::newest_ids(self.live.newest(limit).into_iter(), finished, limit)
+            .into_iter()
+            .filter_map(|id| self.status(core, id).map(TaskStatus::summary))
+            .collect()
+    }
+
     /// The error of the last failed attempt of a live task.
     pub fn last_error(&self, id: TaskId) -> Option<&str> {
         self.live.get(id)?.run.as_deref()?.error.as_deref()
@@ -465,6 +478,25 @@ impl<T> Entries<T> {
             Some(at) => self.window[at].as_mut(),
             None => self.far.get_mut(&id),
         }
+    }
+
+    /// The ids of the newest `limit` live entries, highest first. The
+    /// window is at least half full (see `remove`), so this reads about
+    /// `2 * limit` of its slots; the far map holds the few old entries.
+    pub(crate) fn newest(&self, limit: usize) -> Vec<TaskId> {
+        let mut ids: Vec<TaskId> = self
+            .window
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, e)| e.is_some())
+            .take(limit)
+            .map(|(at, _)| TaskId(self.base + at as u64))
+            .collect();
+        ids.extend(self.far.keys().copied());
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids.truncate(limit);
+        ids
     }
 
     pub(crate) fn remove(&mut self, id: TaskId) -> Option<T> {

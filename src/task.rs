@@ -46,6 +46,7 @@ pub struct Task {
     pub(crate) backoff: Option<(Duration, Duration)>,
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) idempotency_key: Option<String>,
+    pub(crate) traceparent: Option<String>,
 }
 
 impl Task {
@@ -65,6 +66,7 @@ impl Task {
             backoff: None,
             attempt_timeout: None,
             idempotency_key: None,
+            traceparent: None,
         }
     }
 
@@ -149,6 +151,27 @@ impl Task {
         self
     }
 
+    /// The W3C trace context of whoever submits (`00-<trace id>-<parent
+    /// id>-<flags>`): it travels with the task to every attempt
+    /// ([`TaskContext::traceparent`], env `TRACEPARENT` of a worker's
+    /// command). Checked at submit ([`check_traceparent`]).
+    ///
+    /// ```
+    /// use cronoq::{Task, TaskId};
+    /// let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    /// assert!(Task::new("x").traceparent(tp).to_spec(TaskId(1), 1024).is_ok());
+    /// assert!(Task::new("x").traceparent("00-zz").to_spec(TaskId(1), 1024).is_err());
+    /// ```
+    pub fn traceparent(mut self, traceparent: impl Into<String>) -> Task {
+        self.traceparent = Some(traceparent.into());
+        self
+    }
+
+    /// The trace context, if any.
+    pub fn trace_context(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
+
     /// The pool name as given.
     pub fn pool_name(&self) -> &str {
         &self.pool
@@ -195,6 +218,9 @@ impl Task {
         debug_assert_eq!(pool.as_str(), self.pool);
         if let Some(e) = self.label_errors.first() {
             return Err(Rejection::InvalidArgument(e.clone()));
+        }
+        if let Some(tp) = &self.traceparent {
+            check_traceparent(tp)?;
         }
         if let Some(key) = &self.idempotency_key {
             if key.len() > crate::core::MAX_KEY_LEN {
@@ -244,6 +270,49 @@ impl Task {
     }
 }
 
+/// Checks a W3C trace context header (version `00`):
+/// `00-<32 lowercase hex: trace id>-<16 lowercase hex: parent id>-<2 hex:
+/// flags>`, neither id all zeros. Anything else is `INVALID_ARGUMENT`.
+///
+/// ```
+/// use cronoq::task::check_traceparent;
+/// assert!(check_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").is_ok());
+/// assert!(check_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_err());
+/// assert!(check_traceparent("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01").is_err());
+/// ```
+pub fn check_traceparent(text: &str) -> Result<(), Rejection> {
+    let bad = |why: &str| {
+        Err(Rejection::InvalidArgument(format!(
+            "traceparent {}: {why} (want 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, \
+             lowercase, ids not all zeros)",
+            crate::core::excerpt(text)
+        )))
+    };
+    let parts: Vec<&str> = text.split('-').collect();
+    let [version, trace_id, parent_id, flags] = parts[..] else {
+        return bad("not four fields separated by '-'");
+    };
+    let hex = |s: &str, len: usize| {
+        s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    if version != "00" {
+        return bad("version must be 00");
+    }
+    if !hex(trace_id, 32) {
+        return bad("the trace id must be 32 lowercase hex digits");
+    }
+    if !hex(parent_id, 16) {
+        return bad("the parent id must be 16 lowercase hex digits");
+    }
+    if !hex(flags, 2) {
+        return bad("the flags must be 2 lowercase hex digits");
+    }
+    if trace_id.bytes().all(|b| b == b'0') || parent_id.bytes().all(|b| b == b'0') {
+        return bad("an all-zero id is invalid");
+    }
+    Ok(())
+}
+
 /// What an executor (embedded) or handler (remote worker) sees of the
 /// attempt it runs.
 #[derive(Clone, Debug)]
@@ -256,6 +325,8 @@ pub struct TaskContext {
     pub pool: PoolName,
     /// The labels of the group this attempt runs in (empty: unlabeled).
     pub group: Labels,
+    /// The W3C `traceparent` the task was submitted with, if any.
+    pub traceparent: Option<String>,
 }
 
 /// What an executor returns when an attempt fails.
@@ -450,6 +521,70 @@ impl TaskStatus {
         }
         self.output.as_ref().map(|s| s.clone().into_bytes())
     }
+}
+
+/// The longest error a [`TaskStatus::summary`] keeps, in characters.
+pub const SUMMARY_ERROR_CHARS: usize = 200;
+
+fn cut(text: &mut String) {
+    if let Some((at, _)) = text.char_indices().nth(SUMMARY_ERROR_CHARS) {
+        text.truncate(at);
+        text.push('…');
+    }
+}
+
+impl TaskStatus {
+    /// The status as a list shows it: without the output (a list of many
+    /// tasks must stay small; `GET /v1/tasks/{id}` has it), errors cut to
+    /// [`SUMMARY_ERROR_CHARS`] characters.
+    ///
+    /// ```
+    /// # use cronoq::{TaskStatus, TaskState, TaskId, PoolName};
+    /// let status = TaskStatus {
+    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Failed, reason: None,
+    ///     attempts: vec![], output: Some("big".into()), output_base64: Some("Ymln".into()),
+    ///     error: Some("x".repeat(10_000)), deadline_missed: false,
+    /// };
+    /// let short = status.summary();
+    /// assert!(short.output.is_none() && short.output_base64.is_none());
+    /// assert!(short.error.unwrap().chars().count() <= 201);
+    /// ```
+    pub fn summary(mut self) -> TaskStatus {
+        self.output = None;
+        self.output_base64 = None;
+        if let Some(e) = &mut self.error {
+            cut(e);
+        }
+        for a in &mut self.attempts {
+            if let Some(e) = &mut a.error {
+                cut(e);
+            }
+        }
+        self
+    }
+}
+
+/// Cuts `list` (from the end, halving) until `size(list) <= max_bytes`,
+/// so a list reply fits one NATS message.
+pub(crate) fn trim_list_to<T>(list: &mut Vec<T>, max_bytes: usize, size: impl Fn(&[T]) -> usize) {
+    while !list.is_empty() && size(list) > max_bytes {
+        list.truncate(list.len() / 2);
+    }
+}
+
+/// The ids a recent-tasks list shows: the newest `limit` of the live ones
+/// (`live`, newest first) and the most recently finished (`finished`, most
+/// recent first), highest id first, each once.
+pub(crate) fn newest_ids(
+    live: impl Iterator<Item = TaskId>,
+    finished: impl Iterator<Item = TaskId>,
+    limit: usize,
+) -> Vec<TaskId> {
+    let mut ids: Vec<TaskId> = live.take(limit).chain(finished.take(limit)).collect();
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    ids.dedup();
+    ids.truncate(limit);
+    ids
 }
 
 /// The text of a caught panic, for the attempt's error.

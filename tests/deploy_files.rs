@@ -239,6 +239,7 @@ fn exported_families() -> BTreeSet<String> {
         slots: 1,
         busy: 0,
         last_seen: Millis(0),
+        draining: false,
     });
     let health = Health {
         live: true,

@@ -278,7 +278,8 @@ async fn labeled_task_runs_only_in_a_matching_group() {
         pool_of(&snap, POOL).demand,
         vec![Demand {
             labels: gpu("a100"),
-            waiting: 1
+            waiting: 1,
+            reason: Some(WaitReason::GroupsFull),
         }]
     );
 
@@ -310,7 +311,8 @@ async fn task_for_labels_nobody_has_waits_until_a_matching_group_appears() {
         pool.demand,
         vec![Demand {
             labels: tpu.clone(),
-            waiting: 1
+            waiting: 1,
+            reason: Some(WaitReason::NoGroupMatches),
         }]
     );
     assert_eq!(pool.autoscale.desired, 1);
@@ -1433,11 +1435,13 @@ async fn snapshot_shows_groups_busy_demand_and_autoscale() {
         vec![
             Demand {
                 labels: Labels::new(),
-                waiting: 1
+                waiting: 1,
+                reason: Some(WaitReason::GroupsFull),
             },
             Demand {
                 labels: labels(&[("tpu", "v5")]),
-                waiting: 2
+                waiting: 2,
+                reason: Some(WaitReason::NoGroupMatches),
             },
         ]
     );

@@ -457,6 +457,7 @@ proptest! {
         attempts in prop::option::of(any::<u32>()),
         priority in any::<i32>(),
         key in prop::option::of(hostile_text()),
+        traceparent in prop::option::of(hostile_text()),
     ) {
         let ms = |i: usize| times[i].map(Millis);
         let submit = wire::Submit {
@@ -472,6 +473,7 @@ proptest! {
             backoff: ms(4).map(|m| Backoff { initial: m, max: m }),
             attempt_timeout: ms(5),
             idempotency_key: key,
+            traceparent,
         };
         let subjects = Subjects::new("cronoq").unwrap();
         let mut headers = async_nats::HeaderMap::new();

@@ -446,7 +446,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
             StatusCode::NOT_FOUND,
             "NOT_FOUND",
         ),
-        (Method::GET, "/", None, StatusCode::NOT_FOUND, "NOT_FOUND"),
+        (Method::POST, "/", None, StatusCode::NOT_FOUND, "NOT_FOUND"),
         (
             Method::DELETE,
             "/v1/snapshot",
@@ -456,6 +456,76 @@ async fn bad_input_is_refused_and_changes_nothing() {
         ),
         (
             Method::GET,
+            "/v1/tasks?limit=0",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/tasks?limit=501",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/tasks?limit=ten",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/tasks?limit=5&limit=6",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/tasks?colour=red",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/dashboard?workers=501",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/dashboard?tasks=0",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/dashboard?offset=-1",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/dashboard?colour=red",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::GET,
+            "/v1/dashboard?workers=1&workers=2",
+            None,
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Method::DELETE,
             "/v1/tasks",
             None,
             StatusCode::NOT_FOUND,
@@ -621,6 +691,9 @@ impl Api for Panicky {
     fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
         Box::pin(async move { panic!("boom") })
     }
+    fn recent_tasks(&self, _limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(async move { panic!("boom") })
+    }
     fn health(&self) -> Health {
         Health {
             live: true,
@@ -727,6 +800,9 @@ impl Api for Stub {
     }
     fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
         Box::pin(async move { self.answer(odd_snapshot()) })
+    }
+    fn recent_tasks(&self, _limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(async move { self.answer(vec![]) })
     }
     fn health(&self) -> Health {
         self.health.clone()

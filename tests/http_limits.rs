@@ -326,6 +326,9 @@ impl Api for Gate {
             Api::snapshot(&self.sched).await
         })
     }
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Api::recent_tasks(&self.sched, limit)
+    }
     fn health(&self) -> Health {
         Api::health(&self.sched)
     }

@@ -30,6 +30,7 @@ use cronoq::wire::{
     Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew, RenewReply, Reply, Revoke,
     RunningAttempt, Subjects, Submit, TaskEvent, WireError, PROTOCOL_VERSION,
 };
+use cronoq::wire::{ListTasks, TaskList};
 use cronoq::Task;
 
 const PREFIX: &str = "cronoq";
@@ -180,6 +181,7 @@ fn submits() -> Vec<Submit> {
         }),
         attempt_timeout: Some(Millis(60_000)),
         idempotency_key: Some("order-1234".into()),
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
     };
     vec![full, Submit::from_task(&Task::new("resize 42.png"))]
 }
@@ -290,6 +292,7 @@ fn lease() -> Lease {
         payload: Bytes::from_static(b"\x00payload\xff"),
         ttl: Millis(10_000),
         epoch: 7,
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
     }
 }
 
@@ -441,6 +444,7 @@ fn snapshots() -> Vec<Snapshot> {
             demand: vec![Demand {
                 labels: labels(&[("gpu", "h100")]),
                 waiting: 2,
+                reason: Some(WaitReason::NoGroupMatches),
             }],
             groups: vec![GroupSnapshot {
                 labels: labels(&[("gpu", "a100")]),
@@ -468,6 +472,7 @@ fn snapshots() -> Vec<Snapshot> {
             slots: 2,
             busy: 1,
             last_seen: Millis(1_800_000_000_000),
+            draining: true,
         }],
         truncated: true,
     };
@@ -539,6 +544,13 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
         }]),
     );
     add("GetSnapshot", each([GetSnapshot::default()]));
+    add(
+        "ListTasks",
+        each([ListTasks {
+            v: PROTOCOL_VERSION,
+            limit: 50,
+        }]),
+    );
     add("Lease", each([lease()]));
     add("Revoke", each(revokes()));
     add("TaskEvent", each(task_events()));
@@ -552,6 +564,14 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
     add("Reply_RenewReply", replies(&[renew_reply()]));
     add("Reply_TaskStatus", replies(&task_statuses()));
     add("Reply_Snapshot", replies(&snapshots()));
+    let lists = [
+        TaskList {
+            tasks: task_statuses(),
+        },
+        TaskList { tasks: Vec::new() },
+    ];
+    add("Reply_TaskList", replies(&lists));
+    add("TaskList", each(lists));
     add("TaskStatus", each(task_statuses()));
     add(
         "TaskRecord",
@@ -800,6 +820,7 @@ fn asyncapi_names_every_subject() {
         "cancel",
         "task",
         "snapshot",
+        "tasks",
     ]
     .iter()
     .map(|verb| subjects.api(verb))
@@ -820,6 +841,7 @@ fn asyncapi_names_every_subject() {
             "WireError",
             "TaskStatus",
             "Snapshot",
+            "TaskList",
             // Stored in the results bucket, never sent on a subject.
             "TaskRecord",
         ];

@@ -104,6 +104,8 @@ class Demand:
 
     labels: Dict[str, str]
     waiting: int
+    reason: Optional[str] = None
+    """Why they wait: ``no_group_matches``, ``groups_full`` or ``held_for_reservation``."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class WorkerInfo:
     slots: int
     busy: int
     last_seen: int
+    draining: bool = False
 
 
 @dataclass(frozen=True)

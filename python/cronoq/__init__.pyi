@@ -59,6 +59,7 @@ class GroupSnapshot:
 class Demand:
     labels: Dict[str, str]
     waiting: int
+    reason: Optional[str] = ...
 
 @dataclass(frozen=True)
 class Autoscale:
@@ -88,6 +89,7 @@ class WorkerInfo:
     slots: int
     busy: int
     last_seen: int
+    draining: bool = ...
 
 @dataclass(frozen=True)
 class Snapshot:

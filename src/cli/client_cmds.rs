@@ -1,16 +1,16 @@
 //! Client commands: `submit`, `snapshot`, `task`, `cancel`, over NATS
 //! (`--nats`) or the HTTP API (`--http`); given both, NATS.
 
-use std::io::{Read as _, Write as _};
+use std::io::{IsTerminal as _, Read as _, Write as _};
 use std::process::ExitCode;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use clap::Args;
 
 use super::{Connect, DEFAULT_HTTP_URL};
 use crate::client::{self, ClientOptions, HttpClient};
-use crate::core::{Millis, Snapshot, TaskId, TaskState};
+use crate::core::{Millis, Snapshot, TaskId, TaskState, WaitReason};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{parse_duration, parse_time, WireError};
 
@@ -49,7 +49,12 @@ pub struct SubmitArgs {
     /// De-duplicates resubmissions.
     #[arg(long)]
     pub idempotency_key: Option<String>,
-    /// Wait for the outcome and print the output (exit status = outcome).
+    /// W3C trace context (`00-<trace id>-<parent id>-<flags>`): every
+    /// attempt gets it (a worker's command as env `TRACEPARENT`).
+    #[arg(long, env = "TRACEPARENT")]
+    pub traceparent: Option<String>,
+    /// Wait for the outcome and print the output (exit status = outcome);
+    /// on a terminal, state changes are shown on stderr as they happen.
     #[arg(long)]
     pub wait: bool,
     /// The payload; `-` reads stdin; absent means empty.
@@ -62,8 +67,14 @@ pub struct SnapshotArgs {
     #[command(flatten)]
     pub connect: Connect,
     /// Print JSON instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "watch")]
     pub json: bool,
+    /// Redraw the table every second until interrupted.
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: stop after this many tables (for tests and scripts).
+    #[arg(long, hide = true, requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+    pub watch_count: Option<u64>,
 }
 
 /// `cronoq task` arguments.
@@ -202,6 +213,10 @@ fn task_of(args: &SubmitArgs, payload: Vec<u8>, now: SystemTime) -> anyhow::Resu
     if let Some(k) = &args.idempotency_key {
         task = task.idempotency_key(k.clone());
     }
+    if let Some(tp) = &args.traceparent {
+        crate::task::check_traceparent(tp).context("--traceparent")?;
+        task = task.traceparent(tp.clone());
+    }
     Ok(task)
 }
 
@@ -233,12 +248,14 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     // With --wait, stdout holds the output bytes alone (binary-safe for
-    // pipes); the id goes to stderr.
+    // pipes); the id goes to stderr, and on a terminal each state change.
     eprintln!("task {id}");
-    let status = remote
-        .wait(id)
-        .await
-        .with_context(|| format!("waiting for task {id}"))?;
+    let status = if std::io::stderr().is_terminal() {
+        wait_with_progress(&remote, id).await
+    } else {
+        remote.wait(id).await
+    }
+    .with_context(|| format!("waiting for task {id}"))?;
     if status.state == TaskState::Succeeded {
         let mut out = std::io::stdout().lock();
         out.write_all(&status.output_bytes().unwrap_or_default())
@@ -254,9 +271,162 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Prints the snapshot: a table, or pretty JSON.
+/// How often `submit --wait` looks at the task for progress lines.
+const PROGRESS_POLL: Duration = Duration::from_millis(300);
+
+/// Waits for the task like `Remote::wait`, printing a [`progress_line`] on
+/// stderr whenever what it says changes (looked up every 300 ms).
+async fn wait_with_progress(remote: &Remote, id: TaskId) -> anyhow::Result<TaskStatus> {
+    let mut last = String::new();
+    let mut show = |status: &TaskStatus| {
+        let line = progress_line(status);
+        if line != last {
+            eprintln!("{line}");
+            last = line;
+        }
+    };
+    let wait = remote.wait(id);
+    tokio::pin!(wait);
+    let mut ticker = tokio::time::interval(PROGRESS_POLL);
+    loop {
+        tokio::select! {
+            done = &mut wait => {
+                let status = done?;
+                show(&status);
+                return Ok(status);
+            }
+            _ = ticker.tick() => {
+                // A lookup that fails (not consumed yet, a leader taking
+                // over) shows nothing; the wait decides.
+                if let Ok(status) = remote.get(id).await {
+                    show(&status);
+                }
+            }
+        }
+    }
+}
+
+/// What `submit --wait` says of a task's state on a terminal:
+/// `task 7 queued: every matching slot is busy (groups_full)`, `task 7
+/// running on group gpu=a100 (worker w1), attempt 1`, `task 7 succeeded
+/// after 1 attempt`.
+pub(crate) fn progress_line(s: &TaskStatus) -> String {
+    let attempts = |n: usize| format!("{n} attempt{}", if n == 1 { "" } else { "s" });
+    let group_text = |g: &crate::core::Labels| {
+        if g.is_empty() {
+            "(unlabeled)".to_string()
+        } else {
+            g.to_string()
+        }
+    };
+    let id = s.id;
+    match s.state {
+        TaskState::Queued | TaskState::Scheduled => {
+            let mut line = format!("task {id} {}", s.state.as_str());
+            if let Some(reason) = s.reason {
+                let why = match reason {
+                    WaitReason::NoGroupMatches => "no worker carries the required labels",
+                    WaitReason::GroupsFull => "every matching slot is busy",
+                    WaitReason::HeldForReservation => "free slots are held for a fixed-start task",
+                    WaitReason::Backoff => "waiting out the retry backoff",
+                    WaitReason::Scheduled => "its fixed start is in the future",
+                };
+                line.push_str(&format!(": {why} ({reason})"));
+            }
+            if let Some(last) = s.attempts.last() {
+                line.push_str(&format!(
+                    "; attempt {} {}",
+                    last.attempt,
+                    last.outcome.as_deref().unwrap_or("ended")
+                ));
+                if let Some(e) = &last.error {
+                    line.push_str(&format!(": {}", one_line(e)));
+                }
+            }
+            line
+        }
+        TaskState::Running => match s.attempts.last() {
+            Some(a) => {
+                let mut line = format!("task {id} running on group {}", group_text(&a.group));
+                if let Some(w) = &a.worker {
+                    line.push_str(&format!(" (worker {w})"));
+                }
+                line.push_str(&format!(", attempt {}", a.attempt));
+                line
+            }
+            None => format!("task {id} running"),
+        },
+        state => {
+            let mut line = format!(
+                "task {id} {} after {}",
+                state.as_str(),
+                attempts(s.attempts.len())
+            );
+            if let Some(a) = s.attempts.last() {
+                line.push_str(&format!(" (last on group {}", group_text(&a.group)));
+                if let Some(w) = &a.worker {
+                    line.push_str(&format!(", worker {w}"));
+                }
+                line.push(')');
+            }
+            if state != TaskState::Succeeded {
+                if let Some(e) = &s.error {
+                    line.push_str(&format!(": {}", one_line(e)));
+                }
+            }
+            line
+        }
+    }
+}
+
+/// The last line of a (multi-line) error, cut to 200 characters.
+fn one_line(text: &str) -> String {
+    let line = text.trim().lines().last().unwrap_or_default();
+    match line.char_indices().nth(200) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
+    }
+}
+
+/// One screen of `snapshot --watch`: on a terminal the screen is cleared
+/// first (ANSI: cursor home, erase display); otherwise tables follow one
+/// another under a dated rule.
+pub(crate) fn watch_frame(body: &str, at: SystemTime, terminal: bool) -> String {
+    let when = humantime::format_rfc3339_seconds(at);
+    if terminal {
+        format!("\x1b[H\x1b[2Jcronoq snapshot, every 1s ({when}); Ctrl-C stops\n\n{body}")
+    } else {
+        format!("--- {when}\n{body}")
+    }
+}
+
+/// Prints the snapshot: a table, or pretty JSON; with `--watch` a table
+/// every second.
 pub async fn snapshot(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
     let remote = Remote::connect(&args.connect).await?;
+    if args.watch {
+        let terminal = std::io::stdout().is_terminal();
+        let mut ticker = tokio::time::interval(Duration::from_secs(1));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut shown = 0u64;
+        loop {
+            ticker.tick().await;
+            // A server that does not answer is shown, not fatal: it may be
+            // restarting, or a leader taking over.
+            let body = match remote.snapshot().await {
+                Ok(snapshot) => snapshot.to_table(),
+                Err(e) => format!("error: {e:#}\n"),
+            };
+            let mut out = std::io::stdout().lock();
+            out.write_all(watch_frame(&body, SystemTime::now(), terminal).as_bytes())
+                .and_then(|()| out.flush())
+                .context("writing the table")?;
+            shown += 1;
+            if args.watch_count.is_some_and(|n| shown >= n) {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
     let snapshot = remote.snapshot().await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&snapshot)?);
@@ -387,6 +557,109 @@ mod tests {
             Some(now + std::time::Duration::from_secs(60))
         );
         assert!(task.to_spec(TaskId(1), 1 << 20).is_ok());
+    }
+
+    fn status(
+        state: TaskState,
+        reason: Option<WaitReason>,
+        attempts: &[(&str, &str, Option<&str>)],
+    ) -> TaskStatus {
+        TaskStatus {
+            id: TaskId(7),
+            pool: crate::core::PoolName::default(),
+            state,
+            reason,
+            attempts: attempts
+                .iter()
+                .enumerate()
+                .map(|(i, (group, worker, outcome))| crate::task::AttemptRecord {
+                    attempt: i as u32 + 1,
+                    group: crate::core::Labels::parse(group).unwrap(),
+                    worker: Some(worker.to_string()).filter(|w| !w.is_empty()),
+                    started_at: Millis(0),
+                    ended_at: outcome.map(|_| Millis(1)),
+                    outcome: outcome.map(|o| o.to_string().into()),
+                    error: (*outcome == Some("failed")).then(|| "exit 3\ndisk full".to_string()),
+                })
+                .collect(),
+            output: None,
+            output_base64: None,
+            error: None,
+            deadline_missed: false,
+        }
+    }
+
+    #[test]
+    fn progress_lines_say_what_happens_and_why() {
+        use TaskState::*;
+        let cases = [
+            (
+                status(Queued, Some(WaitReason::NoGroupMatches), &[]),
+                "task 7 queued: no worker carries the required labels (no_group_matches)",
+            ),
+            (
+                status(Queued, Some(WaitReason::GroupsFull), &[]),
+                "task 7 queued: every matching slot is busy (groups_full)",
+            ),
+            (
+                status(Scheduled, Some(WaitReason::Scheduled), &[]),
+                "task 7 scheduled: its fixed start is in the future (scheduled)",
+            ),
+            (
+                status(Running, None, &[("gpu=a100", "w1", None)]),
+                "task 7 running on group gpu=a100 (worker w1), attempt 1",
+            ),
+            (
+                status(Running, None, &[("", "", None)]),
+                "task 7 running on group (unlabeled), attempt 1",
+            ),
+            (
+                status(Queued, Some(WaitReason::Backoff), &[("", "w2", Some("failed"))]),
+                "task 7 queued: waiting out the retry backoff (backoff); attempt 1 failed: disk full",
+            ),
+            (
+                status(Succeeded, None, &[("", "w2", Some("failed")), ("gpu=a100", "w1", Some("succeeded"))]),
+                "task 7 succeeded after 2 attempts (last on group gpu=a100, worker w1)",
+            ),
+            (
+                TaskStatus {
+                    error: Some("boom".into()),
+                    ..status(Failed, None, &[("", "w2", Some("failed"))])
+                },
+                "task 7 failed after 1 attempt (last on group (unlabeled), worker w2): boom",
+            ),
+            (status(Cancelled, None, &[]), "task 7 cancelled after 0 attempts"),
+        ];
+        for (s, want) in cases {
+            assert_eq!(progress_line(&s), want);
+        }
+    }
+
+    #[test]
+    fn a_watch_frame_clears_a_terminal_and_dates_a_pipe() {
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let tty = watch_frame("pool p\n", at, true);
+        assert!(tty.starts_with("\x1b[H\x1b[2J"), "{tty:?}");
+        assert!(
+            tty.ends_with("pool p\n") && tty.contains("2027-01-15T08:00:00Z"),
+            "{tty:?}"
+        );
+        let pipe = watch_frame("pool p\n", at, false);
+        assert_eq!(pipe, "--- 2027-01-15T08:00:00Z\npool p\n");
+    }
+
+    #[test]
+    fn a_bad_traceparent_flag_is_an_invalid_argument() {
+        let now = SystemTime::UNIX_EPOCH;
+        let args = submit_args(&["--traceparent", "00-abc-def-01", "x"]);
+        let e = task_of(&args, Vec::new(), now).unwrap_err();
+        assert_eq!(
+            super::super::error_code(&e),
+            Some(crate::core::ErrorCode::INVALID_ARGUMENT)
+        );
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let task = task_of(&submit_args(&["--traceparent", good]), Vec::new(), now).unwrap();
+        assert_eq!(task.trace_context(), Some(good));
     }
 
     #[test]

@@ -262,7 +262,8 @@ fn print_welcome(http: &str, nats: Option<&str>) {
     println!(
         "cronoq dev is running ({mode})\n\
          \n\
-         snapshot:  {http}/v1/snapshot   (or: {bin} snapshot --http {http})\n\
+         dashboard: {http}/\n\
+         snapshot:  {http}/v1/snapshot   (or: {bin} snapshot --http {http} --watch)\n\
          \n\
          try, from another terminal:\n\
          \x20 {bin} submit {via} --wait 'hello'                      # unlabeled: runs on the least specialized group\n\

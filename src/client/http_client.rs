@@ -97,11 +97,24 @@ impl HttpClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<T, Error> {
+        self.call_with(method, path, body, None).await
+    }
+
+    async fn call_with<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        traceparent: Option<&str>,
+    ) -> Result<T, Error> {
         let url = format!("{}{path}", self.base);
         let mut request = Request::builder()
             .method(method.clone())
             .uri(&url)
             .header(header::ACCEPT, "application/json");
+        if let Some(tp) = traceparent {
+            request = request.header(crate::wire::TRACEPARENT, tp);
+        }
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
@@ -161,7 +174,9 @@ impl HttpClient {
         check_key(&task)?;
         let body = serde_json::to_vec(&SubmitRequest::from_task(&task))
             .map_err(|e| Error::Protocol(format!("encoding the task: {e}")))?;
-        let answer: SubmitResponse = self.call(Method::POST, "/v1/tasks", Some(body)).await?;
+        let answer: SubmitResponse = self
+            .call_with(Method::POST, "/v1/tasks", Some(body), task.trace_context())
+            .await?;
         Ok(answer.id)
     }
 
@@ -182,6 +197,16 @@ impl HttpClient {
     /// Pools, groups, demand and workers.
     pub async fn snapshot(&self) -> Result<Snapshot, Error> {
         self.call(Method::GET, "/v1/snapshot", None).await
+    }
+
+    /// The newest `limit` tasks (1 to 500), live or recently finished,
+    /// highest id first, as summaries (`GET /v1/tasks?limit=N`).
+    pub async fn recent_tasks(&self, limit: usize) -> Result<Vec<TaskStatus>, Error> {
+        crate::api::check_recent_limit(limit)?;
+        let list: crate::wire::TaskList = self
+            .call(Method::GET, &format!("/v1/tasks?limit={limit}"), None)
+            .await?;
+        Ok(list.tasks)
     }
 
     /// Waits until the task is finished, looking it up every 500 ms.
@@ -205,6 +230,10 @@ impl Api for HttpClient {
 
     fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
         Box::pin(async move { Ok(HttpClient::snapshot(self).await?) })
+    }
+
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(async move { Ok(HttpClient::recent_tasks(self, limit).await?) })
     }
 
     /// Live always; ready while the last request reached a server (not

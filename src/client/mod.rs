@@ -431,6 +431,22 @@ impl Client {
             .await
     }
 
+    /// The newest `limit` tasks (1 to 500), live or recently finished,
+    /// highest id first, as summaries (no output).
+    pub async fn recent_tasks(&self, limit: usize) -> Result<Vec<TaskStatus>, Error> {
+        crate::api::check_recent_limit(limit)?;
+        let list: wire::TaskList = self
+            .request(
+                "tasks",
+                &wire::ListTasks {
+                    v: wire::PROTOCOL_VERSION,
+                    limit: limit as u32,
+                },
+            )
+            .await?;
+        Ok(list.tasks)
+    }
+
     /// Waits until the task is finished; its final status.
     ///
     /// Listens to the task's events (subscribed before the first lookup, so
@@ -568,6 +584,10 @@ impl Api for Client {
 
     fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
         Box::pin(async move { Ok(Client::snapshot(self).await?) })
+    }
+
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(async move { Ok(Client::recent_tasks(self, limit).await?) })
     }
 
     fn health(&self) -> Health {

@@ -1221,20 +1221,26 @@ impl Core {
 
     // ---- views ------------------------------------------------------------
 
+    /// Why a task of this reqset waits for a slot (not in backoff, not
+    /// scheduled): nobody carries its labels, every matching slot is busy,
+    /// or a free one is held for a due reservation (rule 4 allows no other
+    /// free matching slot beside a waiter).
+    pub(crate) fn waiting_reason(&self, reqset: u32) -> WaitReason {
+        if !self.groups.reqset_has_capacity(reqset) {
+            WaitReason::NoGroupMatches
+        } else if !self.groups.reqsets[reqset as usize].free_groups.is_empty() {
+            WaitReason::HeldForReservation
+        } else {
+            WaitReason::GroupsFull
+        }
+    }
+
     /// What the core knows of a live task; `None` once it finished.
     pub fn task(&self, id: TaskId) -> Option<TaskView> {
         let t = self.by_id.get(id)?;
         let rec = &self.tasks[t as usize];
         let set = &self.groups.reqsets[rec.reqset as usize];
-        let waiting_reason = || {
-            if !self.groups.reqset_has_capacity(rec.reqset) {
-                WaitReason::NoGroupMatches
-            } else if !set.free_groups.is_empty() {
-                WaitReason::HeldForReservation
-            } else {
-                WaitReason::GroupsFull
-            }
-        };
+        let waiting_reason = || self.waiting_reason(rec.reqset);
         let (state, reason) = match rec.phase {
             Phase::Scheduled | Phase::Reserved => {
                 (TaskState::Scheduled, Some(WaitReason::Scheduled))

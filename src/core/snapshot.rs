@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::autoscale::{fleet_figures, FleetAutoscale, ReqsetDemand};
-use super::model::{Labels, Millis, PoolName};
+use super::model::{Labels, Millis, PoolName, WaitReason};
 use super::Core;
 
 /// The whole scheduler at one instant.
@@ -38,7 +38,7 @@ impl Snapshot {
     /// let mut snap = Snapshot::default();
     /// for i in 0..100 {
     ///     snap.workers.push(WorkerInfo { id: format!("w{i}"), pool: PoolName::default(),
-    ///         labels: Labels::new(), slots: 1, busy: 0, last_seen: Millis(0) });
+    ///         labels: Labels::new(), slots: 1, busy: 0, last_seen: Millis(0), draining: false });
     /// }
     /// snap.trim_to(500, |s| serde_json::to_vec(s).unwrap().len());
     /// assert!(snap.truncated && serde_json::to_vec(&snap).unwrap().len() <= 500);
@@ -101,6 +101,10 @@ pub struct WorkerInfo {
     pub busy: u32,
     /// Last heartbeat, ms since the Unix epoch.
     pub last_seen: Millis,
+    /// It is draining: it takes no new leases and leaves once its running
+    /// attempts end (`slots` is then 0).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// One pool.
@@ -158,6 +162,10 @@ pub struct Demand {
     pub labels: Labels,
     /// Tasks waiting with exactly these requirements.
     pub waiting: u64,
+    /// Why they wait (`no_group_matches`, `groups_full` or
+    /// `held_for_reservation`), as `GET /v1/tasks/{id}` says of each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<WaitReason>,
 }
 
 /// One label group of a pool.
@@ -198,22 +206,23 @@ impl Core {
                 let mut demand: Vec<Demand> = pool
                     .reqsets
                     .iter()
-                    .map(|&r| &self.groups.reqsets[r as usize])
-                    .filter(|r| !r.queue.is_empty())
-                    .map(|r| Demand {
-                        labels: r.labels.clone(),
-                        waiting: r.queue.len() as u64,
+                    .filter(|&&r| !self.groups.reqsets[r as usize].queue.is_empty())
+                    .map(|&r| Demand {
+                        labels: self.groups.reqsets[r as usize].labels.clone(),
+                        waiting: self.groups.reqsets[r as usize].queue.len() as u64,
+                        reason: Some(self.waiting_reason(r)),
                     })
                     .collect();
                 let ready: Vec<_> = pool.ready_fixed.iter().collect();
                 for &&(_, _, t) in &ready {
-                    let labels =
-                        &self.groups.reqsets[self.tasks[t as usize].reqset as usize].labels;
+                    let reqset = self.tasks[t as usize].reqset;
+                    let labels = &self.groups.reqsets[reqset as usize].labels;
                     match demand.iter_mut().find(|d| &d.labels == labels) {
                         Some(d) => d.waiting += 1,
                         None => demand.push(Demand {
                             labels: labels.clone(),
                             waiting: 1,
+                            reason: Some(self.waiting_reason(reqset)),
                         }),
                     }
                 }

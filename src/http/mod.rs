@@ -5,7 +5,9 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /v1/snapshot` | the [`Snapshot`] as JSON |
-//! | `POST /v1/tasks` | a [`SubmitRequest`] → [`SubmitResponse`] `{"id": n}` |
+//! | `GET /` | the live dashboard ([`dashboard`]; its data: `GET /v1/dashboard`) |
+//! | `POST /v1/tasks` | a [`SubmitRequest`] → [`SubmitResponse`] `{"id": n}`; a `traceparent` header is the task's W3C trace context |
+//! | `GET /v1/tasks?limit=N` | the newest N (default 50, at most 500) tasks, live or recently finished: [`crate::wire::TaskList`] `{"tasks": […]}`, highest id first, without outputs |
 //! | `GET /v1/tasks/{id}` | the [`TaskStatus`] as JSON |
 //! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
 //! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`] (see [`autoscale`]) |
@@ -52,6 +54,7 @@ use crate::core::{AutoscaleAnswer, ErrorCode, Labels, PoolName, Rejection, Snaps
 use crate::task::{Task, TaskStatus};
 use crate::wire::{parse_duration, parse_time, WireError};
 
+pub mod dashboard;
 mod serve;
 
 pub use serve::{serve, HttpLimits};
@@ -70,13 +73,14 @@ pub use serve::{serve, HttpLimits};
 pub fn router(api: Arc<dyn Api>) -> Router {
     Router::new()
         .route("/v1/snapshot", get(snapshot))
-        .route("/v1/tasks", post(submit))
+        .route("/v1/tasks", post(submit).get(list_tasks))
         .route("/v1/tasks/{id}", get(task))
         .route("/v1/tasks/{id}/cancel", post(cancel))
         .route("/v1/autoscale", get(autoscale))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .merge(dashboard::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::middleware::from_fn(catch_panics))
@@ -421,12 +425,65 @@ async fn snapshot(State(api): ApiState) -> Result<Json<Snapshot>, HttpError> {
 
 async fn submit(
     State(api): ApiState,
+    headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<SubmitRequest>,
 ) -> Result<Json<SubmitResponse>, HttpError> {
-    let task = req.into_task(SystemTime::now())?;
+    let mut task = req.into_task(SystemTime::now())?;
+    if let Some(tp) = traceparent_header(&headers)? {
+        crate::task::check_traceparent(tp)?;
+        task = task.traceparent(tp);
+    }
     let id = api.submit(task).await?;
     Ok(Json(SubmitResponse { id }))
 }
+
+/// The request's `traceparent` header: at most one, visible ASCII.
+fn traceparent_header(headers: &axum::http::HeaderMap) -> Result<Option<&str>, HttpError> {
+    let mut values = headers.get_all(crate::wire::TRACEPARENT).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(HttpError::invalid("more than one traceparent header"));
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| HttpError::invalid("the traceparent header is not visible ASCII"))
+}
+
+/// `GET /v1/tasks?limit=N`: the newest tasks (default 50).
+async fn list_tasks(
+    State(api): ApiState,
+    query: Result<
+        axum::extract::Query<Vec<(String, String)>>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Json<crate::wire::TaskList>, HttpError> {
+    let axum::extract::Query(pairs) = query.map_err(|e| HttpError::invalid(e.body_text()))?;
+    let mut limit = DEFAULT_TASK_LIST;
+    for (i, (key, value)) in pairs.iter().enumerate() {
+        if key != "limit" || i > 0 {
+            return Err(HttpError::invalid(format!(
+                "the only query parameter is one limit, not {:?}",
+                clamp_message(key)
+            )));
+        }
+        limit = value.parse().map_err(|_| {
+            HttpError::invalid(format!(
+                "limit must be an integer, not {:?}",
+                clamp_message(value)
+            ))
+        })?;
+    }
+    crate::api::check_recent_limit(limit)?;
+    Ok(Json(crate::wire::TaskList {
+        tasks: api.recent_tasks(limit).await?,
+    }))
+}
+
+/// Tasks `GET /v1/tasks` lists without `?limit=`.
+pub const DEFAULT_TASK_LIST: usize = 50;
 
 async fn task(State(api): ApiState, IdPath(id): IdPath) -> Result<Json<TaskStatus>, HttpError> {
     Ok(Json(api.task(id).await?))

@@ -72,6 +72,8 @@ pub(crate) enum Input {
     CancelOnArrival(TaskId),
     GetTask(TaskId, Responder<Option<TaskStatus>>),
     Snapshot(Responder<Snapshot>),
+    /// The newest live and recently finished tasks (a checked limit).
+    RecentTasks(usize, Responder<wire::TaskList>),
 }
 
 /// Something the runner must do. Writes (`Persist`) and announcements
@@ -215,7 +217,8 @@ pub(crate) struct Driver {
     leases: FxHashMap<TaskId, LeaseState>,
     /// Payloads, attempts, outputs, keys and finished tasks: the same
     /// records as embedded keeps.
-    ledger: Ledger<(), ()>,
+    /// (Beside each task: the trace context given at submit.)
+    ledger: Ledger<Option<String>, ()>,
     cancel_on_arrival: FxHashSet<TaskId>,
     /// Tasks whose attempts changed this turn: their records are journaled
     /// before anything of the turn is announced.
@@ -451,7 +454,23 @@ impl Driver {
                 }
                 self.respond(to, Ok(snap));
             }
+            Input::RecentTasks(limit, to) => {
+                let mut tasks = self.recent_tasks(limit);
+                if let Responder::Nats(_) = to {
+                    // One NATS message must carry it; the reply wraps the
+                    // list in a few bytes (`{"ok": {"tasks": …}}`).
+                    let limit = self.settings.max_reply_bytes.saturating_sub(64);
+                    crate::task::trim_list_to(&mut tasks, limit, |t| wire::encode(&t).len());
+                }
+                self.respond(to, Ok(wire::TaskList { tasks }));
+            }
         }
+    }
+
+    /// The newest `limit` tasks, live or recently finished, highest id
+    /// first, as summaries.
+    fn recent_tasks(&self, limit: usize) -> Vec<TaskStatus> {
+        self.ledger.recent(&self.core, limit)
     }
 
     // ---- tasks ------------------------------------------------------------
@@ -465,11 +484,12 @@ impl Driver {
         let spec = task.and_then(|t| {
             let payload = t.payload().clone();
             let key = t.key().map(str::to_string);
+            let traceparent = t.trace_context().map(str::to_string);
             t.to_spec(id, self.settings.max_payload_bytes)
-                .map(|spec| (spec, payload, key))
+                .map(|spec| (spec, payload, key, traceparent))
                 .map_err(WireError::from)
         });
-        if let Ok((_, _, Some(key))) = &spec {
+        if let Ok((_, _, Some(key), _)) = &spec {
             if let Some(original) = self.ledger.by_key(key) {
                 // The same idempotency key as a task we hold: this is that
                 // task (JetStream's Nats-Msg-Id window may have passed).
@@ -479,7 +499,7 @@ impl Driver {
                 return;
             }
         }
-        let (spec, payload, key) = match spec {
+        let (spec, payload, key, traceparent) = match spec {
             Ok(x) => x,
             Err(e) => {
                 self.refuse_submission(now, id, pool, e);
@@ -489,7 +509,7 @@ impl Driver {
         let fixed = spec.fixed_start.is_some();
         let spec_pool = spec.pool.clone();
         // Known before the core answers: a Start it returns reads the payload.
-        self.ledger.accept(id, payload, key.as_deref(), ());
+        self.ledger.accept(id, payload, key.as_deref(), traceparent);
         if let Err(e) = self.apply(now, Event::Submitted(spec)) {
             // A limit or a time too far ahead: refused like a malformed
             // submission (recorded failed, dead-lettered), never left queued.
@@ -542,8 +562,12 @@ impl Driver {
         };
         let (attempt, open) = (last.attempt, last.outcome.is_none());
         let running_on = last.worker.clone().zip(Some(last.group.clone()));
-        self.ledger
-            .accept(id, task.payload().clone(), task.key(), ());
+        self.ledger.accept(
+            id,
+            task.payload().clone(),
+            task.key(),
+            task.trace_context().map(str::to_string),
+        );
         self.ledger.restore(id, record.attempts, record.error);
         self.live_seqs.insert(seq);
         tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
@@ -742,6 +766,7 @@ impl Driver {
                     return;
                 };
                 let payload = entry.payload.clone();
+                let traceparent = entry.extra.clone();
                 self.dirty.insert(task);
                 let lease = Lease {
                     v: PROTOCOL_VERSION,
@@ -752,6 +777,7 @@ impl Driver {
                     payload,
                     ttl: self.settings.lease_ttl,
                     epoch: self.epoch,
+                    traceparent,
                 };
                 self.update_worker(now, &worker_id, |w| {
                     w.running.insert((task, attempt));
@@ -1332,6 +1358,7 @@ impl Driver {
                 slots: if w.draining { 0 } else { w.slots },
                 busy: w.running.len() as u32,
                 last_seen: w.last_seen,
+                draining: w.draining,
             })
             .collect();
         snap

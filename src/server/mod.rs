@@ -305,6 +305,12 @@ impl LeaderApi {
         self.ask(Input::Snapshot).await
     }
 
+    /// The newest live and recently finished tasks (see [`Api::recent_tasks`]).
+    pub async fn recent_tasks(&self, limit: usize) -> Result<Vec<TaskStatus>, WireError> {
+        crate::api::check_recent_limit(limit)?;
+        Ok(self.ask(|to| Input::RecentTasks(limit, to)).await?.tasks)
+    }
+
     fn health(&self) -> Health {
         let connected = matches!(
             self.inner.client.connection_state(),
@@ -380,6 +386,9 @@ impl Api for LeaderApi {
     }
     fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
         Box::pin(LeaderApi::snapshot(self))
+    }
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(LeaderApi::recent_tasks(self, limit))
     }
     fn health(&self) -> Health {
         LeaderApi::health(self)
@@ -972,6 +981,14 @@ impl Api for NodeApi {
             }
         })
     }
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.recent_tasks(limit).await,
+                None => Api::recent_tasks(&self.inner.remote, limit).await,
+            }
+        })
+    }
     fn health(&self) -> Health {
         NodeApi::health(self)
     }
@@ -1210,6 +1227,10 @@ async fn serve_api(
             "snapshot" => {
                 wire::decode_request::<wire::GetSnapshot>(body).map(|_| Input::Snapshot(to!()))
             }
+            "tasks" => wire::decode_request::<wire::ListTasks>(body).and_then(|l| {
+                let limit = l.limit as usize;
+                crate::api::check_recent_limit(limit).map(|()| Input::RecentTasks(limit, to!()))
+            }),
             "task" | "cancel" => {
                 let api = api.clone();
                 let client = client.clone();

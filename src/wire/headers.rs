@@ -12,6 +12,7 @@
 //! | `Cronoq-Max-Attempts` | integer ≥ 1 |
 //! | `Cronoq-Attempt-Timeout` | duration |
 //! | `Cronoq-Idempotency-Key` | text (`Nats-Msg-Id` de-duplicates too) |
+//! | `traceparent` | W3C trace context, `00-<trace id>-<parent id>-<flags>` |
 //!
 //! Any other `Cronoq-*` header is refused, so a typo does not pass silently.
 
@@ -34,6 +35,10 @@ pub const SUBMIT_HEADERS: [&str; 9] = [
     "Cronoq-Attempt-Timeout",
     "Cronoq-Idempotency-Key",
 ];
+
+/// The W3C trace context header of a plain publish (and of
+/// `POST /v1/tasks`): the standard name, not a `Cronoq-*` one.
+pub const TRACEPARENT: &str = "traceparent";
 
 /// Parses `30s`, `5m`, `1h 30m`, `250ms`; at most 10 years
 /// ([`MAX_HORIZON`]).
@@ -132,6 +137,10 @@ pub fn task_from_headers<'a>(
             Some("Cronoq-Max-Attempts") => task = task.max_attempts(parse_int(name, value)?),
             Some("Cronoq-Attempt-Timeout") => task = task.attempt_timeout(parse_duration(value)?),
             Some("Cronoq-Idempotency-Key") => task = task.idempotency_key(value),
+            _ if name.eq_ignore_ascii_case(TRACEPARENT) => {
+                crate::task::check_traceparent(value)?;
+                task = task.traceparent(value);
+            }
             // `get`, not `[..7]`: a non-ASCII header name has no char
             // boundary at 7 bytes, and slicing there panicked (fuzzing).
             _ if name

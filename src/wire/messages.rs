@@ -84,6 +84,11 @@ pub struct Submit {
     /// De-duplicates resubmissions (also sent as `Nats-Msg-Id`).
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// The submitter's W3C trace context (`00-<trace id>-<parent id>-<flags>`),
+    /// handed to every attempt. Absent when not given (older servers refuse
+    /// the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 fn millis_of(t: std::time::SystemTime) -> Millis {
@@ -109,6 +114,7 @@ impl Submit {
             }),
             attempt_timeout: task.attempt_timeout.map(Millis::from_duration),
             idempotency_key: task.idempotency_key.clone(),
+            traceparent: task.traceparent.clone(),
         }
     }
 
@@ -149,6 +155,9 @@ impl Submit {
         }
         if let Some(k) = self.idempotency_key {
             task = task.idempotency_key(k);
+        }
+        if let Some(tp) = self.traceparent {
+            task = task.traceparent(tp);
         }
         Ok(task)
     }
@@ -311,6 +320,10 @@ pub struct Lease {
     pub ttl: Millis,
     /// The leader's epoch.
     pub epoch: u64,
+    /// The W3C trace context the task was submitted with, if any (older
+    /// leaders send none; older workers ignore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// Keep my lease (request on `P.api.renew`).
@@ -426,6 +439,28 @@ impl Default for GetSnapshot {
     fn default() -> Self {
         GetSnapshot { v: v() }
     }
+}
+
+/// Ask for the newest tasks, live and recently finished (request on
+/// `P.api.tasks`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ListTasks {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// How many, 1 to 500.
+    pub limit: u32,
+}
+
+/// The newest tasks, highest id first (`GET /v1/tasks`, and the body of
+/// the reply to `P.api.tasks`).
+///
+/// Each task is a summary: no output (`GET /v1/tasks/{id}` has it), errors
+/// cut to 200 characters. Over NATS the list is cut to fit one message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskList {
+    /// The tasks, highest id first.
+    pub tasks: Vec<crate::task::TaskStatus>,
 }
 
 /// Something happened to a task (leader → `P.events.<task_id>`).

@@ -147,6 +147,10 @@ struct WorkerInfoSchema {
     busy: u32,
     /// Last heartbeat, ms since the Unix epoch.
     last_seen: Millis,
+    /// It is draining: it takes no new leases and leaves once its running
+    /// attempts end (`slots` is then 0).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    draining: bool,
 }
 
 mirrored_schema!(PoolSnapshot, PoolSnapshotSchema, "PoolSnapshot");
@@ -239,6 +243,10 @@ struct DemandSchema {
     labels: Labels,
     /// Tasks waiting with exactly these requirements.
     waiting: u64,
+    /// Why they wait (`no_group_matches`, `groups_full` or
+    /// `held_for_reservation`), as `GET /v1/tasks/{id}` says of each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<WaitReason>,
 }
 
 mirrored_schema!(GroupSnapshot, GroupSnapshotSchema, "GroupSnapshot");

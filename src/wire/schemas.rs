@@ -19,8 +19,9 @@ use serde_json::{json, Map, Value};
 
 use super::{
     Ack, AttemptReport, Cancel, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease,
-    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, Subjects, Submit, TaskEvent,
-    TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
+    ListTasks, Register, RegisterReply, Renew, RenewReply, Reply, Revoke, Subjects, Submit,
+    TaskEvent, TaskList, TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE,
+    SUBMIT_HEADERS,
 };
 use crate::core::{ErrorCode, Snapshot};
 use crate::task::TaskStatus;
@@ -90,6 +91,7 @@ fn bodies() -> Vec<Body> {
         body!(Cancel, "request on `P.api.cancel`"),
         body!(GetTask, "request on `P.api.task`"),
         body!(GetSnapshot, "request on `P.api.snapshot`"),
+        body!(ListTasks, "request on `P.api.tasks`"),
         body!(Lease, "leader → `P.worker.<worker_id>.lease`"),
         body!(Revoke, "leader → `P.worker.<worker_id>.revoke`"),
         body!(TaskEvent, "leader → `P.events.<task_id>`"),
@@ -106,12 +108,17 @@ fn bodies() -> Vec<Body> {
         reply!(RenewReply, "reply to `P.api.renew`"),
         reply!(TaskStatus, "reply to `P.api.task`"),
         reply!(Snapshot, "reply to `P.api.snapshot`"),
+        reply!(TaskList, "reply to `P.api.tasks`"),
         body!(TaskStatus, "`GET /v1/tasks/{id}` (JSON)"),
         body!(
             TaskRecord,
             "values of the results bucket (MessagePack): the leader's journal"
         ),
         body!(Snapshot, "`GET /v1/snapshot` (JSON)"),
+        body!(
+            TaskList,
+            "`GET /v1/tasks?limit=N` (JSON); inside `Reply_TaskList`"
+        ),
     ]
 }
 
@@ -184,7 +191,7 @@ struct Request {
     description: &'static str,
 }
 
-const REQUESTS: [Request; 8] = [
+const REQUESTS: [Request; 9] = [
     Request {
         verb: "register",
         operation: "register",
@@ -273,6 +280,17 @@ const REQUESTS: [Request; 8] = [
         summary: "A client asks for the snapshot: pools, groups, demand, workers.",
         description: "The leader does not read the request body; clients send `GetSnapshot`.",
     },
+    Request {
+        verb: "tasks",
+        operation: "listTasks",
+        request: "ListTasks",
+        reply: "Reply_TaskList",
+        tag: "client",
+        summary: "A client asks for the newest tasks (the dashboard's list).",
+        description: "Live and recently finished tasks the leader holds, highest id first, at \
+            most `limit` (1 to 500, else `INVALID_ARGUMENT`); each without its output and with \
+            errors cut to 200 characters. The list is cut to fit one NATS message.",
+    },
 ];
 
 /// What each plain-publish header means, with an example value.
@@ -329,6 +347,11 @@ const HEADER_DOCS: [(&str, &str, &str); 9] = [
 const NATS_MSG_ID: &str = "JetStream de-duplication: a second message with the same id within the \
     stream's duplicate window (2 minutes) is not stored again, and its acknowledgement carries \
     the first one's sequence, that is the same task id.";
+
+const TRACEPARENT_DOC: &str = "The submitter's W3C trace context, \
+    `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>` (lowercase, ids not all zeros); it \
+    travels with the task to every attempt (`Lease.traceparent`, env `TRACEPARENT` of a \
+    worker's command). A malformed one fails the submission `INVALID_ARGUMENT`.";
 
 fn channel_ref(channel: &str) -> Value {
     json!({ "$ref": format!("#/channels/{channel}") })
@@ -525,6 +548,14 @@ fn asyncapi(subjects: &Subjects) -> Value {
     header_props.insert(
         "Nats-Msg-Id".into(),
         json!({ "type": "string", "description": NATS_MSG_ID }),
+    );
+    header_props.insert(
+        "traceparent".into(),
+        json!({
+            "type": "string",
+            "description": TRACEPARENT_DOC,
+            "examples": ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"],
+        }),
     );
     messages.insert(
         "PlainSubmit".into(),

@@ -12,6 +12,7 @@
 //! | `P.api.cancel` | client → leader (request) | [`super::Cancel`] → [`super::Ack`] |
 //! | `P.api.task` | client → leader (request) | [`super::GetTask`] → `TaskStatus` |
 //! | `P.api.snapshot` | client → leader (request) | [`super::GetSnapshot`] → `Snapshot` |
+//! | `P.api.tasks` | client → leader (request) | [`super::ListTasks`] → [`super::TaskList`] |
 //! | `P.worker.<id>.lease` | leader → worker | [`super::Lease`] |
 //! | `P.worker.<id>.revoke` | leader → worker | [`super::Revoke`] |
 //! | `P.events.<task_id>` | leader → anyone | [`super::TaskEvent`] |

@@ -2,7 +2,9 @@
 //! `cronoq worker … -- CMD`: payload on stdin, stdout is the output, exit 0
 //! is success, anything else a retryable failure carrying the tail of
 //! stderr. The attempt is described in `CRONOQ_TASK_ID`, `CRONOQ_ATTEMPT`,
-//! `CRONOQ_POOL` and `CRONOQ_GROUP`.
+//! `CRONOQ_POOL` and `CRONOQ_GROUP`; `TRACEPARENT` is the task's W3C trace
+//! context when it was submitted with one (and unset otherwise, even if
+//! the worker's own environment has it).
 //!
 //! On Unix the command runs in a process group of its own: a Ctrl-C in the
 //! worker's terminal does not reach it (the worker drains instead), and an
@@ -55,6 +57,7 @@ fn die_with_parent(cmd: &mut tokio::process::Command) {
 ///     attempt: 1,
 ///     pool: PoolName::new("default").unwrap(),
 ///     group: Labels::new(),
+///     traceparent: None,
 /// };
 /// # #[cfg(unix)] {
 /// let command = ["tr".to_string(), "a-z".to_string(), "A-Z".to_string()];
@@ -81,6 +84,16 @@ pub async fn run_command(
         .env("CRONOQ_ATTEMPT", ctx.attempt.to_string())
         .env("CRONOQ_POOL", ctx.pool.as_str())
         .env("CRONOQ_GROUP", ctx.group.to_string());
+    // Only a well-formed value reaches the command (the leader checked it
+    // at submit; a bad one would fail the spawn or mislead a tracer).
+    match ctx
+        .traceparent
+        .as_deref()
+        .filter(|tp| crate::task::check_traceparent(tp).is_ok())
+    {
+        Some(tp) => cmd.env("TRACEPARENT", tp),
+        None => cmd.env_remove("TRACEPARENT"),
+    };
     #[cfg(unix)]
     cmd.process_group(0);
     #[cfg(target_os = "linux")]
@@ -229,6 +242,7 @@ mod tests {
             attempt: 3,
             pool: PoolName::new("inference").unwrap(),
             group: Labels::from([("zone", "eu"), ("gpu", "a100")]),
+            traceparent: None,
         }
     }
 
@@ -296,6 +310,23 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(out, "[]");
+    }
+
+    #[tokio::test]
+    async fn the_trace_context_is_in_env_only_when_the_task_has_one() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut traced = ctx();
+        traced.traceparent = Some(tp.into());
+        let script = sh(r#"printf '[%s]' "${TRACEPARENT-unset}""#);
+        let out = run_command(&script, &traced, Bytes::new()).await.unwrap();
+        assert_eq!(out, format!("[{tp}]"));
+        // None, or a malformed one (never sent by a leader): unset.
+        for traceparent in [None, Some("00-bad".to_string())] {
+            let mut untraced = ctx();
+            untraced.traceparent = traceparent;
+            let out = run_command(&script, &untraced, Bytes::new()).await.unwrap();
+            assert_eq!(out, "[unset]");
+        }
     }
 
     #[tokio::test]

@@ -750,6 +750,7 @@ impl Session {
             pool = %lease.pool,
             group = %lease.group,
             epoch = lease.epoch,
+            traceparent = lease.traceparent.as_deref(),
             "attempt started"
         );
         let (abort, registration) = AbortHandle::new_pair();
@@ -886,6 +887,7 @@ impl Attempt {
             attempt: lease.attempt,
             pool: lease.pool.clone(),
             group: lease.group.clone(),
+            traceparent: lease.traceparent.clone(),
         };
         let handler = self.handler.clone();
         let payload = lease.payload.clone();

@@ -275,6 +275,7 @@ fn lease(task: u64, attempt: u32, epoch: u64, payload: &str) -> Lease {
         payload: Bytes::from(payload.to_string()),
         ttl: Millis(150),
         epoch,
+        traceparent: None,
     }
 }
 

@@ -1,0 +1,278 @@
+//! The live dashboard at `GET /`: a page, its script and its style,
+//! compiled into the binary (no CDN, works offline), and the one JSON view
+//! it polls, `GET /v1/dashboard`.
+//!
+//! The view is built here from [`Api::snapshot`], [`Api::recent_tasks`]
+//! and [`Api::health`], so the dashboard works over anything the router
+//! serves: the embedded scheduler (`cronoq dev --embedded`) and every
+//! `cronoq server`, leader or follower. It stays small however big the
+//! installation: waiting tasks arrive aggregated per required label set
+//! (the snapshot's demand rows), and workers are filtered, counted and
+//! paged here, so a page never receives (or renders) 10,000 worker rows.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use super::HttpError;
+use crate::api::{check_recent_limit, Api, Health};
+use crate::core::{LeaderInfo, Millis, PoolSnapshot, WorkerInfo};
+use crate::task::TaskStatus;
+
+const INDEX_HTML: &str = include_str!("dashboard/index.html");
+const APP_JS: &str = include_str!("dashboard/app.js");
+const APP_CSS: &str = include_str!("dashboard/app.css");
+
+/// The most worker rows one view carries.
+pub const MAX_WORKER_ROWS: usize = 500;
+/// The longest worker filter, in characters.
+pub const MAX_FILTER_CHARS: usize = 200;
+
+/// The dashboard's routes, merged into [`super::router`].
+pub(super) fn routes() -> Router<Arc<dyn Api>> {
+    Router::new()
+        .route("/", get(index))
+        .route("/dashboard/app.js", get(app_js))
+        .route("/dashboard/app.css", get(app_css))
+        .route("/v1/dashboard", get(view))
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX_HTML)
+}
+
+async fn app_js() -> Response {
+    asset("text/javascript; charset=utf-8", APP_JS)
+}
+
+async fn app_css() -> Response {
+    asset("text/css; charset=utf-8", APP_CSS)
+}
+
+/// The query of `GET /v1/dashboard`: which workers and how many tasks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewQuery {
+    /// Workers whose id, pool or labels (`k=v,k=v`) contain this text.
+    pub filter: String,
+    /// Worker rows to skip (after filtering).
+    pub offset: usize,
+    /// Worker rows to show, 0..=[`MAX_WORKER_ROWS`].
+    pub workers: usize,
+    /// Recent tasks to show, 1..=[`crate::api::MAX_RECENT_TASKS`].
+    pub tasks: usize,
+}
+
+impl Default for ViewQuery {
+    fn default() -> Self {
+        ViewQuery {
+            filter: String::new(),
+            offset: 0,
+            workers: 50,
+            tasks: 25,
+        }
+    }
+}
+
+impl ViewQuery {
+    /// Reads `filter`, `offset`, `workers` and `tasks`; anything else, a
+    /// repeated key or a value out of range is `INVALID_ARGUMENT`.
+    ///
+    /// ```
+    /// use cronoq::http::dashboard::ViewQuery;
+    /// let q = ViewQuery::parse(&[("workers".into(), "10".into()), ("filter".into(), "gpu".into())]).unwrap();
+    /// assert_eq!((q.workers, q.filter.as_str(), q.tasks), (10, "gpu", 25));
+    /// assert!(ViewQuery::parse(&[("workers".into(), "lots".into())]).is_err());
+    /// assert!(ViewQuery::parse(&[("colour".into(), "red".into())]).is_err());
+    /// ```
+    pub fn parse(pairs: &[(String, String)]) -> Result<ViewQuery, HttpError> {
+        let mut query = ViewQuery::default();
+        let mut seen: Vec<&str> = Vec::new();
+        for (key, value) in pairs {
+            if seen.contains(&key.as_str()) {
+                return Err(HttpError::invalid(format!(
+                    "query parameter {key} is repeated"
+                )));
+            }
+            seen.push(key);
+            let number = |max: usize| -> Result<usize, HttpError> {
+                value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n <= max)
+                    .ok_or_else(|| {
+                        HttpError::invalid(format!(
+                            "{key} must be an integer from 0 to {max}, not {:?}",
+                            super::clamp_message(value)
+                        ))
+                    })
+            };
+            match key.as_str() {
+                "filter" => {
+                    if value.chars().count() > MAX_FILTER_CHARS {
+                        return Err(HttpError::invalid(format!(
+                            "filter is longer than {MAX_FILTER_CHARS} characters"
+                        )));
+                    }
+                    query.filter = value.trim().to_string();
+                }
+                "offset" => query.offset = number(usize::MAX)?,
+                "workers" => query.workers = number(MAX_WORKER_ROWS)?,
+                "tasks" => {
+                    query.tasks = number(usize::MAX)?;
+                    check_recent_limit(query.tasks)?;
+                }
+                other => {
+                    return Err(HttpError::invalid(format!(
+                        "unknown query parameter {:?}; known: filter, offset, workers, tasks",
+                        super::clamp_message(other)
+                    )))
+                }
+            }
+        }
+        Ok(query)
+    }
+}
+
+/// The workers part of a [`View`]: counts over all of them, and one page
+/// of those that match the filter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkersView {
+    /// Workers registered (as far as the snapshot lists them).
+    pub total: usize,
+    /// Their slots (a draining worker's count as 0).
+    pub slots: u64,
+    /// Busy slots.
+    pub busy: u64,
+    /// Workers draining.
+    pub draining: usize,
+    /// Workers (not draining) with every slot busy.
+    pub full: usize,
+    /// Workers that match the filter.
+    pub matching: usize,
+    /// The first row's position among the matching ones.
+    pub offset: usize,
+    /// One page of the matching workers, by pool then id.
+    pub rows: Vec<WorkerInfo>,
+}
+
+/// `GET /v1/dashboard`: what the page shows, in one answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct View {
+    /// The server's clock (ms since the Unix epoch), to show heartbeat ages.
+    pub now: Millis,
+    /// Liveness and readiness of the server answering.
+    pub health: Health,
+    /// Who leads and the epoch (none when embedded).
+    pub leader: Option<LeaderInfo>,
+    /// Pools with their groups and waiting demand (with reasons).
+    pub pools: Vec<PoolSnapshot>,
+    /// Worker counts and one page of rows.
+    pub workers: WorkersView,
+    /// The newest tasks, highest id first (summaries).
+    pub tasks: Vec<TaskStatus>,
+    /// Why the task list is missing, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_error: Option<String>,
+    /// The snapshot's lists were cut (see `Snapshot::truncated`).
+    pub truncated: bool,
+}
+
+/// The workers part of the view: counts over `workers`, and the page of
+/// `query` among those matching its filter (case-insensitive substring of
+/// id, pool or labels), by pool then id.
+///
+/// ```
+/// use cronoq::core::{Labels, Millis, PoolName, WorkerInfo};
+/// use cronoq::http::dashboard::{workers_view, ViewQuery};
+/// let workers: Vec<WorkerInfo> = (0..10_000).map(|i| WorkerInfo {
+///     id: format!("w{i:05}"), pool: PoolName::default(),
+///     labels: if i % 2 == 0 { Labels::from([("gpu", "a100")]) } else { Labels::new() },
+///     slots: 2, busy: 1, last_seen: Millis(0), draining: false,
+/// }).collect();
+/// let query = ViewQuery { filter: "GPU=A100".into(), workers: 20, ..ViewQuery::default() };
+/// let view = workers_view(workers, &query);
+/// assert_eq!((view.total, view.matching, view.rows.len()), (10_000, 5_000, 20));
+/// assert_eq!(view.rows[0].id, "w00000");
+/// ```
+pub fn workers_view(mut workers: Vec<WorkerInfo>, query: &ViewQuery) -> WorkersView {
+    let mut view = WorkersView {
+        total: workers.len(),
+        offset: query.offset,
+        ..WorkersView::default()
+    };
+    for w in &workers {
+        view.slots += u64::from(w.slots);
+        view.busy += u64::from(w.busy);
+        view.draining += usize::from(w.draining);
+        view.full += usize::from(!w.draining && w.slots > 0 && w.busy >= w.slots);
+    }
+    let needle = query.filter.to_lowercase();
+    if !needle.is_empty() {
+        workers.retain(|w| {
+            w.id.to_lowercase().contains(&needle)
+                || w.pool.as_str().to_lowercase().contains(&needle)
+                || w.labels.to_string().to_lowercase().contains(&needle)
+        });
+    }
+    view.matching = workers.len();
+    let end = query
+        .offset
+        .saturating_add(query.workers)
+        .min(workers.len());
+    if query.offset < end {
+        // Only the page is sorted: select it first, O(n) not O(n log n).
+        let order = |a: &WorkerInfo, b: &WorkerInfo| (&a.pool, &a.id).cmp(&(&b.pool, &b.id));
+        if end < workers.len() {
+            workers.select_nth_unstable_by(end, order);
+            workers.truncate(end);
+        }
+        workers.sort_unstable_by(order);
+        view.rows = workers.split_off(query.offset);
+    }
+    view
+}
+
+async fn view(
+    State(api): State<Arc<dyn Api>>,
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<View>, HttpError> {
+    let Query(pairs) = query.map_err(|e| HttpError::invalid(e.body_text()))?;
+    let query = ViewQuery::parse(&pairs)?;
+    let snapshot = api.snapshot().await?;
+    let (tasks, tasks_error) = match api.recent_tasks(query.tasks).await {
+        Ok(tasks) => (tasks, None),
+        // An older leader may not list tasks: show the rest anyway.
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(Millis::from_duration)
+        .unwrap_or_default();
+    Ok(Json(View {
+        now,
+        health: api.health(),
+        leader: snapshot.leader,
+        pools: snapshot.pools,
+        workers: workers_view(snapshot.workers, &query),
+        tasks,
+        tasks_error,
+        truncated: snapshot.truncated,
+    }))
+}
