@@ -12,6 +12,13 @@
 //! run the same way, is a graceful stop (SIGTERM: the leader resigns and
 //! hands over at once). Medians of `CRONOQ_BENCH_KILLS` (10) rounds each.
 //!
+//! Then **takeover against state size**: `CRONOQ_BENCH_FINISHED` (100,000)
+//! no-op tasks run to completion (their results in the journal), then
+//! `CRONOQ_BENCH_LIVE` (100,000) tasks that wait (they require a label no
+//! worker has: every one is live, and a successor must read each back with
+//! its journal lookup), and `CRONOQ_BENCH_STATE_KILLS` (3) more kill -9
+//! rounds; their median is compared with the empty kill -9 median.
+//!
 //! `CRONOQ_BENCH_ELECTION_MS` (default 750, the server's default) sets
 //! `election_timeout`. Target: kill → first lease under 1 s median with
 //! default settings. A missing `nats-server` skips the bench with the
@@ -91,7 +98,7 @@ fn main() {
             .collect();
         let (seen_tx, mut seen_rx) = mpsc::unbounded_channel::<(String, Instant)>();
         let worker = Worker::new(
-            WorkerOptions::new(url.clone()).pool("default").slots(2).id("bench-worker"),
+            WorkerOptions::new(url.clone()).pool("default").slots(16).id("bench-worker"),
             move |_ctx, payload: bytes::Bytes| {
                 let seen = seen_tx.clone();
                 async move {
@@ -122,9 +129,19 @@ fn main() {
         wait_for(&mut seen_rx, "warm").await;
 
         let mut results: Vec<(&str, Vec<f64>)> = Vec::new();
-        for (kind, signal) in [("graceful (SIGTERM)", "-TERM"), ("kill -9", "-KILL")] {
+        let state_kills = env_count("CRONOQ_BENCH_STATE_KILLS", 3);
+        let finished = env_count("CRONOQ_BENCH_FINISHED", 100_000);
+        let live = env_count("CRONOQ_BENCH_LIVE", 100_000);
+        for (kind, signal, rounds) in [
+            ("graceful (SIGTERM)", "-TERM", kills),
+            ("kill -9", "-KILL", kills),
+            ("kill -9, with state", "-KILL", state_kills),
+        ] {
+            if kind == "kill -9, with state" {
+                load_state(&client, &mut seen_rx, finished, live).await;
+            }
             let mut times = Vec::new();
-            for round in 0..kills {
+            for round in 0..rounds {
                 let leader = loop {
                     if let Ok(snap) = client.snapshot().await {
                         if let Some(l) = snap.leader {
@@ -140,7 +157,7 @@ fn main() {
                 let pid = servers[at].child.id().to_string();
                 let t0 = Instant::now();
                 let _ = Command::new("kill").args([signal, &pid]).status();
-                let name = format!("{signal}-{round}");
+                let name = format!("{kind}-{round}");
                 run_one(name.clone()).await;
                 let t1 = wait_for(&mut seen_rx, &name).await;
                 let took = t1.duration_since(t0).as_secs_f64() * 1e3;
@@ -171,7 +188,72 @@ fn main() {
             medians[1],
             if medians[1] < 1000.0 { "PASS" } else { "FAIL" }
         );
+        println!(
+            "  with {live} live and {finished} finished tasks: kill -9 median {:.0} ms, {:.2}× the empty one",
+            medians[2],
+            medians[2] / medians[1].max(1.0)
+        );
     });
+}
+
+/// Runs `finished` no-op tasks to completion, then submits `live` tasks
+/// that wait for a label no worker has, and waits until the leader holds
+/// them all.
+async fn load_state(
+    client: &cronoq::client::Client,
+    seen: &mut mpsc::UnboundedReceiver<(String, Instant)>,
+    finished: usize,
+    live: usize,
+) {
+    use futures_util::StreamExt as _;
+    let t0 = Instant::now();
+    futures_util::stream::iter(0..finished)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                client
+                    .submit(Task::new(format!("done-{i}")))
+                    .await
+                    .expect("submitted")
+            }
+        })
+        .buffer_unordered(256)
+        .collect::<Vec<_>>()
+        .await;
+    let mut ran = 0;
+    while ran < finished {
+        match tokio::time::timeout(Duration::from_secs(120), seen.recv()).await {
+            Ok(Some((name, _))) if name.starts_with("done-") => ran += 1,
+            Ok(Some(_)) => {}
+            _ => panic!("only {ran} of {finished} tasks ran within 120 s of each other"),
+        }
+    }
+    futures_util::stream::iter(0..live)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                client
+                    .submit(Task::new(format!("live-{i}")).label("gpu", "none"))
+                    .await
+                    .expect("submitted")
+            }
+        })
+        .buffer_unordered(256)
+        .collect::<Vec<_>>()
+        .await;
+    loop {
+        if let Ok(snap) = client.snapshot().await {
+            let waiting: u64 = snap.pools.iter().map(|p| p.waiting).sum();
+            if waiting as usize >= live {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "  state loaded in {:.0} s: {finished} finished, {live} waiting",
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 /// Waits until the handler has seen `name`; when it saw it.

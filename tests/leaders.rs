@@ -110,11 +110,17 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
         }
     })
     .await;
-    let (status, health) = http_get(&format!("{}/readyz", c.server.http_url())).await;
-    assert!(
-        status == 200 && health.contains("follower"),
-        "{status} {health}"
-    );
+    // Its own view of the leader record comes with its next poll (its
+    // snapshot above was answered by the leader it asked).
+    eventually("the resumed server to be a ready follower", || async {
+        let (status, health) = http_get(&format!("{}/readyz", c.server.http_url())).await;
+        if status == 200 && health.contains("follower") {
+            Ok(())
+        } else {
+            Err(format!("{status} {health}"))
+        }
+    })
+    .await;
     let mut ids = Vec::new();
     for i in 0..10 {
         ids.push(c.submit_payload(&format!("after-{i}"), "").await);

@@ -215,6 +215,10 @@ pub(crate) struct Driver {
     workers: BTreeMap<String, WorkerState>,
     groups: FxHashMap<(PoolName, Labels), GroupState>,
     leases: FxHashMap<TaskId, LeaseState>,
+    /// The driver's own timers beside the core's, in `next_wakeup`: lease
+    /// expiries, and when each worker's silence passes `worker_timeout`.
+    lease_deadlines: BTreeSet<(Millis, TaskId)>,
+    silence_deadlines: BTreeSet<(Millis, String)>,
     /// Payloads, attempts, outputs, keys and finished tasks: the same
     /// records as embedded keeps.
     /// (Beside each task: the trace context given at submit.)
@@ -267,6 +271,8 @@ impl Driver {
             workers: BTreeMap::new(),
             groups: FxHashMap::default(),
             leases: FxHashMap::default(),
+            lease_deadlines: BTreeSet::new(),
+            silence_deadlines: BTreeSet::new(),
             ledger: Ledger::new(retain),
             cancel_on_arrival: FxHashSet::default(),
             dirty: FxHashSet::default(),
@@ -320,11 +326,46 @@ impl Driver {
 
     /// When the runner must call [`Driver::housekeeping`] next at the latest.
     pub(crate) fn next_wakeup(&self) -> Option<Millis> {
-        let core = self.core.next_wakeup();
-        if self.parked.is_empty() || self.catching_up {
-            return core;
+        let reattach =
+            (!self.parked.is_empty() && !self.catching_up).then_some(self.reattach_until);
+        let lease = self.lease_deadlines.first().map(|(at, _)| *at);
+        // Silent *past* the timeout: removed a millisecond after.
+        let silence = self
+            .silence_deadlines
+            .first()
+            .map(|(at, _)| at.plus(Millis(1)));
+        [self.core.next_wakeup(), reattach, lease, silence]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn put_lease(&mut self, task: TaskId, lease: LeaseState) {
+        self.lease_deadlines.insert((lease.expires, task));
+        if let Some(old) = self.leases.insert(task, lease) {
+            self.lease_deadlines.remove(&(old.expires, task));
         }
-        Some(core.map_or(self.reattach_until, |c| c.min(self.reattach_until)))
+    }
+
+    fn drop_lease(&mut self, task: TaskId) -> Option<LeaseState> {
+        let lease = self.leases.remove(&task)?;
+        self.lease_deadlines.remove(&(lease.expires, task));
+        Some(lease)
+    }
+
+    /// A worker was heard from at `now`.
+    fn touch(&mut self, worker_id: &str, now: Millis) {
+        let timeout = self.settings.worker_timeout;
+        let Some(w) = self.workers.get_mut(worker_id) else {
+            return;
+        };
+        let old = w.last_seen.plus(timeout);
+        w.last_seen = w.last_seen.max(now);
+        let new = w.last_seen.plus(timeout);
+        if old != new {
+            self.silence_deadlines.remove(&(old, worker_id.to_string()));
+            self.silence_deadlines.insert((new, worker_id.to_string()));
+        }
     }
 
     fn respond<T: serde::Serialize + Send + 'static>(
@@ -782,7 +823,7 @@ impl Driver {
                 self.update_worker(now, &worker_id, |w| {
                     w.running.insert((task, attempt));
                 });
-                self.leases.insert(
+                self.put_lease(
                     task,
                     LeaseState {
                         attempt,
@@ -968,7 +1009,7 @@ impl Driver {
             }
             if w.pool == r.pool && w.labels == r.labels && w.slots == r.slots {
                 // The same process again (a retried request): nothing changes.
-                self.update_worker(now, &r.worker_id, |w| w.last_seen = now);
+                self.touch(&r.worker_id, now);
                 return Ok(self.register_reply());
             }
             // The same process with new settings: what it ran is lost.
@@ -997,6 +1038,8 @@ impl Driver {
                 running: BTreeSet::new(),
             },
         );
+        self.silence_deadlines
+            .insert((now.plus(self.settings.worker_timeout), r.worker_id.clone()));
         let adopted = self.reattach(now, &r.worker_id, &r.running, r.slots);
         let slots = r.slots;
         self.update_worker(now, &r.worker_id, |w| w.slots = slots);
@@ -1055,7 +1098,7 @@ impl Driver {
             if let Some(w) = self.workers.get_mut(worker_id) {
                 w.running.insert((a.task_id, a.attempt));
             }
-            self.leases.insert(
+            self.put_lease(
                 a.task_id,
                 LeaseState {
                     attempt: a.attempt,
@@ -1100,14 +1143,15 @@ impl Driver {
     }
 
     fn heartbeat(&mut self, now: Millis, h: Heartbeat) -> Result<HeartbeatReply, WireError> {
-        let Some(w) = self.workers.get_mut(&h.worker_id) else {
+        if !self.workers.contains_key(&h.worker_id) {
             return Ok(HeartbeatReply {
                 v: PROTOCOL_VERSION,
                 epoch: self.epoch,
                 registered: false,
             });
-        };
-        w.last_seen = now;
+        }
+        self.touch(&h.worker_id, now);
+        let w = &self.workers[&h.worker_id];
         // A worker runs at most its slots: anything past that in one
         // heartbeat is not a real report, and costs nothing.
         let bound = w.slots as usize + w.running.len();
@@ -1142,12 +1186,12 @@ impl Driver {
     }
 
     fn deregister(&mut self, now: Millis, d: Deregister) -> Result<Ack, WireError> {
-        let Some(w) = self.workers.get_mut(&d.worker_id) else {
+        let Some(draining) = self.workers.get(&d.worker_id).map(|w| w.draining) else {
             return Ok(Ack::default());
         };
-        w.last_seen = now;
+        self.touch(&d.worker_id, now);
         if d.drain {
-            if !w.draining {
+            if !draining {
                 tracing::info!(worker_id = %d.worker_id, "worker draining");
                 self.update_worker(now, &d.worker_id, |w| w.draining = true);
             }
@@ -1172,7 +1216,12 @@ impl Driver {
             w.slots = 0;
             w.draining = false;
         });
-        self.workers.remove(worker_id);
+        if let Some(w) = self.workers.remove(worker_id) {
+            self.silence_deadlines.remove(&(
+                w.last_seen.plus(self.settings.worker_timeout),
+                worker_id.to_string(),
+            ));
+        }
         if let Some(group) = self.groups.get_mut(&key) {
             group.workers -= 1;
             if group.workers == 0 {
@@ -1180,7 +1229,7 @@ impl Driver {
             }
         }
         for (task, attempt) in running {
-            self.leases.remove(&task);
+            self.drop_lease(task);
             self.ended(task, attempt, AttemptOutcome::Lost, None, None, now);
             let _ = self.apply(
                 now,
@@ -1235,12 +1284,11 @@ impl Driver {
 
     fn renew(&mut self, now: Millis, r: Renew) -> Result<RenewReply, WireError> {
         self.check_lease(&r.worker_id, r.task_id, r.attempt, r.epoch)?;
-        if let Some(l) = self.leases.get_mut(&r.task_id) {
+        if let Some(mut l) = self.drop_lease(r.task_id) {
             l.expires = now.plus(self.settings.lease_ttl);
+            self.put_lease(r.task_id, l);
         }
-        if let Some(w) = self.workers.get_mut(&r.worker_id) {
-            w.last_seen = now;
-        }
+        self.touch(&r.worker_id, now);
         Ok(RenewReply {
             v: PROTOCOL_VERSION,
             ttl: self.settings.lease_ttl,
@@ -1265,11 +1313,9 @@ impl Driver {
 
     fn outcome(&mut self, now: Millis, o: AttemptReport) -> Result<Ack, WireError> {
         self.check_lease(&o.worker_id, o.task_id, o.attempt, o.epoch)?;
-        self.leases.remove(&o.task_id);
+        self.drop_lease(o.task_id);
         self.release_slot(now, &o.worker_id, o.task_id, o.attempt);
-        if let Some(w) = self.workers.get_mut(&o.worker_id) {
-            w.last_seen = now;
-        }
+        self.touch(&o.worker_id, now);
         let (outcome, output, error) = match o.result {
             AttemptResult::Succeeded { output } => (AttemptOutcome::Succeeded, Some(output), None),
             AttemptResult::Failed { error, retryable } => {
@@ -1294,15 +1340,18 @@ impl Driver {
     pub(crate) fn housekeeping(&mut self, now: Millis) {
         let _ = self.apply(now, Event::Tick);
         self.end_reattach_grace(now);
-        let expired: Vec<(TaskId, u32, String)> = self
-            .leases
-            .iter()
-            .filter(|(_, l)| l.expires <= now)
-            .map(|(t, l)| (*t, l.attempt, l.worker.clone()))
-            .collect();
-        for (task, attempt, worker) in expired {
+        while let Some(&(at, task)) = self.lease_deadlines.first() {
+            if at > now {
+                break;
+            }
+            let Some(LeaseState {
+                attempt, worker, ..
+            }) = self.drop_lease(task)
+            else {
+                self.lease_deadlines.pop_first();
+                continue;
+            };
             tracing::info!(task_id = %task, attempt, worker_id = %worker, "lease expired");
-            self.leases.remove(&task);
             self.release_slot(now, &worker, task, attempt);
             self.ended(
                 task,
@@ -1321,12 +1370,13 @@ impl Driver {
                 },
             );
         }
-        let silent: Vec<String> = self
-            .workers
-            .iter()
-            .filter(|(_, w)| now.0.saturating_sub(w.last_seen.0) > self.settings.worker_timeout.0)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let mut silent = Vec::new();
+        for (at, id) in &self.silence_deadlines {
+            if *at >= now {
+                break;
+            }
+            silent.push(id.clone());
+        }
         for id in silent {
             self.remove_worker(now, &id, "silent past worker_timeout");
         }
@@ -2088,5 +2138,33 @@ mod tests {
         let reply = rx.try_recv().unwrap().unwrap();
         assert_eq!(reply.adopted.len(), 1);
         assert_eq!(d.status(TaskId(5)).unwrap().state, TaskState::Running);
+    }
+
+    /// Issue 8, deliverable 1: lease expiries and worker silence are
+    /// deadlines in `next_wakeup`, not found by a periodic scan.
+    #[test]
+    fn lease_and_silence_deadlines_are_in_next_wakeup() {
+        let mut d = driver();
+        assert_eq!(d.next_wakeup(), None);
+        register(&mut d, "a", "", 1);
+        // Silent past worker_timeout (5 s) from its registration at 0.
+        assert_eq!(d.next_wakeup(), Some(Millis(5_001)));
+        submit(&mut d, 1, 1, "");
+        let lease = leases(&mut d);
+        assert_eq!(lease.len(), 1);
+        d.housekeeping(Millis(5_000));
+        assert_eq!(
+            snapshot(&mut d).workers.len(),
+            1,
+            "not silent past the timeout yet"
+        );
+        d.housekeeping(Millis(5_001));
+        assert!(snapshot(&mut d).workers.is_empty());
+        assert_eq!(
+            d.status(TaskId(1)).unwrap().attempts[0].outcome.as_deref(),
+            Some("lost")
+        );
+        // Nothing left of its deadlines.
+        assert!(d.lease_deadlines.is_empty() && d.silence_deadlines.is_empty());
     }
 }

@@ -1035,6 +1035,35 @@ fn client_for(api: &LeaderApi) -> async_nats::Client {
 /// Reads the submit stream from its first message, forever; recreates the
 /// consumer from the next sequence after errors and after every reconnect
 /// (a NATS restart).
+/// The journal record of submission `seq`, if any. Retries while NATS
+/// does not answer (a missing answer must not pass for "no record": the
+/// task may have run, or finished); gives up after about 10 s.
+async fn journal_record(results: &kv::Store, seq: u64) -> Result<Option<wire::TaskRecord>, String> {
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..12 {
+        match results.get(seq.to_string()).await {
+            Ok(None) => return Ok(None),
+            Ok(Some(bytes)) => {
+                return match wire::TaskRecord::decode(&bytes) {
+                    Ok(record) => Ok(Some(record)),
+                    Err(e) => {
+                        tracing::warn!(seq, error = %e, "unreadable journal record ignored");
+                        Ok(None)
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(seq, error = %e, "reading a journal record failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    Err(format!(
+        "the journal record of task {seq} could not be read"
+    ))
+}
+
 /// What the submit stream held when a leadership began.
 struct Startup {
     /// Its last sequence: submissions up to it may have journal records.
@@ -1079,7 +1108,7 @@ async fn consume(
                 ..Default::default()
             })
             .await;
-        let mut messages = match consumer {
+        let messages = match consumer {
             Ok(c) => match c.messages().await {
                 Ok(m) => m,
                 Err(e) => {
@@ -1094,6 +1123,26 @@ async fn consume(
                 continue;
             }
         };
+        // The journal records of submissions older than this leadership
+        // are read 128 at a time, in order (one round trip each would make
+        // a takeover with many unfinished tasks slow).
+        let mut messages = messages
+            .map(|message| {
+                let results = results.clone();
+                async move {
+                    let seq = message
+                        .as_ref()
+                        .ok()
+                        .and_then(|m| m.info().ok())
+                        .map(|i| i.stream_sequence);
+                    let record = match seq {
+                        Some(seq) if seq <= startup_last => journal_record(&results, seq).await,
+                        _ => Ok(None),
+                    };
+                    (message, record)
+                }
+            })
+            .buffered(128);
         loop {
             beat();
             let message = tokio::select! {
@@ -1106,11 +1155,21 @@ async fn consume(
                     continue;
                 }
             };
-            let Some(message) = message else { break };
+            let Some((message, record)) = message else {
+                break;
+            };
             let message = match message {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::warn!(error = %e, "submit consumer interrupted; resuming");
+                    break;
+                }
+            };
+            let record = match record {
+                Ok(record) => record,
+                Err(e) => {
+                    // Never deliver it as new: it may have run, or finished.
+                    tracing::warn!(error = %e, "reading the journal failed; resuming");
                     break;
                 }
             };
@@ -1123,27 +1182,19 @@ async fn consume(
             };
             next_seq = seq + 1;
             // Its journal record, if an earlier leadership wrote one.
-            let mut journaled = None;
-            if seq <= startup_last {
-                if let Ok(Some(bytes)) = results.get(seq.to_string()).await {
-                    match wire::TaskRecord::decode(&bytes) {
-                        // Finished before, not yet purged: skip it.
-                        Ok(record) if record.state.is_terminal() => {
-                            if catch_up_to.is_some_and(|last| seq >= last) {
-                                catch_up_to = None;
-                                if inputs.send(Input::CaughtUp).await.is_err() {
-                                    return;
-                                }
-                            }
-                            continue;
-                        }
-                        Ok(record) => journaled = Some(record),
-                        Err(e) => {
-                            tracing::warn!(seq, error = %e, "unreadable journal record ignored")
+            let journaled = match record {
+                // Finished before, not yet purged: skip it.
+                Some(record) if record.state.is_terminal() => {
+                    if catch_up_to.is_some_and(|last| seq >= last) {
+                        catch_up_to = None;
+                        if inputs.send(Input::CaughtUp).await.is_err() {
+                            return;
                         }
                     }
+                    continue;
                 }
-            }
+                other => other,
+            };
             let m = &message.message;
             // Decoding is checked arithmetic throughout; should anything in
             // it still panic, that message fails alone — the loop goes on.
@@ -1280,7 +1331,8 @@ async fn serve_api(
 type Pending = Arc<std::sync::Mutex<BTreeSet<u64>>>;
 
 /// The driver loop: one input at a time (then whatever else is queued),
-/// housekeeping at least every 100 ms, outputs carried out in order.
+/// housekeeping when the next deadline is due (at least once a second), the
+/// turn's outputs handed to the committer in order.
 // Each argument is one channel or handle the loop owns; a struct around
 // them would only rename the list.
 #[allow(clippy::too_many_arguments)]
@@ -1293,7 +1345,10 @@ async fn drive(
     beat: &AtomicU64,
     tenure: Tenure,
 ) {
-    let housekeeping_every = Millis(100);
+    // Every deadline (the core's timers, lease expiries, silent workers,
+    // the re-attach grace) is in `next_wakeup`; the loop also turns once a
+    // second so `/readyz` sees it beat.
+    let housekeeping_every = Millis(1_000);
     let mut last_housekeeping = wall_now();
     loop {
         let now = wall_now();
