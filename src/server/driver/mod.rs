@@ -1,0 +1,609 @@
+//! The leader's shell around the core: workers, leases, payloads and
+//! results. Synchronous and I/O-free like the core: it takes [`Input`]s
+//! with `now` and queues [`Output`]s (publishes, results to persist) that
+//! the async runner in `server/mod.rs` carries out.
+//!
+//! **One place for state changes.** Every change of scheduling state goes
+//! through [`Driver::apply`], which hands the event to the core and carries
+//! out the actions. The per-task records live in the [`Ledger`] (shared
+//! with embedded); each turn's changed records come out first in
+//! [`Driver::take_outputs`], and the runner stores them (the journal)
+//! before it announces anything of the turn. Every deadline is in
+//! [`Driver::next_wakeup`].
+//!
+//! By concern: `tasks.rs` (submissions, recovery from the journal,
+//! refusals, cancels, the core's actions), `workers.rs` (registration and
+//! re-attachment, heartbeats, removal, group capacity), `attempts.rs`
+//! (lease claims, renewals, outcomes); this file holds the state, the
+//! inputs and outputs, timers and views.
+//!
+//! Groups in the core are the sum of their workers: a group's capacity is
+//! the slots of its registered, non-draining workers (a draining worker
+//! keeps one slot per attempt it still runs). A `Start{group}` is
+//! leased to the worker of that group with the most free slots (ties: the
+//! smallest worker id). A worker silent for `worker_timeout` is removed:
+//! its capacity leaves the core first, then its attempts are reported
+//! lost, so they are retried elsewhere and never handed back to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::oneshot;
+
+use crate::core::{
+    Action, AttemptOutcome, Core, ErrorCode, Event, Labels, LeaderInfo, Millis, PoolConfig,
+    PoolName, Rejection, RevokeReason, Snapshot, TaskId, TaskState, WorkerInfo,
+};
+use crate::ledger::Ledger;
+use crate::task::{Outcome, Task, TaskStatus};
+use crate::wire::{
+    self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
+    Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, Subjects, TaskEvent,
+    TaskRecord, WireError, PROTOCOL_VERSION,
+};
+
+/// Where a reply goes: a NATS reply subject, or a local caller (HTTP).
+pub(crate) enum Responder<T> {
+    /// Publish the encoded reply here (if the request had a reply subject).
+    Nats(Option<String>),
+    /// Hand the result to a local caller.
+    Local(oneshot::Sender<Result<T, WireError>>),
+}
+
+/// Something the driver must react to.
+pub(crate) enum Input {
+    /// A message of the submit stream, decoded (or refused) by the consumer.
+    Submitted {
+        seq: u64,
+        pool: PoolName,
+        task: Result<Task, WireError>,
+    },
+    /// A submission whose task an earlier leadership started: its journal
+    /// record says which attempts ran, and which one may still run.
+    Recovered {
+        seq: u64,
+        pool: PoolName,
+        task: Result<Task, WireError>,
+        record: TaskRecord,
+    },
+    /// The consumer delivered every submission stored before this
+    /// leadership began: the journal is read.
+    CaughtUp,
+    Register(Register, Responder<RegisterReply>),
+    Heartbeat(Heartbeat, Responder<HeartbeatReply>),
+    Deregister(Deregister, Responder<Ack>),
+    Renew(Renew, Responder<RenewReply>),
+    Outcome(AttemptReport, Responder<Ack>),
+    Cancel(TaskId, Responder<Ack>),
+    /// A cancel for a task accepted by the stream but not consumed yet.
+    CancelOnArrival(TaskId),
+    GetTask(TaskId, Responder<Option<TaskStatus>>),
+    Snapshot(Responder<Snapshot>),
+    /// The newest live and recently finished tasks (a checked limit).
+    RecentTasks(usize, Responder<wire::TaskList>),
+}
+
+/// Something the runner must do. Writes (`Persist`) and announcements
+/// (`Publish`, `Reply`) of one turn are carried out in that order: nobody
+/// hears of a state change before it is stored.
+pub(crate) enum Output {
+    /// Publish on core NATS.
+    Publish { subject: String, body: Bytes },
+    /// Store a task's record under its sequence in the results bucket (the
+    /// journal): a live task's attempts so far, or a finished task's result
+    /// (then its submission may be purged). A refused submission is first
+    /// copied to the dead-letter stream with its reason.
+    Persist {
+        seq: u64,
+        record: TaskRecord,
+        dead_letter: Option<WireError>,
+    },
+    /// Drop a submission that duplicated another task (no result kept).
+    Discard { seq: u64 },
+    /// Hand a result to a local caller (HTTP).
+    Reply(Box<dyn FnOnce() + Send>),
+}
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Output::Publish { subject, body } => {
+                write!(f, "Publish({subject}, {} bytes)", body.len())
+            }
+            Output::Persist { seq, record, .. } => write!(f, "Persist({seq}, {})", record.state),
+            Output::Discard { seq } => write!(f, "Discard({seq})"),
+            Output::Reply(_) => f.write_str("Reply"),
+        }
+    }
+}
+
+/// Timing and limits.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub server_id: String,
+    pub lease_ttl: Millis,
+    pub worker_timeout: Millis,
+    pub heartbeat_interval: Millis,
+    pub max_payload_bytes: usize,
+    /// The largest reply that fits in one NATS message.
+    pub max_reply_bytes: usize,
+    pub retain_finished: usize,
+    pub pools: Vec<(PoolName, PoolConfig)>,
+    pub max_workers: usize,
+    pub limits: crate::core::Limits,
+    /// After a leader change, how long an attempt the journal says runs
+    /// waits for its worker to register again before it counts as lost.
+    pub reattach_grace: Millis,
+}
+
+/// The error of an attempt whose worker did not register again with a new
+/// leader within the grace period.
+const NOT_REATTACHED: &str = "its worker did not re-attach after a leader change";
+
+/// An attempt of an earlier leadership that may still run: its task waits
+/// outside the core until the worker re-attaches it or the grace ends.
+struct Parked {
+    spec: crate::core::TaskSpec,
+    attempt: u32,
+    worker: String,
+    group: Labels,
+}
+
+/// The most slots one worker may offer.
+pub(crate) const MAX_SLOTS_PER_WORKER: u32 = 100_000;
+/// The longest `Register::instance` accepted.
+const MAX_INSTANCE_LEN: usize = 128;
+
+struct WorkerState {
+    pool: PoolName,
+    labels: Labels,
+    slots: u32,
+    draining: bool,
+    last_seen: Millis,
+    instance: Option<String>,
+    running: BTreeSet<(TaskId, u32)>,
+}
+
+impl WorkerState {
+    /// What the worker adds to its group's capacity: its slots, or while
+    /// draining one per attempt it still runs (those count as busy in the
+    /// core; without their slots the group would look full while its
+    /// other workers have free slots).
+    fn share(&self) -> u64 {
+        if self.draining {
+            self.running.len() as u64
+        } else {
+            u64::from(self.slots)
+        }
+    }
+
+    /// Its key in the group's free index, if it may take a lease.
+    fn free_key(&self) -> Option<std::cmp::Reverse<u32>> {
+        let free = self
+            .slots
+            .saturating_sub(u32::try_from(self.running.len()).unwrap_or(u32::MAX));
+        (!self.draining && free > 0).then_some(std::cmp::Reverse(free))
+    }
+}
+
+/// The workers of one group, summed up incrementally.
+#[derive(Default)]
+struct GroupState {
+    workers: u32,
+    /// The sum of the members' shares: `u64`, so it never wraps.
+    slots: u64,
+    /// Members that may take a lease: most free slots first, then id.
+    free: BTreeSet<(std::cmp::Reverse<u32>, String)>,
+}
+
+impl GroupState {
+    /// The capacity the core sees (its slots are `u32`: saturating).
+    fn capacity(&self) -> u32 {
+        u32::try_from(self.slots).unwrap_or(u32::MAX)
+    }
+}
+
+struct LeaseState {
+    attempt: u32,
+    worker: String,
+    expires: Millis,
+    /// Re-attached after a leader change: the worker holds the lease of
+    /// an earlier epoch, which is accepted for this attempt only.
+    reattached: bool,
+}
+
+/// The leader's state beside the core.
+pub(crate) struct Driver {
+    core: Core,
+    actions: Vec<Action>,
+    subjects: Subjects,
+    epoch: u64,
+    settings: Settings,
+    workers: BTreeMap<String, WorkerState>,
+    groups: FxHashMap<(PoolName, Labels), GroupState>,
+    leases: FxHashMap<TaskId, LeaseState>,
+    /// The driver's own timers beside the core's, in `next_wakeup`: lease
+    /// expiries, and when each worker's silence passes `worker_timeout`.
+    lease_deadlines: BTreeSet<(Millis, TaskId)>,
+    silence_deadlines: BTreeSet<(Millis, String)>,
+    /// Payloads, attempts, outputs, keys and finished tasks: the same
+    /// records as embedded keeps.
+    /// (Beside each task: the trace context given at submit.)
+    ledger: Ledger<Option<String>, ()>,
+    cancel_on_arrival: FxHashSet<TaskId>,
+    /// Tasks whose attempts changed this turn: their records are journaled
+    /// before anything of the turn is announced.
+    dirty: FxHashSet<TaskId>,
+    /// Attempts of earlier leaderships waiting for their workers.
+    parked: FxHashMap<TaskId, Parked>,
+    /// Until when they wait.
+    reattach_until: Millis,
+    /// Reading back what earlier leaderships left: registrations wait
+    /// (a worker lists its attempts once, so the journal must be read),
+    /// and reports on attempts not known yet are answered UNAVAILABLE.
+    catching_up: bool,
+    deferred: Vec<(Register, Responder<RegisterReply>)>,
+    /// Submit-stream sequences of unfinished tasks, and the next sequence
+    /// not yet seen: together they bound what may be purged.
+    live_seqs: BTreeSet<u64>,
+    next_unseen: u64,
+    out: Vec<Output>,
+}
+
+fn stale(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::FAILED_PRECONDITION, message)
+}
+
+impl Driver {
+    pub(crate) fn new(subjects: Subjects, epoch: u64, settings: Settings, now: Millis) -> Driver {
+        let mut core = Core::with_limits(settings.limits);
+        let retain = settings.retain_finished;
+        let reattach_until = now.plus(settings.reattach_grace);
+        for (pool, config) in &settings.pools {
+            core.handle(
+                now,
+                Event::PoolConfigured {
+                    pool: pool.clone(),
+                    config: config.clone(),
+                },
+            )
+            .expect("pool settings were validated with the config");
+        }
+        Driver {
+            core,
+            actions: Vec::new(),
+            subjects,
+            epoch,
+            settings,
+            workers: BTreeMap::new(),
+            groups: FxHashMap::default(),
+            leases: FxHashMap::default(),
+            lease_deadlines: BTreeSet::new(),
+            silence_deadlines: BTreeSet::new(),
+            ledger: Ledger::new(retain),
+            cancel_on_arrival: FxHashSet::default(),
+            dirty: FxHashSet::default(),
+            parked: FxHashMap::default(),
+            reattach_until,
+            catching_up: false,
+            deferred: Vec::new(),
+            live_seqs: BTreeSet::new(),
+            next_unseen: 1,
+            out: Vec::new(),
+        }
+    }
+
+    /// The core's invariants (simulation and tests).
+    #[cfg(test)]
+    pub(crate) fn core_invariants(&self) -> Result<(), String> {
+        self.core.check_invariants().map_err(|e| e.to_string())
+    }
+
+    /// Outputs queued so far, oldest first, after the journal records of
+    /// the tasks whose attempts changed (one per task, its latest state).
+    pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+        let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
+        for id in self.dirty.drain() {
+            // A task that finished meanwhile has its result in `out`.
+            if !self.ledger.is_live(id) {
+                continue;
+            }
+            if let Some(status) = self.ledger.status(&self.core, id) {
+                out.push(Output::Persist {
+                    seq: id.0,
+                    record: TaskRecord::of_status(status),
+                    dead_letter: None,
+                });
+            }
+        }
+        out.append(&mut self.out);
+        out
+    }
+
+    /// Every submission below this stream sequence belongs to a finished
+    /// task or a discarded duplicate: once their results are stored, the
+    /// stream may purge them.
+    pub(crate) fn purge_floor(&self) -> u64 {
+        self.live_seqs
+            .first()
+            .copied()
+            .unwrap_or(self.next_unseen)
+            .min(self.next_unseen)
+    }
+
+    /// When the runner must call [`Driver::housekeeping`] next at the latest.
+    pub(crate) fn next_wakeup(&self) -> Option<Millis> {
+        let reattach =
+            (!self.parked.is_empty() && !self.catching_up).then_some(self.reattach_until);
+        let lease = self.lease_deadlines.first().map(|(at, _)| *at);
+        // Silent *past* the timeout: removed a millisecond after.
+        let silence = self
+            .silence_deadlines
+            .first()
+            .map(|(at, _)| at.plus(Millis(1)));
+        [self.core.next_wakeup(), reattach, lease, silence]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn put_lease(&mut self, task: TaskId, lease: LeaseState) {
+        self.lease_deadlines.insert((lease.expires, task));
+        if let Some(old) = self.leases.insert(task, lease) {
+            self.lease_deadlines.remove(&(old.expires, task));
+        }
+    }
+
+    fn drop_lease(&mut self, task: TaskId) -> Option<LeaseState> {
+        let lease = self.leases.remove(&task)?;
+        self.lease_deadlines.remove(&(lease.expires, task));
+        Some(lease)
+    }
+
+    /// A worker was heard from at `now`.
+    fn touch(&mut self, worker_id: &str, now: Millis) {
+        let timeout = self.settings.worker_timeout;
+        let Some(w) = self.workers.get_mut(worker_id) else {
+            return;
+        };
+        let old = w.last_seen.plus(timeout);
+        w.last_seen = w.last_seen.max(now);
+        let new = w.last_seen.plus(timeout);
+        if old != new {
+            self.silence_deadlines.remove(&(old, worker_id.to_string()));
+            self.silence_deadlines.insert((new, worker_id.to_string()));
+        }
+    }
+
+    fn respond<T: serde::Serialize + Send + 'static>(
+        &mut self,
+        to: Responder<T>,
+        result: Result<T, WireError>,
+    ) {
+        match to {
+            Responder::Nats(Some(subject)) => self.out.push(Output::Publish {
+                subject,
+                body: wire::encode_reply(&result).into(),
+            }),
+            Responder::Nats(None) => {}
+            Responder::Local(tx) => self.out.push(Output::Reply(Box::new(move || {
+                let _ = tx.send(result);
+            }))),
+        }
+    }
+
+    fn publish<T: serde::Serialize>(&mut self, subject: String, body: &T) {
+        self.out.push(Output::Publish {
+            subject,
+            body: wire::encode(body).into(),
+        });
+    }
+
+    /// The one place where scheduling state changes: the core applies the
+    /// event, then its actions are carried out.
+    fn apply(&mut self, now: Millis, event: Event) -> Result<(), Rejection> {
+        let mut actions = std::mem::take(&mut self.actions);
+        let result = self.core.handle_into(now, event, &mut actions);
+        for action in actions.drain(..) {
+            self.carry_out(now, action);
+        }
+        self.actions = actions;
+        result
+    }
+
+    /// Reads back an earlier leadership's state before serving workers:
+    /// until [`Input::CaughtUp`].
+    pub(crate) fn catch_up_first(&mut self) {
+        self.catching_up = true;
+    }
+
+    pub(crate) fn handle(&mut self, now: Millis, input: Input) {
+        match input {
+            Input::CaughtUp => {
+                if self.catching_up {
+                    self.catching_up = false;
+                    // The grace runs from now: workers could not re-attach
+                    // before.
+                    self.reattach_until = now.plus(self.settings.reattach_grace);
+                    tracing::info!(parked = self.parked.len(), "journal read; serving workers");
+                    for (r, to) in std::mem::take(&mut self.deferred) {
+                        let result = self.register(now, r);
+                        self.respond(to, result);
+                    }
+                }
+            }
+            Input::Register(r, to) if self.catching_up => {
+                const MAX_DEFERRED: usize = 100_000;
+                if self.deferred.len() < MAX_DEFERRED {
+                    self.deferred.push((r, to));
+                } else {
+                    let e =
+                        WireError::new(ErrorCode::UNAVAILABLE, "the leader is reading its journal");
+                    self.respond(to, Err(e));
+                }
+            }
+            Input::Submitted { seq, pool, task } => self.submitted(now, seq, pool, task),
+            Input::Recovered {
+                seq,
+                pool,
+                task,
+                record,
+            } => self.recovered(now, seq, pool, task, record),
+            Input::Register(r, to) => {
+                let result = self.register(now, r);
+                self.respond(to, result);
+            }
+            Input::Heartbeat(h, to) => {
+                let result = self.heartbeat(now, h);
+                self.respond(to, result);
+            }
+            Input::Deregister(d, to) => {
+                let result = self.deregister(now, d);
+                self.respond(to, result);
+            }
+            Input::Renew(r, to) => {
+                let result = self.renew(now, r);
+                self.respond(to, result);
+            }
+            Input::Outcome(o, to) => {
+                // The reply goes out before the leases the freed slot
+                // leads to, so the worker counts its slot free first.
+                let mark = self.out.len();
+                let result = self.outcome(now, o);
+                let before_reply = self.out.len();
+                self.respond(to, result);
+                if self.out.len() == before_reply + 1 && before_reply > mark {
+                    let reply = self.out.pop().expect("just pushed");
+                    self.out.insert(mark, reply);
+                }
+            }
+            Input::Cancel(id, to) => {
+                let result = self.cancel(now, id);
+                self.respond(to, result);
+            }
+            Input::CancelOnArrival(id) => {
+                if self.core.task(id).is_some() {
+                    let _ = self.cancel(now, id);
+                } else if !self.ledger.is_finished(id) {
+                    self.cancel_on_arrival.insert(id);
+                }
+            }
+            Input::GetTask(id, to) => {
+                let status = self.status(id);
+                self.respond(to, Ok(status));
+            }
+            Input::Snapshot(to) => {
+                let mut snap = self.snapshot(now);
+                if let Responder::Nats(_) = to {
+                    // One NATS message must carry it: drop workers (then
+                    // demand) from the end until it fits; `truncated` says so.
+                    let limit = self.settings.max_reply_bytes;
+                    snap.trim_to(limit, |s| wire::encode_reply(&Ok::<_, WireError>(s)).len());
+                }
+                self.respond(to, Ok(snap));
+            }
+            Input::RecentTasks(limit, to) => {
+                let mut tasks = self.recent_tasks(limit);
+                if let Responder::Nats(_) = to {
+                    // One NATS message must carry it; the reply wraps the
+                    // list in a few bytes (`{"ok": {"tasks": …}}`).
+                    let limit = self.settings.max_reply_bytes.saturating_sub(64);
+                    crate::task::trim_list_to(&mut tasks, limit, |t| wire::encode(&t).len());
+                }
+                self.respond(to, Ok(wire::TaskList { tasks }));
+            }
+        }
+    }
+
+    /// The newest `limit` tasks, live or recently finished, highest id
+    /// first, as summaries.
+    fn recent_tasks(&self, limit: usize) -> Vec<TaskStatus> {
+        self.ledger.recent(&self.core, limit)
+    }
+
+    /// Timers of the core, expired leases, silent workers.
+    pub(crate) fn housekeeping(&mut self, now: Millis) {
+        let _ = self.apply(now, Event::Tick);
+        self.end_reattach_grace(now);
+        while let Some(&(at, task)) = self.lease_deadlines.first() {
+            if at > now {
+                break;
+            }
+            let Some(LeaseState {
+                attempt, worker, ..
+            }) = self.drop_lease(task)
+            else {
+                self.lease_deadlines.pop_first();
+                continue;
+            };
+            tracing::info!(task_id = %task, attempt, worker_id = %worker, "lease expired");
+            self.release_slot(now, &worker, task, attempt);
+            self.ended(
+                task,
+                attempt,
+                AttemptOutcome::Lost,
+                None,
+                Some("lease expired".into()),
+                now,
+            );
+            let _ = self.apply(
+                now,
+                Event::AttemptEnded {
+                    task,
+                    attempt,
+                    outcome: AttemptOutcome::Lost,
+                },
+            );
+        }
+        let mut silent = Vec::new();
+        for (at, id) in &self.silence_deadlines {
+            if *at >= now {
+                break;
+            }
+            silent.push(id.clone());
+        }
+        for id in silent {
+            self.remove_worker(now, &id, "silent past worker_timeout");
+        }
+    }
+
+    // ---- views ------------------------------------------------------------
+
+    pub(crate) fn snapshot(&self, _now: Millis) -> Snapshot {
+        let mut snap = self.core.snapshot();
+        snap.leader = Some(LeaderInfo {
+            id: self.settings.server_id.clone(),
+            epoch: self.epoch,
+        });
+        for pool in &mut snap.pools {
+            for group in &mut pool.groups {
+                group.workers = self
+                    .groups
+                    .get(&(pool.name.clone(), group.labels.clone()))
+                    .map_or(0, |m| m.workers);
+            }
+        }
+        snap.workers = self
+            .workers
+            .iter()
+            .map(|(id, w)| WorkerInfo {
+                id: id.clone(),
+                pool: w.pool.clone(),
+                labels: w.labels.clone(),
+                slots: if w.draining { 0 } else { w.slots },
+                busy: w.running.len() as u32,
+                last_seen: w.last_seen,
+                draining: w.draining,
+            })
+            .collect();
+        snap
+    }
+}
+
+mod attempts;
+mod tasks;
+#[cfg(test)]
+mod tests;
+mod workers;

@@ -1,0 +1,414 @@
+//! Tasks: submissions (new and recovered from the journal), refusals,
+//! cancels, status, and carrying out the core's actions (leases, revokes,
+//! retries, finished tasks with their journal records).
+
+use super::*;
+
+impl Driver {
+    // ---- tasks ------------------------------------------------------------
+
+    pub(super) fn submitted(
+        &mut self,
+        now: Millis,
+        seq: u64,
+        pool: PoolName,
+        task: Result<Task, WireError>,
+    ) {
+        let id = TaskId(seq);
+        self.next_unseen = self.next_unseen.max(seq + 1);
+        if self.ledger.knows(id) {
+            return; // a redelivery after a consumer restart
+        }
+        let spec = task.and_then(|t| {
+            let payload = t.payload().clone();
+            let key = t.key().map(str::to_string);
+            let traceparent = t.trace_context().map(str::to_string);
+            t.to_spec(id, self.settings.max_payload_bytes)
+                .map(|spec| (spec, payload, key, traceparent))
+                .map_err(WireError::from)
+        });
+        if let Ok((_, _, Some(key), _)) = &spec {
+            if let Some(original) = self.ledger.by_key(key) {
+                // The same idempotency key as a task we hold: this is that
+                // task (JetStream's Nats-Msg-Id window may have passed).
+                tracing::info!(task_id = %id, original = %original, "duplicate idempotency key");
+                self.ledger.alias(id, original);
+                self.out.push(Output::Discard { seq });
+                return;
+            }
+        }
+        let (spec, payload, key, traceparent) = match spec {
+            Ok(x) => x,
+            Err(e) => {
+                self.refuse_submission(now, id, pool, e);
+                return;
+            }
+        };
+        let fixed = spec.fixed_start.is_some();
+        let spec_pool = spec.pool.clone();
+        // Known before the core answers: a Start it returns reads the payload.
+        self.ledger.accept(id, payload, key.as_deref(), traceparent);
+        if let Err(e) = self.apply(now, Event::Submitted(spec)) {
+            // A limit or a time too far ahead: refused like a malformed
+            // submission (recorded failed, dead-lettered), never left queued.
+            self.ledger.unaccept(id);
+            self.refuse_submission(now, id, spec_pool, e.into());
+            return;
+        }
+        let live = self.ledger.is_live(id);
+        if live {
+            self.live_seqs.insert(seq);
+        }
+        tracing::debug!(task_id = %id, "task accepted");
+        if live && self.core.task(id).is_some_and(|v| v.attempts == 0) {
+            let state = if fixed {
+                TaskState::Scheduled
+            } else {
+                TaskState::Queued
+            };
+            self.event(now, id, state, 0, None, None, None, None);
+        }
+        if self.cancel_on_arrival.remove(&id) {
+            let _ = self.cancel(now, id);
+        }
+    }
+
+    /// A task an earlier leadership started. Its attempts come back into
+    /// the ledger; an attempt still open waits (parked, outside the core)
+    /// for its worker to re-attach it, until `reattach_until`; otherwise
+    /// the task waits for its next attempt. The earlier leader accepted
+    /// the submission, so its key is not checked again.
+    pub(super) fn recovered(
+        &mut self,
+        now: Millis,
+        seq: u64,
+        pool: PoolName,
+        task: Result<Task, WireError>,
+        record: TaskRecord,
+    ) {
+        let id = TaskId(seq);
+        let (Ok(task), Some(last)) = (&task, record.attempts.last()) else {
+            return self.submitted(now, seq, pool, task);
+        };
+        self.next_unseen = self.next_unseen.max(seq + 1);
+        if self.ledger.knows(id) {
+            return;
+        }
+        let spec = match task.to_spec(id, self.settings.max_payload_bytes) {
+            Ok(spec) => spec,
+            Err(e) => return self.refuse_submission(now, id, pool, e.into()),
+        };
+        let (attempt, open) = (last.attempt, last.outcome.is_none());
+        let running_on = last.worker.clone().zip(Some(last.group.clone()));
+        self.ledger.accept(
+            id,
+            task.payload().clone(),
+            task.key(),
+            task.trace_context().map(str::to_string),
+        );
+        self.ledger.restore(id, record.attempts, record.error);
+        self.live_seqs.insert(seq);
+        tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
+        if open {
+            match running_on {
+                Some((worker, group)) if now < self.reattach_until => {
+                    self.parked.insert(
+                        id,
+                        Parked {
+                            spec,
+                            attempt,
+                            worker,
+                            group,
+                        },
+                    );
+                    return;
+                }
+                _ => {
+                    self.ended(
+                        id,
+                        attempt,
+                        AttemptOutcome::Lost,
+                        None,
+                        Some(NOT_REATTACHED.into()),
+                        now,
+                    );
+                }
+            }
+        }
+        self.resume_waiting(now, spec, attempt);
+    }
+
+    /// A recovered task waits for attempt `attempts + 1`.
+    pub(super) fn resume_waiting(
+        &mut self,
+        now: Millis,
+        spec: crate::core::TaskSpec,
+        attempts: u32,
+    ) {
+        let (id, pool) = (spec.id, spec.pool.clone());
+        let event = Event::Recovered {
+            spec,
+            attempts,
+            running: None,
+        };
+        if let Err(e) = self.apply(now, event) {
+            self.ledger.unaccept(id);
+            self.live_seqs.remove(&id.0);
+            self.refuse_submission(now, id, pool, e.into());
+        }
+    }
+
+    /// The grace is over: attempts not re-attached are lost, their tasks
+    /// wait for their next attempt.
+    pub(super) fn end_reattach_grace(&mut self, now: Millis) {
+        if self.parked.is_empty() || self.catching_up || now < self.reattach_until {
+            return;
+        }
+        let mut parked: Vec<(TaskId, Parked)> = self.parked.drain().collect();
+        parked.sort_by_key(|(id, _)| *id);
+        for (id, p) in parked {
+            tracing::info!(task_id = %id, attempt = p.attempt, worker_id = %p.worker, "attempt lost: its worker did not re-attach");
+            self.ended(
+                id,
+                p.attempt,
+                AttemptOutcome::Lost,
+                None,
+                Some(NOT_REATTACHED.into()),
+                now,
+            );
+            self.resume_waiting(now, p.spec, p.attempt);
+        }
+    }
+
+    /// Whether `attempt` of `task` waits for `worker` to re-attach it.
+    pub(super) fn is_parked(&self, worker_id: &str, task: TaskId, attempt: u32) -> bool {
+        self.parked
+            .get(&task)
+            .is_some_and(|p| p.attempt == attempt && p.worker == worker_id)
+    }
+
+    /// A submission that cannot run: recorded as a failed task with the
+    /// reason (so `task` answers and the stream can drop it) and copied to
+    /// the dead-letter stream. Never retried: the same bytes would be
+    /// refused again.
+    pub(crate) fn refuse_submission(
+        &mut self,
+        now: Millis,
+        id: TaskId,
+        pool: PoolName,
+        e: WireError,
+    ) {
+        tracing::info!(task_id = %id, pool = %pool, code = %e.code, error = %e.message, "submission refused");
+        let outcome = Arc::new(Outcome {
+            id,
+            pool,
+            state: TaskState::Failed,
+            output: None,
+            error: Some(format!("submission refused: {} [{}]", e.message, e.code)),
+            attempts: Vec::new(),
+            deadline_missed: false,
+        });
+        self.ledger.record_outcome(outcome.clone(), None);
+        self.record_finished(now, &outcome, Some(e));
+    }
+
+    pub(super) fn cancel(&mut self, now: Millis, id: TaskId) -> Result<Ack, WireError> {
+        let id = self.ledger.resolve(id);
+        if self.ledger.is_finished(id) {
+            return Err(Rejection::AlreadyFinished(id).into());
+        }
+        self.apply(now, Event::CancelRequested(id))?;
+        Ok(Ack::default())
+    }
+
+    /// A live or recently finished task; `None` if unknown here.
+    pub(crate) fn status(&self, id: TaskId) -> Option<TaskStatus> {
+        self.ledger.status(&self.core, id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn event(
+        &mut self,
+        now: Millis,
+        id: TaskId,
+        state: TaskState,
+        attempt: u32,
+        group: Option<Labels>,
+        worker: Option<String>,
+        output: Option<Bytes>,
+        error: Option<String>,
+    ) {
+        let subject = self.subjects.events(id);
+        self.publish(
+            subject,
+            &TaskEvent {
+                v: PROTOCOL_VERSION,
+                task_id: id,
+                state,
+                attempt,
+                group,
+                worker,
+                output,
+                error,
+                at: now,
+            },
+        );
+    }
+
+    /// Announces a finished task (recorded in the ledger) and has its
+    /// result stored.
+    pub(super) fn record_finished(
+        &mut self,
+        now: Millis,
+        done: &Outcome,
+        dead_letter: Option<WireError>,
+    ) {
+        let last = done.attempts.last();
+        self.event(
+            now,
+            done.id,
+            done.state,
+            done.attempts.len() as u32,
+            last.map(|a| a.group.clone()),
+            last.and_then(|a| a.worker.clone()),
+            done.output.clone(),
+            done.error.clone(),
+        );
+        self.out.push(Output::Persist {
+            seq: done.id.0,
+            record: TaskRecord::of_outcome(done),
+            dead_letter,
+        });
+    }
+
+    pub(super) fn carry_out(&mut self, now: Millis, action: Action) {
+        match action {
+            Action::Start {
+                task,
+                attempt,
+                group,
+            } => {
+                let pool = self.core.group_pool(group).clone();
+                let labels = self.core.group_labels(group).clone();
+                let Some(worker_id) = self.pick_worker(&pool, &labels) else {
+                    // Cannot happen while group capacity is the sum of its
+                    // workers' free slots; stay safe if it does.
+                    tracing::error!(task_id = %task, pool = %pool, group = %labels, "no worker for a start; counting the attempt lost");
+                    let _ = self.apply(
+                        now,
+                        Event::AttemptEnded {
+                            task,
+                            attempt,
+                            outcome: AttemptOutcome::Lost,
+                        },
+                    );
+                    return;
+                };
+                let Some(entry) = self.ledger.started(
+                    task,
+                    attempt,
+                    labels.clone(),
+                    Some(worker_id.clone()),
+                    now,
+                ) else {
+                    return;
+                };
+                let payload = entry.payload.clone();
+                let traceparent = entry.extra.clone();
+                self.dirty.insert(task);
+                let lease = Lease {
+                    v: PROTOCOL_VERSION,
+                    task_id: task,
+                    attempt,
+                    pool,
+                    group: labels.clone(),
+                    payload,
+                    ttl: self.settings.lease_ttl,
+                    epoch: self.epoch,
+                    traceparent,
+                };
+                self.update_worker(now, &worker_id, |w| {
+                    w.running.insert((task, attempt));
+                });
+                self.put_lease(
+                    task,
+                    LeaseState {
+                        attempt,
+                        worker: worker_id.clone(),
+                        expires: now.plus(self.settings.lease_ttl),
+                        reattached: false,
+                    },
+                );
+                tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
+                self.publish(self.subjects.lease(&worker_id), &lease);
+                self.event(
+                    now,
+                    task,
+                    TaskState::Running,
+                    attempt,
+                    Some(labels),
+                    Some(worker_id),
+                    None,
+                    None,
+                );
+            }
+            Action::Revoke {
+                task,
+                attempt,
+                reason,
+                ..
+            } => {
+                if reason == RevokeReason::Timeout {
+                    self.ledger.timed_out(task, attempt);
+                }
+                if let Some(lease) = self.leases.get(&task) {
+                    if lease.attempt == attempt {
+                        let subject = self.subjects.revoke(&lease.worker);
+                        tracing::debug!(task_id = %task, attempt, worker_id = %lease.worker, ?reason, "attempt revoked");
+                        self.publish(
+                            subject,
+                            &Revoke {
+                                v: PROTOCOL_VERSION,
+                                task_id: task,
+                                attempt,
+                                epoch: self.epoch,
+                                reason,
+                            },
+                        );
+                    }
+                }
+            }
+            Action::RetryAt { task, attempt, at } => {
+                tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
+                let error = self.ledger.last_error(task).map(str::to_string);
+                self.event(
+                    now,
+                    task,
+                    TaskState::Queued,
+                    attempt - 1,
+                    None,
+                    None,
+                    None,
+                    error,
+                );
+            }
+            Action::Finished {
+                task,
+                pool,
+                state,
+                attempts: _,
+                deadline_missed,
+            } => {
+                // A running attempt of a cancelled task was revoked and ends
+                // with it (the ledger closes it): the worker's late report
+                // finds no task to update.
+                let Some(done) = self.ledger.finish(task, pool, state, deadline_missed, now) else {
+                    return;
+                };
+                self.live_seqs.remove(&task.0);
+                tracing::info!(task_id = %task, state = %state, attempts = done.outcome.attempts.len(), "task finished");
+                self.record_finished(now, &done.outcome, None);
+            }
+        }
+    }
+}

@@ -1,0 +1,752 @@
+//! The driver's unit tests.
+
+use super::*;
+use crate::task::AttemptRecord;
+
+fn settings() -> Settings {
+    Settings {
+        server_id: "s1".into(),
+        lease_ttl: Millis(10_000),
+        worker_timeout: Millis(5_000),
+        heartbeat_interval: Millis(1_000),
+        max_payload_bytes: 1024,
+        max_reply_bytes: 1 << 20,
+        retain_finished: 100,
+        pools: Vec::new(),
+        max_workers: 1_000_000,
+        limits: crate::core::Limits::default(),
+        reattach_grace: Millis(3_000),
+    }
+}
+
+fn driver() -> Driver {
+    Driver::new(Subjects::default(), 7, settings(), Millis(0))
+}
+
+/// Hands local callers their replies (the runner does so once the
+/// turn's records are stored); keeps the other outputs for the test.
+fn answer(d: &mut Driver) {
+    let mut kept = Vec::new();
+    for output in d.take_outputs() {
+        match output {
+            Output::Reply(reply) => reply(),
+            other => kept.push(other),
+        }
+    }
+    d.out = kept;
+}
+
+fn register(d: &mut Driver, id: &str, labels: &str, slots: u32) {
+    let reply = try_register(d, 0, id, "p", labels, slots, Some("i1"));
+    assert_eq!(reply.unwrap().epoch, 7);
+}
+
+fn try_register(
+    d: &mut Driver,
+    now: u64,
+    id: &str,
+    pool: &str,
+    labels: &str,
+    slots: u32,
+    instance: Option<&str>,
+) -> Result<RegisterReply, WireError> {
+    let (tx, mut rx) = oneshot::channel();
+    d.handle(
+        Millis(now),
+        Input::Register(
+            Register {
+                v: 1,
+                worker_id: id.into(),
+                pool: PoolName::new(pool).unwrap(),
+                labels: Labels::parse(labels).unwrap(),
+                slots,
+                credentials: None,
+                instance: instance.map(str::to_string),
+                running: Vec::new(),
+            },
+            Responder::Local(tx),
+        ),
+    );
+    answer(d);
+    rx.try_recv().unwrap()
+}
+
+/// A worker's report of an attempt's end; the leader's answer.
+fn report(
+    d: &mut Driver,
+    now: u64,
+    worker: &str,
+    task_id: TaskId,
+    attempt: u32,
+    epoch: u64,
+    result: AttemptResult,
+) -> Result<Ack, WireError> {
+    let (tx, mut rx) = oneshot::channel();
+    let report = AttemptReport {
+        v: 1,
+        worker_id: worker.into(),
+        task_id,
+        attempt,
+        epoch,
+        result,
+    };
+    d.handle(Millis(now), Input::Outcome(report, Responder::Local(tx)));
+    answer(d);
+    rx.try_recv().unwrap()
+}
+
+fn deregister(d: &mut Driver, now: u64, worker: &str) {
+    let (tx, _rx) = oneshot::channel();
+    let body = Deregister {
+        v: 1,
+        worker_id: worker.into(),
+        drain: false,
+    };
+    d.handle(Millis(now), Input::Deregister(body, Responder::Local(tx)));
+}
+
+fn snapshot(d: &mut Driver) -> Snapshot {
+    let (tx, mut rx) = oneshot::channel();
+    d.handle(Millis(0), Input::Snapshot(Responder::Local(tx)));
+    answer(d);
+    rx.try_recv().unwrap().unwrap()
+}
+
+/// Issue 7 finding 6: a second process with a live worker's id is
+/// refused; the same process again is idempotent; once the first has
+/// timed out the id is free.
+#[test]
+fn a_live_worker_id_cannot_be_taken_by_another_process() {
+    let mut d = driver();
+    register(&mut d, "dup", "", 2);
+    submit(&mut d, 1, 1, "");
+    assert_eq!(leases(&mut d).len(), 1);
+    let e = try_register(&mut d, 1, "dup", "p", "", 2, Some("other")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::ALREADY_EXISTS, "{e:?}");
+    let e = try_register(&mut d, 1, "dup", "p", "", 2, None).unwrap_err();
+    assert_eq!(e.code, ErrorCode::ALREADY_EXISTS);
+    // Nothing changed: one worker, its attempt still leased to it.
+    let snap = snapshot(&mut d);
+    assert_eq!(snap.workers.len(), 1);
+    assert_eq!(snap.workers[0].busy, 1);
+    assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+    // The same process retrying its registration: accepted, no change.
+    try_register(&mut d, 2, "dup", "p", "", 2, Some("i1")).unwrap();
+    assert_eq!(snapshot(&mut d).workers[0].busy, 1);
+    assert!(leases(&mut d).is_empty());
+    // Silent past worker_timeout: removed, and the id is free again.
+    d.housekeeping(Millis(10_000));
+    try_register(&mut d, 10_001, "dup", "p", "", 2, Some("other")).unwrap();
+}
+
+/// Issue 7 findings 4 and 5: registration is O(log n) (100,000 workers
+/// into one group would take minutes with the old per-registration
+/// re-sum), and the group total is u64, saturating at u32::MAX for the
+/// core instead of wrapping.
+#[test]
+fn many_big_workers_in_one_group_neither_wrap_nor_rescan() {
+    let mut d = driver();
+    for i in 0..100_000u32 {
+        try_register(&mut d, 0, &format!("w{i}"), "p", "gpu=a100", 100_000, None).unwrap();
+    }
+    let snap = snapshot(&mut d);
+    let group = &snap.pools[0].groups[0];
+    assert_eq!(group.capacity, u32::MAX, "saturated, not wrapped");
+    assert_eq!(group.workers, 100_000);
+    // Removing one keeps the exact u64 total underneath.
+    deregister(&mut d, 1, "w0");
+    let key = (
+        PoolName::new("p").unwrap(),
+        Labels::parse("gpu=a100").unwrap(),
+    );
+    assert_eq!(d.groups[&key].slots, 99_999 * 100_000);
+}
+
+/// Issue 7 finding 3: a worker of an undeclared pool is refused when
+/// they are not allowed; pools beyond max_pools and workers beyond
+/// max_workers are RESOURCE_EXHAUSTED; nothing registers.
+#[test]
+fn registration_limits() {
+    let mut s = settings();
+    s.pools = vec![(
+        PoolName::new("p").unwrap(),
+        crate::core::PoolConfig::default(),
+    )];
+    s.limits.allow_undeclared_pools = false;
+    s.max_workers = 2;
+    let mut d = Driver::new(Subjects::default(), 7, s, Millis(0));
+    let e = try_register(&mut d, 0, "x", "elsewhere", "", 1, None).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NOT_FOUND);
+    try_register(&mut d, 0, "a", "p", "", 1, None).unwrap();
+    try_register(&mut d, 0, "b", "p", "", 1, None).unwrap();
+    let e = try_register(&mut d, 0, "c", "p", "", 1, None).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RESOURCE_EXHAUSTED);
+    assert_eq!(snapshot(&mut d).workers.len(), 2);
+
+    let mut s = settings();
+    s.limits.max_pools = 1;
+    let mut d = Driver::new(Subjects::default(), 7, s, Millis(0));
+    try_register(&mut d, 0, "a", "p1", "", 1, None).unwrap();
+    let e = try_register(&mut d, 0, "b", "p2", "", 1, None).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RESOURCE_EXHAUSTED);
+    assert_eq!(snapshot(&mut d).pools.len(), 1);
+}
+
+/// Issue 7 finding 3: an undeclared pool is forgotten once it has no
+/// workers and no tasks, so 10,000 names leave nothing behind.
+#[test]
+fn idle_undeclared_pools_are_forgotten() {
+    let mut d = driver();
+    for i in 0..10_000u64 {
+        let pool = format!("pool{i}");
+        d.handle(
+            Millis(1),
+            Input::Submitted {
+                seq: i + 1,
+                pool: PoolName::new(&pool).unwrap(),
+                task: Ok(Task::new("x")
+                    .pool(pool.as_str())
+                    .label("k", format!("v{i}"))),
+            },
+        );
+    }
+    assert_eq!(d.core.pool_count(), 10_000);
+    for i in 0..10_000u64 {
+        let (tx, _rx) = oneshot::channel();
+        d.handle(
+            Millis(2),
+            Input::Cancel(TaskId(i + 1), Responder::Local(tx)),
+        );
+    }
+    assert_eq!(d.core.pool_count(), 0);
+    assert!(snapshot(&mut d).pools.is_empty());
+    // A worker's pool goes when the worker does.
+    register(&mut d, "w", "", 1);
+    assert_eq!(d.core.pool_count(), 1);
+    deregister(&mut d, 3, "w");
+    assert_eq!(d.core.pool_count(), 0);
+    d.core.check_invariants().unwrap();
+}
+
+/// Issue 7 finding 1: a submission the core refuses (a deadline more
+/// than 10 years ahead) is recorded failed with its reason and goes to
+/// the dead-letter stream, and the next submission runs as usual.
+#[test]
+fn a_refused_submission_fails_with_its_reason_and_is_dead_lettered() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    let far = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 40);
+    d.handle(
+        Millis(1),
+        Input::Submitted {
+            seq: 1,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p").deadline(far)),
+        },
+    );
+    let outputs = d.take_outputs();
+    let dead = outputs.iter().find_map(|o| match o {
+        Output::Persist {
+            seq: 1,
+            record,
+            dead_letter: Some(e),
+        } => Some((record.clone(), e.clone())),
+        _ => None,
+    });
+    let (status, reason) = dead.expect("a dead letter for submission 1");
+    assert_eq!(status.state, TaskState::Failed);
+    assert_eq!(reason.code, ErrorCode::INVALID_ARGUMENT);
+    assert!(status.error.unwrap().contains("10 years"));
+    submit(&mut d, 2, 2, "");
+    assert_eq!(leases(&mut d).len(), 1);
+    assert_eq!(d.purge_floor(), 2);
+}
+
+/// Issue 7 finding 3: the snapshot a NATS request gets fits in one
+/// message however many workers there are.
+#[test]
+fn a_nats_snapshot_reply_fits_in_one_message() {
+    let mut s = settings();
+    s.max_reply_bytes = 64 * 1024;
+    let mut d = Driver::new(Subjects::default(), 7, s, Millis(0));
+    for i in 0..5_000u32 {
+        try_register(&mut d, 0, &format!("worker-{i:05}"), "p", "", 1, None).unwrap();
+    }
+    let _ = d.take_outputs();
+    d.handle(
+        Millis(1),
+        Input::Snapshot(Responder::Nats(Some("reply".into()))),
+    );
+    let out = d.take_outputs();
+    let Output::Publish { body, .. } = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert!(body.len() <= 64 * 1024, "{} bytes", body.len());
+    let snap: Snapshot = wire::decode_reply(body).unwrap();
+    assert!(snap.truncated);
+    assert!(!snap.workers.is_empty());
+    assert_eq!(snap.pools[0].capacity, 5_000);
+}
+
+/// Issue 8: an attempt revoked for its timeout is recorded `lost` with
+/// the reason `timeout` (as embedded does and the core counts it),
+/// not `cancelled`, and is retried.
+#[test]
+fn an_attempt_revoked_for_its_timeout_is_lost_with_reason_timeout() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    d.handle(
+        Millis(0),
+        Input::Submitted {
+            seq: 1,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x")
+                .pool("p")
+                .attempt_timeout(std::time::Duration::from_millis(500))),
+        },
+    );
+    assert_eq!(leases(&mut d).len(), 1);
+    d.housekeeping(Millis(600));
+    let revoked = d
+        .take_outputs()
+        .into_iter()
+        .any(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".revoke")));
+    assert!(revoked);
+    report(&mut d, 650, "a", TaskId(1), 1, 7, AttemptResult::Cancelled).unwrap();
+    let status = d.status(TaskId(1)).unwrap();
+    assert_eq!(status.attempts[0].outcome.as_deref(), Some("lost"));
+    assert_eq!(status.attempts[0].error.as_deref(), Some("timeout"));
+    assert_eq!(status.state, TaskState::Queued, "retried");
+}
+
+/// Issue 9's heartbeat flood, bounded here: a heartbeat listing 35,000
+/// attempts this leader never leased costs at most its slots' worth of
+/// revocations.
+#[test]
+fn a_heartbeat_listing_thousands_of_attempts_costs_at_most_its_slots() {
+    let mut d = driver();
+    register(&mut d, "a", "", 2);
+    let (tx, _rx) = oneshot::channel();
+    d.handle(
+        Millis(1),
+        Input::Heartbeat(
+            Heartbeat {
+                v: 1,
+                worker_id: "a".into(),
+                free_slots: 2,
+                running: (0..35_000)
+                    .map(|i| RunningAttempt {
+                        task_id: TaskId(i),
+                        attempt: 1,
+                    })
+                    .collect(),
+            },
+            Responder::Local(tx),
+        ),
+    );
+    // Two revokes at most, and the reply.
+    assert!(d.take_outputs().len() <= 3);
+}
+
+fn submit(d: &mut Driver, now: u64, seq: u64, labels: &str) {
+    let mut task = Task::new("x").pool("p");
+    for item in labels.split(',').filter(|s| !s.is_empty()) {
+        task = task.label_text(item);
+    }
+    d.handle(
+        Millis(now),
+        Input::Submitted {
+            seq,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(task),
+        },
+    );
+}
+
+fn leases(d: &mut Driver) -> Vec<(String, Lease)> {
+    d.take_outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Publish { subject, body } if subject.ends_with(".lease") => {
+                Some((subject, wire::decode::<Lease>(&body).unwrap()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn labeled_and_unlabeled_go_to_their_workers() {
+    let mut d = driver();
+    register(&mut d, "cpu", "", 1);
+    register(&mut d, "gpu", "gpu=a100", 1);
+    submit(&mut d, 1, 1, "");
+    submit(&mut d, 1, 2, "gpu=a100");
+    let l = leases(&mut d);
+    assert_eq!(l[0].0, "cronoq.worker.cpu.lease");
+    assert_eq!(l[1].0, "cronoq.worker.gpu.lease");
+    assert_eq!(l[1].1.epoch, 7);
+}
+
+#[test]
+fn silent_worker_is_removed_and_its_attempt_retried_elsewhere() {
+    let mut d = driver();
+    register(&mut d, "a", "gpu=a100", 1);
+    submit(&mut d, 1, 1, "gpu=a100");
+    assert_eq!(leases(&mut d)[0].0, "cronoq.worker.a.lease");
+    register(&mut d, "b", "gpu=a100", 1);
+    // b heartbeats, a stays silent.
+    let beat = |d: &mut Driver, at: u64| {
+        let (tx, _rx) = oneshot::channel();
+        d.handle(
+            Millis(at),
+            Input::Heartbeat(
+                Heartbeat {
+                    v: 1,
+                    worker_id: "b".into(),
+                    free_slots: 1,
+                    running: vec![],
+                },
+                Responder::Local(tx),
+            ),
+        );
+    };
+    beat(&mut d, 5_000);
+    d.housekeeping(Millis(6_000));
+    // The retry waits out its 1 s backoff, then goes to b.
+    beat(&mut d, 7_000);
+    d.housekeeping(Millis(7_000));
+    let l = leases(&mut d);
+    assert_eq!(l.len(), 1, "{l:?}");
+    assert_eq!(l[0].0, "cronoq.worker.b.lease");
+    assert_eq!(l[0].1.attempt, 2);
+    let snap = d.snapshot(Millis(7_000));
+    assert_eq!(snap.workers.len(), 1);
+    assert_eq!(snap.pools[0].groups[0].capacity, 1);
+}
+
+#[test]
+fn stale_outcome_is_refused() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    submit(&mut d, 1, 1, "");
+    let _ = leases(&mut d);
+    let err = report(&mut d, 2, "a", TaskId(1), 1, 6, AttemptResult::Cancelled).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FAILED_PRECONDITION);
+    assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+}
+
+#[test]
+fn a_known_idempotency_key_is_the_same_task() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    for seq in [1, 2] {
+        d.handle(
+            Millis(1),
+            Input::Submitted {
+                seq,
+                pool: PoolName::new("p").unwrap(),
+                task: Ok(Task::new("x").pool("p").idempotency_key("k")),
+            },
+        );
+    }
+    let outputs = d.take_outputs();
+    let leases = outputs
+        .iter()
+        .filter(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".lease")))
+        .count();
+    assert_eq!(leases, 1);
+    assert!(outputs
+        .iter()
+        .any(|o| matches!(o, Output::Discard { seq: 2 })));
+    assert_eq!(d.status(TaskId(2)).unwrap().id, TaskId(1));
+}
+
+#[test]
+fn purge_floor_stays_below_every_unfinished_task() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    assert_eq!(d.purge_floor(), 1);
+    submit(&mut d, 1, 1, "");
+    submit(&mut d, 1, 2, "");
+    assert_eq!(d.purge_floor(), 1);
+    let lease = leases(&mut d).remove(0).1;
+    let succeeded = AttemptResult::Succeeded {
+        output: Bytes::new(),
+    };
+    report(&mut d, 2, "a", lease.task_id, 1, 7, succeeded).unwrap();
+    // Task 1 finished, task 2 runs now: only submission 1 may go.
+    assert_eq!(d.purge_floor(), 2);
+}
+
+// ---- recovery after a leader change ----------------------------------
+
+/// The journal record of a task whose attempt `attempt` ran (or runs,
+/// when `open`) on `worker` under an earlier leadership.
+fn journaled(seq: u64, attempt: u32, worker: &str, open: bool) -> TaskRecord {
+    let attempts = (1..=attempt)
+        .map(|n| AttemptRecord {
+            attempt: n,
+            group: Labels::new(),
+            worker: Some(worker.into()),
+            started_at: Millis(1),
+            ended_at: (n < attempt || !open).then_some(Millis(2)),
+            outcome: (n < attempt || !open).then(|| "lost".into()),
+            error: None,
+        })
+        .collect();
+    TaskRecord {
+        v: 1,
+        id: TaskId(seq),
+        pool: PoolName::new("p").unwrap(),
+        state: TaskState::Running,
+        attempts,
+        output: None,
+        error: None,
+        deadline_missed: false,
+    }
+}
+
+fn recover(d: &mut Driver, now: u64, record: TaskRecord) {
+    d.handle(
+        Millis(now),
+        Input::Recovered {
+            seq: record.id.0,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p")),
+            record,
+        },
+    );
+}
+
+fn register_running(
+    d: &mut Driver,
+    now: u64,
+    id: &str,
+    slots: u32,
+    running: &[(u64, u32)],
+) -> RegisterReply {
+    let (tx, mut rx) = oneshot::channel();
+    d.handle(
+        Millis(now),
+        Input::Register(
+            Register {
+                v: 1,
+                worker_id: id.into(),
+                pool: PoolName::new("p").unwrap(),
+                labels: Labels::new(),
+                slots,
+                credentials: None,
+                instance: Some("i".into()),
+                running: running
+                    .iter()
+                    .map(|&(t, attempt)| RunningAttempt {
+                        task_id: TaskId(t),
+                        attempt,
+                    })
+                    .collect(),
+            },
+            Responder::Local(tx),
+        ),
+    );
+    answer(d);
+    rx.try_recv().unwrap().unwrap()
+}
+
+/// Issue 8, re-attachment: a successor (epoch 7 here) learns from the
+/// journal that attempt 1 of task 1 runs on `a`; `a` registers again
+/// listing it: the attempt keeps running there (no new lease, its slot
+/// taken), its report under the old epoch counts, and an attempt the
+/// journal does not know is not adopted.
+#[test]
+fn a_running_attempt_is_reattached_when_its_worker_registers_again() {
+    let mut d = driver();
+    recover(&mut d, 1, journaled(1, 1, "a", true));
+    submit(&mut d, 1, 2, "");
+    // Before `a` is back, its reports wait (the worker retries).
+    let e = report(&mut d, 2, "a", TaskId(1), 1, 6, AttemptResult::Cancelled).unwrap_err();
+    assert_eq!(e.code, ErrorCode::UNAVAILABLE);
+    let reply = register_running(&mut d, 3, "a", 1, &[(1, 1), (99, 1)]);
+    assert_eq!(
+        reply.adopted,
+        [RunningAttempt {
+            task_id: TaskId(1),
+            attempt: 1
+        }]
+    );
+    assert!(
+        leases(&mut d).is_empty(),
+        "its one slot is the re-attached attempt's"
+    );
+    assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+    assert_eq!(d.status(TaskId(2)).unwrap().state, TaskState::Queued);
+    report(
+        &mut d,
+        4,
+        "a",
+        TaskId(1),
+        1,
+        6,
+        AttemptResult::Succeeded {
+            output: Bytes::from("done"),
+        },
+    )
+    .unwrap();
+    let status = d.status(TaskId(1)).unwrap();
+    assert_eq!(status.state, TaskState::Succeeded);
+    assert_eq!(status.attempts.len(), 1, "one run, one attempt");
+    let next = leases(&mut d);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].1.task_id, TaskId(2));
+    assert!(d.core.check_invariants().is_ok());
+}
+
+/// Issue 8: an attempt whose worker does not come back within the
+/// grace is lost (with its reason) and the task runs as its next
+/// attempt, not as attempt 1 again.
+#[test]
+fn an_attempt_not_reattached_within_the_grace_is_lost_and_retried_as_the_next() {
+    let mut d = driver();
+    recover(&mut d, 1, journaled(1, 2, "gone", true));
+    register(&mut d, "b", "", 1);
+    assert!(leases(&mut d).is_empty(), "parked until the grace ends");
+    d.housekeeping(Millis(3_001));
+    let next = leases(&mut d);
+    assert_eq!(next.len(), 1);
+    assert_eq!((next[0].1.task_id, next[0].1.attempt), (TaskId(1), 3));
+    let status = d.status(TaskId(1)).unwrap();
+    assert_eq!(status.attempts.len(), 3);
+    assert_eq!(status.attempts[1].outcome.as_deref(), Some("lost"));
+    assert_eq!(status.attempts[1].error.as_deref(), Some(NOT_REATTACHED));
+    // The records of the turn: the lost attempt and the new one.
+    assert!(d.core.check_invariants().is_ok());
+}
+
+/// Issue 8: a task whose last attempt ended (here: lost) waits for its
+/// next attempt at once.
+#[test]
+fn a_recovered_task_between_attempts_goes_on_with_the_next() {
+    let mut d = driver();
+    register(&mut d, "b", "", 1);
+    recover(&mut d, 1, journaled(1, 1, "x", false));
+    let next = leases(&mut d);
+    assert_eq!((next[0].1.task_id, next[0].1.attempt), (TaskId(1), 2));
+}
+
+/// Issue 8, persist before announce: the lease of an attempt goes out
+/// in the same turn as the attempt's journal record, which the runner
+/// stores first; the outcome's record and result likewise.
+#[test]
+fn every_attempt_change_is_journaled_in_its_turn() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    submit(&mut d, 1, 1, "");
+    let outputs = d.take_outputs();
+    let record = outputs.iter().find_map(|o| match o {
+        Output::Persist { seq: 1, record, .. } => Some(record.clone()),
+        _ => None,
+    });
+    let record = record.expect("the started attempt is journaled");
+    assert_eq!(record.state, TaskState::Running);
+    assert_eq!(record.attempts[0].worker.as_deref(), Some("a"));
+    assert!(record.attempts[0].outcome.is_none());
+    let (tx, _rx) = oneshot::channel();
+    d.handle(
+        Millis(2),
+        Input::Outcome(
+            AttemptReport {
+                v: 1,
+                worker_id: "a".into(),
+                task_id: TaskId(1),
+                attempt: 1,
+                epoch: 7,
+                result: AttemptResult::Succeeded {
+                    output: Bytes::from("ok"),
+                },
+            },
+            Responder::Local(tx),
+        ),
+    );
+    let outputs = d.take_outputs();
+    let finals: Vec<&TaskRecord> = outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Persist { seq: 1, record, .. } => Some(record),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finals.len(), 1, "one record per task per turn");
+    assert_eq!(finals[0].state, TaskState::Succeeded);
+    assert_eq!(finals[0].output.as_deref(), Some(&b"ok"[..]));
+}
+
+/// Issue 8: a worker that registers with a successor before the
+/// successor has read the journal waits for it (it lists its attempts
+/// once): it is answered after `CaughtUp`, its attempt re-attached.
+#[test]
+fn registrations_wait_until_the_journal_is_read() {
+    let mut d = driver();
+    d.catch_up_first();
+    let (tx, mut rx) = oneshot::channel();
+    d.handle(
+        Millis(1),
+        Input::Register(
+            Register {
+                v: 1,
+                worker_id: "a".into(),
+                pool: PoolName::new("p").unwrap(),
+                labels: Labels::new(),
+                slots: 2,
+                credentials: None,
+                instance: Some("i".into()),
+                running: vec![RunningAttempt {
+                    task_id: TaskId(5),
+                    attempt: 1,
+                }],
+            },
+            Responder::Local(tx),
+        ),
+    );
+    answer(&mut d);
+    assert!(
+        rx.try_recv().is_err(),
+        "no answer before the journal is read"
+    );
+    // Its renewal meanwhile is not refused as stale.
+    let e = report(&mut d, 1, "a", TaskId(5), 1, 6, AttemptResult::Cancelled).unwrap_err();
+    assert_eq!(e.code, ErrorCode::UNAVAILABLE);
+    recover(&mut d, 2, journaled(5, 1, "a", true));
+    d.handle(Millis(3), Input::CaughtUp);
+    answer(&mut d);
+    let reply = rx.try_recv().unwrap().unwrap();
+    assert_eq!(reply.adopted.len(), 1);
+    assert_eq!(d.status(TaskId(5)).unwrap().state, TaskState::Running);
+}
+
+/// Issue 8, deliverable 1: lease expiries and worker silence are
+/// deadlines in `next_wakeup`, not found by a periodic scan.
+#[test]
+fn lease_and_silence_deadlines_are_in_next_wakeup() {
+    let mut d = driver();
+    assert_eq!(d.next_wakeup(), None);
+    register(&mut d, "a", "", 1);
+    // Silent past worker_timeout (5 s) from its registration at 0.
+    assert_eq!(d.next_wakeup(), Some(Millis(5_001)));
+    submit(&mut d, 1, 1, "");
+    let lease = leases(&mut d);
+    assert_eq!(lease.len(), 1);
+    d.housekeeping(Millis(5_000));
+    assert_eq!(
+        snapshot(&mut d).workers.len(),
+        1,
+        "not silent past the timeout yet"
+    );
+    d.housekeeping(Millis(5_001));
+    assert!(snapshot(&mut d).workers.is_empty());
+    assert_eq!(
+        d.status(TaskId(1)).unwrap().attempts[0].outcome.as_deref(),
+        Some("lost")
+    );
+    // Nothing left of its deadlines.
+    assert!(d.lease_deadlines.is_empty() && d.silence_deadlines.is_empty());
+}
