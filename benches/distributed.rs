@@ -448,8 +448,9 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let snap = running.api.snapshot().await.expect("snapshot");
-        if snap.workers.len() == WORKERS {
+        // Until this server has taken over, nobody answers: wait.
+        let snap = running.api.snapshot().await;
+        if snap.is_ok_and(|snap| snap.workers.len() == WORKERS) {
             break;
         }
         assert!(Instant::now() < deadline, "workers did not register");

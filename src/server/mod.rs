@@ -775,18 +775,20 @@ async fn lead(
     let api_requests = tokio::spawn(serve_api(base.client.clone(), api.clone(), requests));
     let committer = tokio::spawn(commit(
         commit_rx,
-        client_for(&api),
-        Fenced {
+        CommitCtx {
+            client: client_for(&api),
+            results: Fenced {
+                js: base.js.clone(),
+                bucket: base.subjects.results_bucket(),
+                subject: election.subject().to_string(),
+                fence: election.fence.clone(),
+                lost: lost_tx,
+            },
+            pending: pending.clone(),
             js: base.js.clone(),
-            bucket: base.subjects.results_bucket(),
-            subject: election.subject().to_string(),
-            fence: election.fence.clone(),
-            lost: lost_tx,
+            submit_stream: base.submit_stream.clone(),
+            subjects: base.subjects.clone(),
         },
-        pending.clone(),
-        base.js.clone(),
-        base.submit_stream.clone(),
-        base.subjects.clone(),
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
     let driver = {
@@ -1477,111 +1479,163 @@ struct Turn {
     announce: Vec<Output>,
 }
 
-/// The largest group commit: records written concurrently before the
-/// announcements they gate go out.
-const MAX_GROUP_COMMIT: usize = 4096;
+/// The most records being written at once; the driver's turns queue up
+/// behind them.
+const MAX_IN_FLIGHT: usize = 4096;
 
-/// The journal's group commit. Takes the driver's turns in order, as many
-/// as are queued at once: stores their records (fenced on the leader
-/// subject, concurrently, the latest record per task only), and only once
-/// every one is stored publishes the turns' announcements in order —
-/// leases, revokes, events, replies. So a worker never holds a lease whose
-/// attempt is not journaled, and nobody hears "succeeded" (nor gets an
-/// outcome acknowledged) before the result is stored. Turns commit one
-/// after another, so the records of one task land in the order they were
-/// made. Fenced out (a successor leads): stops, announcing nothing more.
-async fn commit(
-    mut turns: mpsc::UnboundedReceiver<Turn>,
+/// Where the committer stores and announces: shared by its two stages and
+/// every write.
+struct CommitCtx {
     client: async_nats::Client,
     results: Fenced,
     pending: Pending,
     js: jetstream::Context,
     submit_stream: stream::Stream,
     subjects: Subjects,
-) {
-    let results = &results;
-    let (js, submit_stream, subjects, client) = (&js, &submit_stream, &subjects, &client);
-    while let Some(first) = turns.recv().await {
-        let (mut writes, mut announce) = (first.writes, first.announce);
-        while writes.len() < MAX_GROUP_COMMIT {
-            match turns.try_recv() {
-                Ok(turn) => {
-                    writes.extend(turn.writes);
-                    announce.extend(turn.announce);
-                }
-                Err(_) => break,
-            }
-        }
-        // The latest record of each task stands for the ones before it.
-        let mut latest: rustc_hash::FxHashMap<u64, usize> = Default::default();
-        for (i, w) in writes.iter().enumerate() {
-            latest.insert(w.seq, i);
-        }
-        let writes = writes
-            .into_iter()
-            .enumerate()
-            .filter(|(i, w)| latest.get(&w.seq) == Some(i) || w.dead_letter.is_some())
-            .map(|(_, w)| w);
-        let stored: Vec<Option<(u64, bool)>> = futures_util::stream::iter(writes)
-            .map(|item| async move {
-                let Persisted {
-                    seq,
-                    record,
-                    dead_letter,
-                } = item;
-                if let Some(reason) = dead_letter {
-                    let max_payload = client.server_info().max_payload;
-                    dead_letter_copy(
-                        js,
-                        submit_stream,
-                        subjects,
-                        seq,
-                        &record.pool,
-                        &reason,
-                        max_payload,
-                    )
-                    .await;
-                }
-                let body: Bytes = wire::encode(&record).into();
-                let mut delay = Duration::from_millis(100);
-                loop {
-                    match results.put(&seq.to_string(), body.clone()).await {
-                        Ok(true) => return Some((seq, record.state.is_terminal())),
-                        // Fenced out: a successor leads and will finish the
-                        // task itself. The submission stays (pending): this
-                        // server purges nothing past it.
-                        Ok(false) => return None,
-                        Err(e) => {
-                            tracing::warn!(task_id = seq, error = %e, "storing a task record failed; retrying");
-                            tokio::time::sleep(delay).await;
-                            delay = (delay * 2).min(Duration::from_secs(5));
+}
+
+/// One record's write: done with `true` once stored, `false` if fenced out.
+type Stored = futures_util::future::Shared<oneshot::Receiver<bool>>;
+
+/// The journal's group commit, pipelined. Stage one takes the driver's
+/// turns in order, as many as are queued at once, and starts writing their
+/// records at once (fenced on the leader subject; the latest record per
+/// task only; a record waits for the previous write of its task, so one
+/// task's records land in the order they were made). Stage two waits, turn
+/// after turn, until every record of a turn — and of the turns before it —
+/// is stored, and only then announces what the turn produced, in order:
+/// leases, revokes, events, replies. So a worker never holds a lease whose
+/// attempt is not journaled, and nobody hears "succeeded" (nor gets an
+/// outcome acknowledged) before the result is stored; yet the writes of
+/// later turns are already under way (throughput is not one round trip
+/// per turn). Fenced out (a successor leads): stops, announcing nothing
+/// more.
+async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
+    let ctx = Arc::new(ctx);
+    let (staged_tx, mut staged_rx) =
+        mpsc::unbounded_channel::<(Vec<(u64, bool, Stored)>, Vec<Output>)>();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    let launcher = {
+        let ctx = ctx.clone();
+        let slots = slots.clone();
+        async move {
+            let mut last_write: rustc_hash::FxHashMap<u64, Stored> = Default::default();
+            while let Some(first) = turns.recv().await {
+                let (mut writes, mut announce) = (first.writes, first.announce);
+                while writes.len() < MAX_IN_FLIGHT {
+                    match turns.try_recv() {
+                        Ok(turn) => {
+                            writes.extend(turn.writes);
+                            announce.extend(turn.announce);
                         }
+                        Err(_) => break,
                     }
                 }
-            })
-            .buffer_unordered(256)
-            .collect()
-            .await;
-        if stored.iter().any(Option::is_none) {
-            return;
+                // The latest record of each task stands for the ones before it.
+                let mut latest: rustc_hash::FxHashMap<u64, usize> = Default::default();
+                for (i, w) in writes.iter().enumerate() {
+                    latest.insert(w.seq, i);
+                }
+                last_write.retain(|_, w| w.peek().is_none());
+                let mut stored = Vec::with_capacity(latest.len());
+                for (i, write) in writes.into_iter().enumerate() {
+                    if latest.get(&write.seq) != Some(&i) && write.dead_letter.is_none() {
+                        continue;
+                    }
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let (done_tx, done_rx) = oneshot::channel();
+                    let done = futures_util::FutureExt::shared(done_rx);
+                    let before = last_write.insert(write.seq, done.clone());
+                    let terminal = write.record.state.is_terminal();
+                    stored.push((write.seq, terminal, done));
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        if let Some(before) = before {
+                            if !matches!(before.await, Ok(true)) {
+                                return; // fenced out: done_tx drops, nothing more stored
+                            }
+                        }
+                        let ok = store_record(&ctx, write).await;
+                        drop(permit);
+                        let _ = done_tx.send(ok);
+                    });
+                }
+                if staged_tx.send((stored, announce)).is_err() {
+                    return;
+                }
+            }
         }
-        {
-            let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
-            for (seq, terminal) in stored.into_iter().flatten() {
-                if terminal {
+    };
+    let releaser = async {
+        while let Some((stored, announce)) = staged_rx.recv().await {
+            let mut terminal = Vec::new();
+            for (seq, is_terminal, done) in stored {
+                if !matches!(done.await, Ok(true)) {
+                    return;
+                }
+                if is_terminal {
+                    terminal.push(seq);
+                }
+            }
+            {
+                let mut pending = ctx.pending.lock().unwrap_or_else(|e| e.into_inner());
+                for seq in terminal {
                     pending.remove(&seq);
                 }
             }
-        }
-        for output in announce {
-            match output {
-                Output::Publish { subject, body } => {
-                    if let Err(e) = client.publish(subject, body).await {
-                        tracing::warn!(error = %e, "publish failed");
+            for output in announce {
+                match output {
+                    Output::Publish { subject, body } => {
+                        if let Err(e) = ctx.client.publish(subject, body).await {
+                            tracing::warn!(error = %e, "publish failed");
+                        }
                     }
+                    Output::Reply(reply) => reply(),
+                    Output::Persist { .. } | Output::Discard { .. } => {}
                 }
-                Output::Reply(reply) => reply(),
-                Output::Persist { .. } | Output::Discard { .. } => {}
+            }
+        }
+    };
+    tokio::select! {
+        () = launcher => {}
+        () = releaser => {}
+    }
+}
+
+/// Stores one record (a refused submission's dead letter first), retrying
+/// while NATS is away; `false` if fenced out — a successor leads and will
+/// finish the task itself (the submission stays pending: this server
+/// purges nothing past it).
+async fn store_record(ctx: &CommitCtx, write: Persisted) -> bool {
+    let Persisted {
+        seq,
+        record,
+        dead_letter,
+    } = write;
+    if let Some(reason) = dead_letter {
+        let max_payload = ctx.client.server_info().max_payload;
+        dead_letter_copy(
+            &ctx.js,
+            &ctx.submit_stream,
+            &ctx.subjects,
+            seq,
+            &record.pool,
+            &reason,
+            max_payload,
+        )
+        .await;
+    }
+    let body: Bytes = wire::encode(&record).into();
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match ctx.results.put(&seq.to_string(), body.clone()).await {
+            Ok(stored) => return stored,
+            Err(e) => {
+                tracing::warn!(task_id = seq, error = %e, "storing a task record failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
     }
