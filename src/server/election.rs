@@ -335,7 +335,15 @@ impl Election {
                 }
                 // A result write checking the subject was in flight.
                 Write::Busy => wait = Duration::from_millis(2),
-                Write::Lost => return "another server took over".into(),
+                Write::Lost => {
+                    // A renewal of ours stored without its acknowledgement
+                    // (lost with a NATS restart) moved the subject.
+                    if self.reclaim_fence(epoch, expected).await {
+                        wait = Duration::ZERO;
+                        continue;
+                    }
+                    return "another server took over".into();
+                }
                 Write::Failed(e) => {
                     if !renewed.may_act(self.timeout) {
                         return format!("could not renew within the election timeout: {e}");
@@ -343,6 +351,35 @@ impl Election {
                     tracing::warn!(error = %e, "renewing leadership failed; retrying");
                 }
             }
+        }
+    }
+
+    /// After a write fenced on `expected` was refused: whether the last
+    /// link of the chain is still this server's leadership `epoch` (a
+    /// renewal of ours was stored but its acknowledgement is not in yet,
+    /// or was lost). Nobody else writes a record of our epoch and any
+    /// takeover appends one of another, so we still lead: the fence moves
+    /// to that record's sequence (unless it moved meanwhile) and the
+    /// caller tries again. The right to act is not extended: only a
+    /// renewal whose send time is known does that.
+    pub(crate) async fn reclaim_fence(&self, epoch: u64, expected: u64) -> bool {
+        match self.observe().await {
+            Ok(o)
+                if o.epoch() == epoch
+                    && o.record
+                        .as_ref()
+                        .is_some_and(|r| r.id == self.server_id && !r.resigned) =>
+            {
+                let _ = self.fence.compare_exchange(
+                    expected,
+                    o.seq.max(expected),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+                let fence = self.fence.load(Ordering::SeqCst);
+                fence != 0 && fence != expected
+            }
+            _ => false,
         }
     }
 

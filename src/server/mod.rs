@@ -783,6 +783,8 @@ async fn lead(
                 subject: election.subject().to_string(),
                 fence: election.fence.clone(),
                 lost: lost_tx,
+                election: election.clone(),
+                epoch,
             },
             pending: pending.clone(),
             js: base.js.clone(),
@@ -837,6 +839,8 @@ struct Fenced {
     subject: String,
     fence: Arc<AtomicU64>,
     lost: watch::Sender<Option<String>>,
+    election: election::Election,
+    epoch: u64,
 }
 
 impl Fenced {
@@ -869,6 +873,11 @@ impl Fenced {
                     // A renewal moved the fence meanwhile: try again with
                     // the new one. Unchanged: someone else wrote it.
                     if self.fence.load(Ordering::SeqCst) != expected {
+                        continue;
+                    }
+                    // Our own renewal, stored before its acknowledgement
+                    // reached the renewal loop: still ours.
+                    if self.election.reclaim_fence(self.epoch, expected).await {
                         continue;
                     }
                     let _ = self.lost.send(Some(

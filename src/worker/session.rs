@@ -931,7 +931,16 @@ impl Attempt {
         }
         self.reporting.store(true, Ordering::Relaxed);
         if let Some(result) = result {
-            self.report(&lease, result).await;
+            // The lease is renewed until the leader has the outcome: a
+            // report lost with a connection or a leader (retried after a
+            // request timeout and a backoff of up to seconds) must not let
+            // the lease expire, or the attempt counts lost and runs again.
+            // A lease the leader calls gone ends the report too (it would
+            // be stale).
+            tokio::select! {
+                () = self.report(&lease, result) => {}
+                () = self.renew_until_lost(&lease) => {}
+            }
         }
         let _ = self.finished.send((key, lease.epoch));
     }

@@ -111,7 +111,11 @@ impl Driver {
         tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
         if open {
             match running_on {
-                Some((worker, group)) if now < self.reattach_until => {
+                // While catching up the grace has not started yet (it
+                // runs from CaughtUp): a long journal read must not count
+                // the attempts read last as lost before any worker could
+                // register.
+                Some((worker, group)) if self.catching_up || now < self.reattach_until => {
                     self.parked.insert(
                         id,
                         Parked {

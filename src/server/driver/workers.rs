@@ -124,9 +124,21 @@ impl Driver {
                 ));
             }
             if w.pool == r.pool && w.labels == r.labels && w.slots == r.slots {
-                // The same process again (a retried request): nothing changes.
+                // The same process again (a retried request): nothing
+                // changes, and the reply names again what it listed and
+                // this leader counts (the first reply may have come after
+                // the worker stopped waiting; an empty list would make it
+                // stop attempts this leader re-attached).
+                let adopted = r
+                    .running
+                    .iter()
+                    .filter(|a| w.running.contains(&(a.task_id, a.attempt)))
+                    .copied()
+                    .collect();
                 self.touch(&r.worker_id, now);
-                return Ok(self.register_reply());
+                let mut reply = self.register_reply();
+                reply.adopted = adopted;
+                return Ok(reply);
             }
             // The same process with new settings: what it ran is lost.
             self.remove_worker(now, &r.worker_id, "registered again");
