@@ -24,7 +24,7 @@
 //! every submission has a stored `succeeded` record.
 //!
 //! `CRONOQ_SIM_SEED=n` replays one seed; `CRONOQ_SIM_SEEDS=n` runs more
-//! (default 300 here; each seed runs a few thousand steps).
+//! (default 2,000; each seed runs a few thousand steps).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -629,7 +629,7 @@ fn failover_simulation() {
             let n = std::env::var("CRONOQ_SIM_SEEDS")
                 .ok()
                 .and_then(|s| s.parse().ok())
-                .unwrap_or(300);
+                .unwrap_or(2_000);
             (0..n).collect()
         }
     };
