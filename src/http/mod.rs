@@ -11,7 +11,7 @@
 //! | `GET /v1/tasks/{id}` | the [`TaskStatus`] as JSON |
 //! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
 //! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`] (see [`autoscale`]) |
-//! | `GET /metrics` | Prometheus text format, from the snapshot ([`metrics_text`]) |
+//! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]) |
 //! | `GET /healthz` | [`Health`] JSON; 200 when live, else 503 |
 //! | `GET /readyz` | [`Health`] JSON; 200 when ready, else 503 |
 //!
