@@ -11,6 +11,7 @@ use std::pin::Pin;
 
 use crate::core::{ErrorCode, Snapshot, TaskId};
 use crate::embedded::{self, Scheduler};
+use crate::metrics::MetricsSnapshot;
 use crate::task::{Task, TaskStatus};
 use crate::wire::WireError;
 
@@ -49,6 +50,19 @@ pub trait Api: Send + Sync + 'static {
     fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>>;
     /// Liveness and readiness.
     fn health(&self) -> Health;
+    /// Task counters and latency histograms per pool (and a server's
+    /// election and journal figures), for `/metrics`. The embedded
+    /// scheduler and the server implement it; remote clients do not and
+    /// answer `FAILED_PRECONDITION` (scrape the server instead), and
+    /// `/metrics` then shows the snapshot's gauges only.
+    fn metrics(&self) -> ApiFuture<'_, MetricsSnapshot> {
+        Box::pin(async {
+            Err(WireError::new(
+                ErrorCode::FAILED_PRECONDITION,
+                "metrics are served by the scheduler itself: scrape the server's /metrics",
+            ))
+        })
+    }
 }
 
 /// The most tasks one [`Api::recent_tasks`] call lists.
@@ -112,5 +126,9 @@ impl Api for Scheduler {
             ready: true,
             detail: "embedded scheduler".into(),
         }
+    }
+
+    fn metrics(&self) -> ApiFuture<'_, MetricsSnapshot> {
+        Box::pin(async move { Ok(Scheduler::metrics(self)) })
     }
 }

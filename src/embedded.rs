@@ -398,7 +398,7 @@ impl Scheduler {
             st.next_id += 1;
             let (tx, rx) = oneshot::channel();
             st.ledger
-                .accept(id, task.payload.clone(), task.key(), Some(tx));
+                .accept(id, &pool, task.payload.clone(), task.key(), Some(tx), now);
             if let Some(tp) = task.trace_context() {
                 if let Some(entry) = st.ledger.get_mut(id) {
                     entry.run_extra().traceparent = Some(tp.to_string());
@@ -445,6 +445,23 @@ impl Scheduler {
     pub fn recent_tasks(&self, limit: usize) -> Vec<TaskStatus> {
         let st = self.inner.lock();
         st.ledger.recent(&st.core, limit)
+    }
+
+    /// Task counters and latency histograms per pool, since the scheduler
+    /// started (what `/metrics` shows beside the snapshot).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let s = cronoq::Scheduler::new();
+    /// s.set_capacity("p", 1).unwrap();
+    /// s.executor("p", |_ctx, payload: bytes::Bytes| async move { Ok(payload) }).unwrap();
+    /// s.submit(cronoq::Task::new("x").pool("p")).await.unwrap().wait().await.unwrap();
+    /// let p = &s.metrics().pools[0];
+    /// assert_eq!((p.submitted, p.started, p.succeeded), (1, 1, 1));
+    /// # }
+    /// ```
+    pub fn metrics(&self) -> crate::metrics::MetricsSnapshot {
+        self.inner.lock().ledger.metrics()
     }
 
     /// Waits for a task by id (live or recently finished).

@@ -24,6 +24,11 @@
 //! - An idempotency key is bound to its task while the task is live and
 //!   while its outcome is retained (the last `retain` finished tasks): a
 //!   resubmission in that window is the same task, never a second run.
+//! - Every task is counted once as submitted, each attempt once as started
+//!   (and as retried when it is not the first) and each task once as
+//!   finished with its outcome ([`crate::metrics`]); the queue wait is
+//!   observed at the first attempt's start, the run time at each attempt's
+//!   end (or at the task's end for an attempt closed as cancelled).
 //! - Ids only grow (the embedded counter, the submit stream's sequence);
 //!   live entries sit in a window indexed by `id - base`.
 
@@ -34,6 +39,7 @@ use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
 use crate::core::{AttemptOutcome, Core, Labels, Millis, PoolName, TaskId, TaskState};
+use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::task::{AttemptRecord, Outcome, TaskStatus};
 
 /// The error of an attempt stopped for its attempt timeout.
@@ -45,6 +51,10 @@ pub(crate) struct Entry<X, R> {
     pub payload: Bytes,
     /// The shell's own data, from the start.
     pub extra: X,
+    /// Where its figures are counted ([`Metrics::slot`]).
+    metrics_slot: u32,
+    /// When it was submitted, for the queue wait.
+    submitted_at: Millis,
     /// Allocated once the task first starts or holds a key: most tasks in
     /// a busy embedded scheduler make one attempt and need little.
     run: Option<Box<Run<R>>>,
@@ -107,6 +117,8 @@ pub(crate) struct Ledger<X, R> {
     /// A resubmission with a known key → the task it duplicates.
     aliases: FxHashMap<TaskId, TaskId>,
     retain: usize,
+    /// Counters and histograms per pool.
+    metrics: Metrics,
 }
 
 impl<X, R: Default> Ledger<X, R> {
@@ -119,6 +131,7 @@ impl<X, R: Default> Ledger<X, R> {
             keys: FxHashMap::default(),
             aliases: FxHashMap::default(),
             retain,
+            metrics: Metrics::default(),
         }
     }
 
@@ -145,11 +158,24 @@ impl<X, R: Default> Ledger<X, R> {
         }
     }
 
-    /// A new live task. Its key (if any) binds to it.
-    pub fn accept(&mut self, id: TaskId, payload: Bytes, key: Option<&str>, extra: X) {
+    /// A new live task of `pool`, submitted at `now`. Its key (if any)
+    /// binds to it.
+    pub fn accept(
+        &mut self,
+        id: TaskId,
+        pool: &PoolName,
+        payload: Bytes,
+        key: Option<&str>,
+        extra: X,
+        now: Millis,
+    ) {
+        let metrics_slot = self.metrics.slot(pool.as_str());
+        self.metrics.at(metrics_slot).submitted += 1;
         let mut entry = Entry {
             payload,
             extra,
+            metrics_slot,
+            submitted_at: now,
             run: None,
         };
         if let Some(key) = key {
@@ -162,6 +188,9 @@ impl<X, R: Default> Ledger<X, R> {
     /// Takes back an [`accept`](Ledger::accept) the core then refused.
     pub fn unaccept(&mut self, id: TaskId) {
         if let Some(mut entry) = self.live.remove(id) {
+            // The refusal that follows counts the submission.
+            let m = self.metrics.at(entry.metrics_slot);
+            m.submitted = m.submitted.saturating_sub(1);
             if let Some(key) = entry.run().key.take() {
                 if self.keys.get(&key) == Some(&id) {
                     self.keys.remove(&key);
@@ -212,6 +241,13 @@ impl<X, R: Default> Ledger<X, R> {
         now: Millis,
     ) -> Option<&mut Entry<X, R>> {
         let entry = self.live.get_mut(id)?;
+        let m = self.metrics.at(entry.metrics_slot);
+        m.started += 1;
+        if attempt > 1 {
+            m.retried += 1;
+        } else {
+            m.queue_wait.observe(elapsed(entry.submitted_at, now));
+        }
         let run = entry.run();
         // Most tasks make one attempt: no room for four.
         run.attempts.reserve_exact(1);
@@ -231,6 +267,9 @@ impl<X, R: Default> Ledger<X, R> {
     /// journaled for a task just accepted again.
     pub fn restore(&mut self, id: TaskId, attempts: Vec<AttemptRecord>, error: Option<String>) {
         if let Some(entry) = self.live.get_mut(id) {
+            // Submitted (and counted) under an earlier leadership.
+            let m = self.metrics.at(entry.metrics_slot);
+            m.submitted = m.submitted.saturating_sub(1);
             let run = entry.run();
             run.attempts = attempts;
             run.error = error;
@@ -259,6 +298,7 @@ impl<X, R: Default> Ledger<X, R> {
         let Some(entry) = self.live.get_mut(id) else {
             return outcome;
         };
+        let m = self.metrics.at(entry.metrics_slot);
         let run = entry.run();
         let (outcome, error) =
             if outcome != AttemptOutcome::Succeeded && run.timed_out == Some(attempt) {
@@ -266,7 +306,13 @@ impl<X, R: Default> Ledger<X, R> {
             } else {
                 (outcome, error)
             };
+        if outcome == AttemptOutcome::Lost {
+            m.lost += 1;
+        }
         if let Some(record) = run.attempts.iter_mut().rev().find(|a| a.attempt == attempt) {
+            if record.ended_at.is_none() {
+                m.run.observe(elapsed(record.started_at, now));
+            }
             record.ended_at = Some(now);
             record.outcome = Some(outcome.as_str().into());
             record.error = error.clone();
@@ -292,8 +338,13 @@ impl<X, R: Default> Ledger<X, R> {
         now: Millis,
     ) -> Option<Finished<X, R>> {
         let entry = self.live.remove(id)?;
+        let m = self.metrics.at(entry.metrics_slot);
+        if let Some(n) = m.finished_mut(state) {
+            *n += 1;
+        }
         let mut run = entry.run.map(|b| *b).unwrap_or_default();
         for record in run.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
+            m.run.observe(elapsed(record.started_at, now));
             record.ended_at = Some(now);
             record.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
         }
@@ -318,11 +369,17 @@ impl<X, R: Default> Ledger<X, R> {
         })
     }
 
-    /// Records an outcome decided without the core (a refused submission),
-    /// or one read back from durable storage.
+    /// Records an outcome decided without the core: a refused submission,
+    /// counted as submitted, finished with its state and dead-lettered.
     pub fn record_outcome(&mut self, outcome: Arc<Outcome>, key: Option<&str>) {
         if self.finished.contains_key(&outcome.id) {
             return;
+        }
+        let m = self.metrics.pool(outcome.pool.as_str());
+        m.submitted += 1;
+        m.dead_lettered += 1;
+        if let Some(n) = m.finished_mut(outcome.state) {
+            *n += 1;
         }
         if let Some(key) = key {
             self.keys.insert(key.to_string(), outcome.id);
@@ -399,10 +456,20 @@ impl<X, R: Default> Ledger<X, R> {
             .collect()
     }
 
+    /// The counters and histograms per pool.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
     /// The error of the last failed attempt of a live task.
     pub fn last_error(&self, id: TaskId) -> Option<&str> {
         self.live.get(id)?.run.as_deref()?.error.as_deref()
     }
+}
+
+/// The time from `then` to `now` (zero if the clock stood still).
+fn elapsed(then: Millis, now: Millis) -> Millis {
+    Millis(now.0.saturating_sub(then.0))
 }
 
 /// Live entries by id. The scheduler hands out ids in order and most tasks
@@ -537,7 +604,14 @@ mod tests {
     #[test]
     fn an_attempt_stopped_for_its_timeout_is_lost_with_reason_timeout() {
         let mut l = ledger(10);
-        l.accept(TaskId(1), Bytes::new(), None, ());
+        l.accept(
+            TaskId(1),
+            &PoolName::default(),
+            Bytes::new(),
+            None,
+            (),
+            Millis(0),
+        );
         l.started(TaskId(1), 1, Labels::new(), Some("w".into()), Millis(1));
         l.timed_out(TaskId(1), 1);
         // However the stop is reported (embedded: aborted = cancelled;
@@ -572,7 +646,14 @@ mod tests {
     #[test]
     fn a_success_after_the_timeout_revoke_still_counts() {
         let mut l = ledger(10);
-        l.accept(TaskId(1), Bytes::new(), None, ());
+        l.accept(
+            TaskId(1),
+            &PoolName::default(),
+            Bytes::new(),
+            None,
+            (),
+            Millis(0),
+        );
         l.started(TaskId(1), 1, Labels::new(), None, Millis(1));
         l.timed_out(TaskId(1), 1);
         let told = l.ended(
@@ -589,7 +670,14 @@ mod tests {
     #[test]
     fn finishing_closes_an_open_attempt_as_cancelled() {
         let mut l = ledger(10);
-        l.accept(TaskId(3), Bytes::new(), None, ());
+        l.accept(
+            TaskId(3),
+            &PoolName::default(),
+            Bytes::new(),
+            None,
+            (),
+            Millis(0),
+        );
         l.started(TaskId(3), 1, Labels::new(), None, Millis(1));
         let done = finish(&mut l, 3, TaskState::Cancelled);
         assert_eq!(done.attempts[0].outcome.as_deref(), Some("cancelled"));
@@ -600,7 +688,14 @@ mod tests {
     #[test]
     fn a_key_is_bound_while_live_and_retained_then_free() {
         let mut l = ledger(2);
-        l.accept(TaskId(1), Bytes::new(), Some("k"), ());
+        l.accept(
+            TaskId(1),
+            &PoolName::default(),
+            Bytes::new(),
+            Some("k"),
+            (),
+            Millis(0),
+        );
         assert_eq!(l.by_key("k"), Some(TaskId(1)));
         l.alias(TaskId(2), TaskId(1));
         assert_eq!(l.resolve(TaskId(2)), TaskId(1));
@@ -610,7 +705,14 @@ mod tests {
         assert!(l.outcome(TaskId(2)).is_some());
         l.alias(TaskId(3), TaskId(1));
         for id in [10, 11] {
-            l.accept(TaskId(id), Bytes::new(), None, ());
+            l.accept(
+                TaskId(id),
+                &PoolName::default(),
+                Bytes::new(),
+                None,
+                (),
+                Millis(0),
+            );
             finish(&mut l, id, TaskState::Succeeded);
         }
         // Two newer outcomes pushed task 1 out, with its key and aliases.
@@ -622,7 +724,14 @@ mod tests {
     #[test]
     fn with_no_retention_a_key_is_free_once_finished() {
         let mut l = ledger(0);
-        l.accept(TaskId(1), Bytes::new(), Some("k"), ());
+        l.accept(
+            TaskId(1),
+            &PoolName::default(),
+            Bytes::new(),
+            Some("k"),
+            (),
+            Millis(0),
+        );
         l.alias(TaskId(2), TaskId(1));
         finish(&mut l, 1, TaskState::Failed);
         assert_eq!(l.by_key("k"), None);
@@ -632,7 +741,14 @@ mod tests {
     #[test]
     fn unaccept_forgets_the_task_and_its_key() {
         let mut l = ledger(5);
-        l.accept(TaskId(4), Bytes::new(), Some("k"), ());
+        l.accept(
+            TaskId(4),
+            &PoolName::default(),
+            Bytes::new(),
+            Some("k"),
+            (),
+            Millis(0),
+        );
         l.unaccept(TaskId(4));
         assert!(!l.knows(TaskId(4)));
         assert_eq!(l.by_key("k"), None);
@@ -642,11 +758,155 @@ mod tests {
     fn the_ring_stays_bounded() {
         let mut l = ledger(3);
         for id in 1..=100 {
-            l.accept(TaskId(id), Bytes::new(), Some(&format!("k{id}")), ());
+            l.accept(
+                TaskId(id),
+                &PoolName::default(),
+                Bytes::new(),
+                Some(&format!("k{id}")),
+                (),
+                Millis(0),
+            );
             l.alias(TaskId(1000 + id), TaskId(id));
             finish(&mut l, id, TaskState::Succeeded);
         }
         assert_eq!(l.finished.len(), 3);
         assert!(l.keys.len() <= 3 && l.aliases.len() <= 4 && l.ring.len() <= 7);
+    }
+
+    fn figures(l: &Ledger<(), ()>) -> crate::metrics::PoolMetrics {
+        l.metrics().pools.into_iter().next().expect("one pool")
+    }
+
+    #[test]
+    fn a_retried_then_succeeded_task_counts_once_submitted_twice_started() {
+        let mut l = ledger(10);
+        l.accept(
+            TaskId(1),
+            &PoolName::default(),
+            Bytes::new(),
+            None,
+            (),
+            Millis(1_000),
+        );
+        l.started(TaskId(1), 1, Labels::new(), None, Millis(1_250));
+        let failed = AttemptOutcome::Failed { retryable: true };
+        l.ended(
+            TaskId(1),
+            1,
+            failed,
+            None,
+            Some("boom".into()),
+            Millis(1_350),
+        );
+        l.started(TaskId(1), 2, Labels::new(), None, Millis(2_000));
+        l.ended(
+            TaskId(1),
+            2,
+            AttemptOutcome::Succeeded,
+            None,
+            None,
+            Millis(7_000),
+        );
+        finish(&mut l, 1, TaskState::Succeeded);
+        let m = figures(&l);
+        assert_eq!((m.submitted, m.started, m.retried, m.lost), (1, 2, 1, 0));
+        assert_eq!((m.succeeded, m.failed, m.cancelled, m.missed), (1, 0, 0, 0));
+        // One queue wait (submit → first start), 0.25 s: in le=0.25.
+        assert_eq!((m.queue_wait.count, m.queue_wait.sum_ms), (1, 250));
+        assert_eq!(m.queue_wait.buckets[2], 1);
+        // Two runs: 0.1 s (le=0.1) and 5 s (le=5).
+        assert_eq!((m.run.count, m.run.sum_ms), (2, 5_100));
+        assert_eq!((m.run.buckets[1], m.run.buckets[6]), (1, 1));
+    }
+
+    #[test]
+    fn a_lost_attempt_counts_lost_and_its_run() {
+        let mut l = ledger(10);
+        l.accept(
+            TaskId(1),
+            &PoolName::default(),
+            Bytes::new(),
+            None,
+            (),
+            Millis(0),
+        );
+        l.started(TaskId(1), 1, Labels::new(), None, Millis(0));
+        l.timed_out(TaskId(1), 1);
+        l.ended(
+            TaskId(1),
+            1,
+            AttemptOutcome::Cancelled,
+            None,
+            None,
+            Millis(60_000),
+        );
+        l.started(TaskId(1), 2, Labels::new(), None, Millis(61_000));
+        l.ended(
+            TaskId(1),
+            2,
+            AttemptOutcome::Lost,
+            None,
+            None,
+            Millis(3_600_001),
+        );
+        finish(&mut l, 1, TaskState::Failed);
+        let m = figures(&l);
+        assert_eq!((m.started, m.retried, m.lost, m.failed), (2, 1, 2, 1));
+        // 60 s is le=60 (inclusive); just over 3,539 s is le=3600.
+        assert_eq!(m.run.buckets[9], 1);
+        assert_eq!(m.run.buckets[13], 1);
+    }
+
+    #[test]
+    fn a_cancel_counts_cancelled_and_closes_the_run() {
+        let mut l = ledger(10);
+        l.accept(
+            TaskId(1),
+            &PoolName::default(),
+            Bytes::new(),
+            None,
+            (),
+            Millis(0),
+        );
+        l.accept(
+            TaskId(2),
+            &PoolName::default(),
+            Bytes::new(),
+            None,
+            (),
+            Millis(0),
+        );
+        l.started(TaskId(1), 1, Labels::new(), None, Millis(10));
+        finish(&mut l, 1, TaskState::Cancelled); // running: closed at 9… (clock ran back)
+        finish(&mut l, 2, TaskState::Cancelled); // waiting: no run
+        let m = figures(&l);
+        assert_eq!((m.submitted, m.started, m.cancelled), (2, 1, 2));
+        assert_eq!((m.run.count, m.run.sum_ms), (1, 0));
+        assert_eq!(m.queue_wait.count, 1);
+    }
+
+    #[test]
+    fn a_refused_submission_counts_once_and_dead_lettered() {
+        let mut l = ledger(10);
+        let pool = PoolName::new("p").unwrap();
+        l.accept(TaskId(1), &pool, Bytes::new(), None, (), Millis(0));
+        l.unaccept(TaskId(1));
+        l.record_outcome(
+            Arc::new(Outcome {
+                id: TaskId(1),
+                pool,
+                state: TaskState::Failed,
+                output: None,
+                error: Some("refused".into()),
+                attempts: Vec::new(),
+                deadline_missed: false,
+            }),
+            None,
+        );
+        let m = figures(&l);
+        assert_eq!(
+            (m.pool.as_str(), m.submitted, m.failed, m.dead_lettered),
+            ("p", 1, 1, 1)
+        );
     }
 }

@@ -37,6 +37,7 @@ pub mod core;
 pub mod embedded;
 pub mod http;
 pub(crate) mod ledger;
+pub mod metrics;
 pub mod server;
 pub mod task;
 pub mod wire;

@@ -11,7 +11,7 @@
 //! | `GET /v1/tasks/{id}` | the [`TaskStatus`] as JSON |
 //! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
 //! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`] (see [`autoscale`]) |
-//! | `GET /metrics` | Prometheus text format, from the snapshot ([`metrics_text`]) |
+//! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]) |
 //! | `GET /healthz` | [`Health`] JSON; 200 when live, else 503 |
 //! | `GET /readyz` | [`Health`] JSON; 200 when ready, else 503 |
 //!
@@ -556,7 +556,11 @@ async fn autoscale(State(api): ApiState, uri: Uri) -> Result<Json<AutoscaleAnswe
 
 async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {
     let snapshot = api.snapshot().await?;
-    let text = metrics_text(&snapshot, &api.health());
+    let mut text = metrics_text(&snapshot, &api.health());
+    // A remote client's Api has no counters: the gauges alone then.
+    if let Ok(counted) = api.metrics().await {
+        text.push_str(&counters_text(&counted));
+    }
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -637,6 +641,10 @@ impl Family<'_> {
     }
 
     fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+        self.sample_text(name, labels, &value.to_string());
+    }
+
+    fn sample_text(&mut self, name: &str, labels: &[(&str, &str)], value: &str) {
         self.out.push_str(name);
         if !labels.is_empty() {
             self.out.push('{');
@@ -883,6 +891,137 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
         "Label sets (demand rows and groups) left out of this scrape to bound its size.",
     );
     family.sample("cronoq_metrics_label_sets_dropped", &[], dropped);
+    out
+}
+
+/// The bucket bounds as `le` labels: seconds, shortest form.
+fn le_labels() -> Vec<String> {
+    crate::metrics::BUCKETS_MS
+        .iter()
+        .map(|ms| format!("{}", *ms as f64 / 1000.0))
+        .chain(std::iter::once("+Inf".to_string()))
+        .collect()
+}
+
+/// The Prometheus text of the ledger's counters and histograms (label
+/// `pool`, and `outcome` for finished tasks) and a server's election and
+/// journal figures. Pools are bounded by [`crate::metrics::MAX_METRIC_POOLS`]
+/// (the rest under `pool="_other"`).
+///
+/// ```
+/// let mut p = cronoq::metrics::PoolMetrics::new("p");
+/// p.succeeded = 3;
+/// p.run.observe(cronoq::core::Millis(50));
+/// let m = cronoq::metrics::MetricsSnapshot { pools: vec![p], server: None };
+/// let text = cronoq::http::counters_text(&m);
+/// assert!(text.contains(r#"cronoq_tasks_finished_total{pool="p",outcome="succeeded"} 3"#));
+/// assert!(text.contains(r#"cronoq_run_seconds_bucket{pool="p",le="0.05"} 1"#));
+/// assert!(text.contains(r#"cronoq_run_seconds_sum{pool="p"} 0.05"#));
+/// ```
+pub fn counters_text(m: &crate::metrics::MetricsSnapshot) -> String {
+    use crate::metrics::{Histogram, PoolMetrics};
+    let mut out = String::new();
+    type Count = fn(&PoolMetrics) -> u64;
+    let counters: [(&str, &str, Count); 5] = [
+        (
+            "cronoq_tasks_submitted_total",
+            "Tasks submitted (accepted, or refused and dead-lettered).",
+            |p| p.submitted,
+        ),
+        (
+            "cronoq_attempts_started_total",
+            "Attempts started, first attempts and retries.",
+            |p| p.started,
+        ),
+        (
+            "cronoq_attempts_retried_total",
+            "Attempts started after an earlier attempt of the same task.",
+            |p| p.retried,
+        ),
+        (
+            "cronoq_attempts_lost_total",
+            "Attempts lost: worker gone, lease expired, or stopped for the attempt timeout.",
+            |p| p.lost,
+        ),
+        (
+            "cronoq_tasks_dead_lettered_total",
+            "Submissions refused (malformed, over a limit) and copied to the dead-letter stream.",
+            |p| p.dead_lettered,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let mut family = Family::start(&mut out, name, "counter", help);
+        for p in &m.pools {
+            family.sample(name, &[("pool", &p.pool)], value(p));
+        }
+    }
+    let name = "cronoq_tasks_finished_total";
+    let mut family = Family::start(
+        &mut out,
+        name,
+        "counter",
+        "Tasks finished, by outcome (succeeded, failed, cancelled, missed).",
+    );
+    for p in &m.pools {
+        for (outcome, n) in [
+            ("succeeded", p.succeeded),
+            ("failed", p.failed),
+            ("cancelled", p.cancelled),
+            ("missed", p.missed),
+        ] {
+            family.sample(name, &[("pool", &p.pool), ("outcome", outcome)], n);
+        }
+    }
+    let les = le_labels();
+    type Hist = fn(&PoolMetrics) -> &Histogram;
+    let histograms: [(&str, &str, Hist); 2] = [
+        (
+            "cronoq_queue_wait_seconds",
+            "Time from submit to the first attempt's start.",
+            |p| &p.queue_wait,
+        ),
+        (
+            "cronoq_run_seconds",
+            "Time from an attempt's start to its end.",
+            |p| &p.run,
+        ),
+    ];
+    for (name, help, hist) in histograms {
+        let mut family = Family::start(&mut out, name, "histogram", help);
+        let (bucket, sum, count) = (
+            format!("{name}_bucket"),
+            format!("{name}_sum"),
+            format!("{name}_count"),
+        );
+        for p in &m.pools {
+            let h = hist(p);
+            for (le, n) in les.iter().zip(h.cumulative()) {
+                family.sample(&bucket, &[("pool", &p.pool), ("le", le)], n);
+            }
+            family.sample_text(
+                &sum,
+                &[("pool", &p.pool)],
+                &format!("{}", h.sum_ms as f64 / 1000.0),
+            );
+            family.sample(&count, &[("pool", &p.pool)], h.count);
+        }
+    }
+    if let Some(s) = &m.server {
+        Family::start(
+            &mut out,
+            "cronoq_leader_takeovers_total",
+            "counter",
+            "Times this server process took the lead.",
+        )
+        .sample("cronoq_leader_takeovers_total", &[], s.takeovers);
+        Family::start(
+            &mut out,
+            "cronoq_journal_pending_records",
+            "gauge",
+            "Journal records (task results) being written and not yet acknowledged by JetStream.",
+        )
+        .sample("cronoq_journal_pending_records", &[], s.journal_pending);
+    }
     out
 }
 

@@ -51,6 +51,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::api::{Api, ApiError, ApiFuture, Health};
 use crate::core::{ErrorCode, Millis, PoolName, Snapshot, TaskId, TaskState};
+use crate::metrics::{MetricsSnapshot, ServerMetrics};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{self, Subjects, WireError};
 use driver::{Driver, Input, Output, Responder, Settings};
@@ -155,6 +156,10 @@ struct LeaderInner {
     allow_undeclared_pools: bool,
     declared_pools: BTreeSet<PoolName>,
     epoch: u64,
+    /// Times this process took the lead (shared by its leaderships).
+    takeovers: Arc<AtomicU64>,
+    /// Journal records being written and not yet acknowledged.
+    journal_pending: Arc<AtomicU64>,
 }
 
 /// A loop that has not turned for this long is not making progress.
@@ -305,6 +310,17 @@ impl LeaderApi {
         self.ask(Input::Snapshot).await
     }
 
+    /// The leader's counters and histograms, with this process's election
+    /// and journal figures (see [`Api::metrics`]).
+    pub async fn metrics(&self) -> Result<MetricsSnapshot, WireError> {
+        let mut m = self.ask(Input::Metrics).await?;
+        m.server = Some(ServerMetrics {
+            takeovers: self.inner.takeovers.load(Ordering::Relaxed),
+            journal_pending: self.inner.journal_pending.load(Ordering::Relaxed),
+        });
+        Ok(m)
+    }
+
     /// The newest live and recently finished tasks (see [`Api::recent_tasks`]).
     pub async fn recent_tasks(&self, limit: usize) -> Result<Vec<TaskStatus>, WireError> {
         crate::api::check_recent_limit(limit)?;
@@ -389,6 +405,9 @@ impl Api for LeaderApi {
     }
     fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
         Box::pin(LeaderApi::recent_tasks(self, limit))
+    }
+    fn metrics(&self) -> ApiFuture<'_, MetricsSnapshot> {
+        Box::pin(LeaderApi::metrics(self))
     }
     fn health(&self) -> Health {
         LeaderApi::health(self)
@@ -594,6 +613,7 @@ pub async fn serve(
         results,
         max_payload_bytes,
         nats_max_payload,
+        takeovers: Arc::default(),
     };
     loop {
         tracing::info!("standing by");
@@ -663,6 +683,8 @@ struct Base {
     results: kv::Store,
     max_payload_bytes: usize,
     nats_max_payload: usize,
+    /// Times this process took the lead.
+    takeovers: Arc<AtomicU64>,
 }
 
 /// One leadership's tasks.
@@ -694,6 +716,8 @@ async fn lead(
 ) -> Result<Leadership, Error> {
     let s = &base.config.server;
     let now = wall_now();
+    base.takeovers.fetch_add(1, Ordering::Relaxed);
+    let journal_pending = Arc::new(AtomicU64::new(0));
     let worker_timeout = Millis::from_duration(s.worker_timeout);
     let mut driver = Driver::new(
         base.subjects.clone(),
@@ -735,6 +759,8 @@ async fn lead(
             allow_undeclared_pools: s.allow_undeclared_pools,
             declared_pools: base.pools.iter().map(|(name, _)| name.clone()).collect(),
             epoch,
+            takeovers: base.takeovers.clone(),
+            journal_pending: journal_pending.clone(),
         }),
     };
     let startup = base
@@ -785,6 +811,7 @@ async fn lead(
                 lost: lost_tx,
                 election: election.clone(),
                 epoch,
+                pending_records: journal_pending,
             },
             pending: pending.clone(),
             js: base.js.clone(),
@@ -841,6 +868,9 @@ struct Fenced {
     lost: watch::Sender<Option<String>>,
     election: election::Election,
     epoch: u64,
+    /// Records being written, not yet acknowledged (the
+    /// `cronoq_journal_pending_records` gauge).
+    pending_records: Arc<AtomicU64>,
 }
 
 impl Fenced {
@@ -997,6 +1027,16 @@ impl Api for NodeApi {
             match self.leader() {
                 Some(l) => l.recent_tasks(limit).await,
                 None => Api::recent_tasks(&self.inner.remote, limit).await,
+            }
+        })
+    }
+    /// Only the leading server counts (and exports counters): a follower
+    /// answers with no pools, so `sum(rate(…))` over servers is right.
+    fn metrics(&self) -> ApiFuture<'_, MetricsSnapshot> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.metrics().await,
+                None => Ok(MetricsSnapshot::default()),
             }
         })
     }
@@ -1638,9 +1678,14 @@ async fn store_record(ctx: &CommitCtx, write: Persisted) -> bool {
     }
     let body: Bytes = wire::encode(&record).into();
     let mut delay = Duration::from_millis(100);
+    let in_flight = &ctx.results.pending_records;
+    in_flight.fetch_add(1, Ordering::Relaxed);
     loop {
         match ctx.results.put(&seq.to_string(), body.clone()).await {
-            Ok(stored) => return stored,
+            Ok(stored) => {
+                in_flight.fetch_sub(1, Ordering::Relaxed);
+                return stored;
+            }
             Err(e) => {
                 tracing::warn!(task_id = seq, error = %e, "storing a task record failed; retrying");
                 tokio::time::sleep(delay).await;

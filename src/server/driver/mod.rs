@@ -83,6 +83,8 @@ pub(crate) enum Input {
     Snapshot(Responder<Snapshot>),
     /// The newest live and recently finished tasks (a checked limit).
     RecentTasks(usize, Responder<wire::TaskList>),
+    /// The ledger's counters and histograms.
+    Metrics(Responder<crate::metrics::MetricsSnapshot>),
 }
 
 /// Something the runner must do. Writes (`Persist`) and announcements
@@ -503,6 +505,10 @@ impl Driver {
                     snap.trim_to(limit, |s| wire::encode_reply(&Ok::<_, WireError>(s)).len());
                 }
                 self.respond(to, Ok(snap));
+            }
+            Input::Metrics(to) => {
+                let metrics = self.ledger.metrics();
+                self.respond(to, Ok(metrics));
             }
             Input::RecentTasks(limit, to) => {
                 let mut tasks = self.recent_tasks(limit);

@@ -47,7 +47,8 @@ impl Driver {
         let fixed = spec.fixed_start.is_some();
         let spec_pool = spec.pool.clone();
         // Known before the core answers: a Start it returns reads the payload.
-        self.ledger.accept(id, payload, key.as_deref(), traceparent);
+        self.ledger
+            .accept(id, &spec_pool, payload, key.as_deref(), traceparent, now);
         if let Err(e) = self.apply(now, Event::Submitted(spec)) {
             // A limit or a time too far ahead: refused like a malformed
             // submission (recorded failed, dead-lettered), never left queued.
@@ -102,9 +103,11 @@ impl Driver {
         let running_on = last.worker.clone().zip(Some(last.group.clone()));
         self.ledger.accept(
             id,
+            &spec.pool,
             task.payload().clone(),
             task.key(),
             task.trace_context().map(str::to_string),
+            now,
         );
         self.ledger.restore(id, record.attempts, record.error);
         self.live_seqs.insert(seq);
