@@ -122,6 +122,9 @@ async fn a_poison_submission_is_refused_dead_lettered_and_survives_a_restart() {
         }
     })
     .await;
+    // Written concurrently with other records: in any order.
+    let mut letters = letters;
+    letters.sort_by_key(|(seq, _, _)| seq.parse::<u64>().unwrap_or(0));
     for ((seq, code, reason), id) in letters.iter().zip(&poison_ids) {
         assert_eq!(seq, &id.0.to_string());
         assert_eq!(code, "INVALID_ARGUMENT");
