@@ -803,6 +803,7 @@ async fn lead(
         commit_rx,
         CommitCtx {
             client: client_for(&api),
+            inputs: inputs.clone(),
             results: Fenced {
                 js: base.js.clone(),
                 bucket: base.subjects.results_bucket(),
@@ -1536,6 +1537,8 @@ const MAX_IN_FLIGHT: usize = 4096;
 /// every write.
 struct CommitCtx {
     client: async_nats::Client,
+    /// The driver's inputs: which leases went out, and when.
+    inputs: mpsc::Sender<Input>,
     results: Fenced,
     pending: Pending,
     js: jetstream::Context,
@@ -1634,6 +1637,7 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     pending.remove(&seq);
                 }
             }
+            let mut leases = Vec::new();
             for output in announce {
                 match output {
                     Output::Publish { subject, body } => {
@@ -1641,9 +1645,25 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                             tracing::warn!(error = %e, "publish failed");
                         }
                     }
+                    Output::Lease {
+                        subject,
+                        body,
+                        task,
+                        attempt,
+                    } => {
+                        if let Err(e) = ctx.client.publish(subject, body).await {
+                            tracing::warn!(error = %e, "publish failed");
+                        }
+                        leases.push((task, attempt));
+                    }
                     Output::Reply(reply) => reply(),
                     Output::Persist { .. } | Output::Discard { .. } => {}
                 }
+            }
+            if !leases.is_empty() {
+                // Full: the leases keep the time to live counted from the
+                // decision (as before), nothing worse.
+                let _ = ctx.inputs.try_send(Input::LeasesSent(leases));
             }
         }
     };

@@ -283,10 +283,14 @@ impl World {
                 other => announce.push(other),
             }
         }
+        let mut sent = Vec::new();
         for output in announce {
+            if let Output::Lease { task, attempt, .. } = &output {
+                sent.push((*task, *attempt));
+            }
             match output {
                 Output::Reply(reply) => reply(),
-                Output::Publish { subject, body } => {
+                Output::Publish { subject, body } | Output::Lease { subject, body, .. } => {
                     let worker = subject.split('.').nth(2).unwrap_or_default().to_string();
                     let body = if subject.ends_with(".lease") {
                         Body::Lease(wire::decode(&body).expect("lease"))
@@ -310,6 +314,11 @@ impl World {
                 }
                 Output::Persist { .. } | Output::Discard { .. } => {}
             }
+        }
+        if let (Some(leader), false) = (&mut self.leader, sent.is_empty()) {
+            leader
+                .driver
+                .handle(Millis(self.now), Input::LeasesSent(sent));
         }
     }
 

@@ -85,6 +85,10 @@ pub(crate) enum Input {
     RecentTasks(usize, Responder<wire::TaskList>),
     /// The ledger's counters and histograms.
     Metrics(Responder<crate::metrics::MetricsSnapshot>),
+    /// These leases were published just now (their turn's records were
+    /// stored): their time to live runs from here, not from the decision
+    /// (a journal write held up by a NATS restart would eat it).
+    LeasesSent(Vec<(TaskId, u32)>),
 }
 
 /// Something the runner must do. Writes (`Persist`) and announcements
@@ -93,6 +97,13 @@ pub(crate) enum Input {
 pub(crate) enum Output {
     /// Publish on core NATS.
     Publish { subject: String, body: Bytes },
+    /// Publish a lease; then tell the driver ([`Input::LeasesSent`]).
+    Lease {
+        subject: String,
+        body: Bytes,
+        task: TaskId,
+        attempt: u32,
+    },
     /// Store a task's record under its sequence in the results bucket (the
     /// journal): a live task's attempts so far, or a finished task's result
     /// (then its submission may be purged). A refused submission is first
@@ -114,6 +125,7 @@ impl std::fmt::Debug for Output {
             Output::Publish { subject, body } => {
                 write!(f, "Publish({subject}, {} bytes)", body.len())
             }
+            Output::Lease { task, attempt, .. } => write!(f, "Lease({task}#{attempt})"),
             Output::Persist { seq, record, .. } => write!(f, "Persist({seq}, {})", record.state),
             Output::Discard { seq } => write!(f, "Discard({seq})"),
             Output::Reply(_) => f.write_str("Reply"),
@@ -139,6 +151,10 @@ pub(crate) struct Settings {
     /// waits for its worker to register again before it counts as lost.
     pub reattach_grace: Millis,
 }
+
+/// How long past its time to live a lease decided but not yet sent (its
+/// journal record not yet stored) may wait before it counts as lost.
+pub(crate) const UNSENT_LEASE_GRACE: Millis = Millis(60_000);
 
 /// The error of an attempt whose worker did not register again with a new
 /// leader within the grace period.
@@ -509,6 +525,17 @@ impl Driver {
             Input::Metrics(to) => {
                 let metrics = self.ledger.metrics();
                 self.respond(to, Ok(metrics));
+            }
+            Input::LeasesSent(sent) => {
+                let ttl = self.settings.lease_ttl;
+                for (task, attempt) in sent {
+                    if self.leases.get(&task).is_some_and(|l| l.attempt == attempt) {
+                        if let Some(mut lease) = self.drop_lease(task) {
+                            lease.expires = now.plus(ttl);
+                            self.put_lease(task, lease);
+                        }
+                    }
+                }
             }
             Input::RecentTasks(limit, to) => {
                 let mut tasks = self.recent_tasks(limit);

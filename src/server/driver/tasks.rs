@@ -342,12 +342,21 @@ impl Driver {
                     LeaseState {
                         attempt,
                         worker: worker_id.clone(),
-                        expires: now.plus(self.settings.lease_ttl),
+                        // Counted from when it is sent (`LeasesSent`): it
+                        // waits for its journal record first, which a NATS
+                        // restart can hold up for seconds. Until then a
+                        // generous bound, should that report never come.
+                        expires: now.plus(self.settings.lease_ttl).plus(UNSENT_LEASE_GRACE),
                         reattached: false,
                     },
                 );
                 tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
-                self.publish(self.subjects.lease(&worker_id), &lease);
+                self.out.push(Output::Lease {
+                    subject: self.subjects.lease(&worker_id),
+                    body: wire::encode(&lease).into(),
+                    task,
+                    attempt,
+                });
                 self.event(
                     now,
                     task,

@@ -367,7 +367,7 @@ fn leases(d: &mut Driver) -> Vec<(String, Lease)> {
     d.take_outputs()
         .into_iter()
         .filter_map(|o| match o {
-            Output::Publish { subject, body } if subject.ends_with(".lease") => {
+            Output::Lease { subject, body, .. } => {
                 Some((subject, wire::decode::<Lease>(&body).unwrap()))
             }
             _ => None,
@@ -453,7 +453,7 @@ fn a_known_idempotency_key_is_the_same_task() {
     let outputs = d.take_outputs();
     let leases = outputs
         .iter()
-        .filter(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".lease")))
+        .filter(|o| matches!(o, Output::Lease { .. }))
         .count();
     assert_eq!(leases, 1);
     assert!(outputs
@@ -749,4 +749,40 @@ fn lease_and_silence_deadlines_are_in_next_wakeup() {
     );
     // Nothing left of its deadlines.
     assert!(d.lease_deadlines.is_empty() && d.silence_deadlines.is_empty());
+}
+
+/// Found by the chaos test: a lease's time to live ran from the decision,
+/// so a lease held up behind a slow journal write (a NATS restart) expired
+/// at the leader before the worker got it, and its task ran twice. It now
+/// runs from when the lease was published.
+#[test]
+fn a_lease_lives_its_ttl_from_when_it_was_sent() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    submit(&mut d, 1, 1, "");
+    assert_eq!(leases(&mut d).len(), 1);
+    // Published 8 s after the decision (ttl 10 s).
+    d.handle(Millis(8_000), Input::LeasesSent(vec![(TaskId(1), 1)]));
+    d.handle(
+        Millis(8_000),
+        Input::Heartbeat(
+            Heartbeat {
+                v: 1,
+                worker_id: "a".into(),
+                free_slots: 0,
+                running: vec![RunningAttempt {
+                    task_id: TaskId(1),
+                    attempt: 1,
+                }],
+            },
+            Responder::Nats(None),
+        ),
+    );
+    d.housekeeping(Millis(12_000));
+    assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+    // Next due: the worker's silence (heard at 8 s), before the lease (18 s).
+    assert_eq!(d.next_wakeup(), Some(Millis(13_001)));
+    d.housekeeping(Millis(18_000));
+    let status = d.status(TaskId(1)).unwrap();
+    assert_eq!(status.attempts[0].error.as_deref(), Some("lease expired"));
 }
