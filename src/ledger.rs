@@ -595,6 +595,18 @@ mod tests {
         Ledger::new(retain)
     }
 
+    /// Task `id` of the default pool, accepted at `at` (ms).
+    fn accept(l: &mut Ledger<(), ()>, id: u64, key: Option<&str>, at: u64) {
+        l.accept(
+            TaskId(id),
+            &PoolName::default(),
+            Bytes::new(),
+            key,
+            (),
+            Millis(at),
+        );
+    }
+
     fn finish(l: &mut Ledger<(), ()>, id: u64, state: TaskState) -> Arc<Outcome> {
         l.finish(TaskId(id), PoolName::default(), state, false, Millis(9))
             .expect("live")
@@ -604,14 +616,7 @@ mod tests {
     #[test]
     fn an_attempt_stopped_for_its_timeout_is_lost_with_reason_timeout() {
         let mut l = ledger(10);
-        l.accept(
-            TaskId(1),
-            &PoolName::default(),
-            Bytes::new(),
-            None,
-            (),
-            Millis(0),
-        );
+        accept(&mut l, 1, None, 0);
         l.started(TaskId(1), 1, Labels::new(), Some("w".into()), Millis(1));
         l.timed_out(TaskId(1), 1);
         // However the stop is reported (embedded: aborted = cancelled;
@@ -646,14 +651,7 @@ mod tests {
     #[test]
     fn a_success_after_the_timeout_revoke_still_counts() {
         let mut l = ledger(10);
-        l.accept(
-            TaskId(1),
-            &PoolName::default(),
-            Bytes::new(),
-            None,
-            (),
-            Millis(0),
-        );
+        accept(&mut l, 1, None, 0);
         l.started(TaskId(1), 1, Labels::new(), None, Millis(1));
         l.timed_out(TaskId(1), 1);
         let told = l.ended(
@@ -670,14 +668,7 @@ mod tests {
     #[test]
     fn finishing_closes_an_open_attempt_as_cancelled() {
         let mut l = ledger(10);
-        l.accept(
-            TaskId(3),
-            &PoolName::default(),
-            Bytes::new(),
-            None,
-            (),
-            Millis(0),
-        );
+        accept(&mut l, 3, None, 0);
         l.started(TaskId(3), 1, Labels::new(), None, Millis(1));
         let done = finish(&mut l, 3, TaskState::Cancelled);
         assert_eq!(done.attempts[0].outcome.as_deref(), Some("cancelled"));
@@ -688,14 +679,7 @@ mod tests {
     #[test]
     fn a_key_is_bound_while_live_and_retained_then_free() {
         let mut l = ledger(2);
-        l.accept(
-            TaskId(1),
-            &PoolName::default(),
-            Bytes::new(),
-            Some("k"),
-            (),
-            Millis(0),
-        );
+        accept(&mut l, 1, Some("k"), 0);
         assert_eq!(l.by_key("k"), Some(TaskId(1)));
         l.alias(TaskId(2), TaskId(1));
         assert_eq!(l.resolve(TaskId(2)), TaskId(1));
@@ -705,14 +689,7 @@ mod tests {
         assert!(l.outcome(TaskId(2)).is_some());
         l.alias(TaskId(3), TaskId(1));
         for id in [10, 11] {
-            l.accept(
-                TaskId(id),
-                &PoolName::default(),
-                Bytes::new(),
-                None,
-                (),
-                Millis(0),
-            );
+            accept(&mut l, id, None, 0);
             finish(&mut l, id, TaskState::Succeeded);
         }
         // Two newer outcomes pushed task 1 out, with its key and aliases.
@@ -724,14 +701,7 @@ mod tests {
     #[test]
     fn with_no_retention_a_key_is_free_once_finished() {
         let mut l = ledger(0);
-        l.accept(
-            TaskId(1),
-            &PoolName::default(),
-            Bytes::new(),
-            Some("k"),
-            (),
-            Millis(0),
-        );
+        accept(&mut l, 1, Some("k"), 0);
         l.alias(TaskId(2), TaskId(1));
         finish(&mut l, 1, TaskState::Failed);
         assert_eq!(l.by_key("k"), None);
@@ -741,14 +711,7 @@ mod tests {
     #[test]
     fn unaccept_forgets_the_task_and_its_key() {
         let mut l = ledger(5);
-        l.accept(
-            TaskId(4),
-            &PoolName::default(),
-            Bytes::new(),
-            Some("k"),
-            (),
-            Millis(0),
-        );
+        accept(&mut l, 4, Some("k"), 0);
         l.unaccept(TaskId(4));
         assert!(!l.knows(TaskId(4)));
         assert_eq!(l.by_key("k"), None);
@@ -758,14 +721,7 @@ mod tests {
     fn the_ring_stays_bounded() {
         let mut l = ledger(3);
         for id in 1..=100 {
-            l.accept(
-                TaskId(id),
-                &PoolName::default(),
-                Bytes::new(),
-                Some(&format!("k{id}")),
-                (),
-                Millis(0),
-            );
+            accept(&mut l, id, Some(&format!("k{id}")), 0);
             l.alias(TaskId(1000 + id), TaskId(id));
             finish(&mut l, id, TaskState::Succeeded);
         }
@@ -780,14 +736,7 @@ mod tests {
     #[test]
     fn a_retried_then_succeeded_task_counts_once_submitted_twice_started() {
         let mut l = ledger(10);
-        l.accept(
-            TaskId(1),
-            &PoolName::default(),
-            Bytes::new(),
-            None,
-            (),
-            Millis(1_000),
-        );
+        accept(&mut l, 1, None, 1_000);
         l.started(TaskId(1), 1, Labels::new(), None, Millis(1_250));
         let failed = AttemptOutcome::Failed { retryable: true };
         l.ended(
@@ -822,14 +771,7 @@ mod tests {
     #[test]
     fn a_lost_attempt_counts_lost_and_its_run() {
         let mut l = ledger(10);
-        l.accept(
-            TaskId(1),
-            &PoolName::default(),
-            Bytes::new(),
-            None,
-            (),
-            Millis(0),
-        );
+        accept(&mut l, 1, None, 0);
         l.started(TaskId(1), 1, Labels::new(), None, Millis(0));
         l.timed_out(TaskId(1), 1);
         l.ended(
@@ -860,22 +802,8 @@ mod tests {
     #[test]
     fn a_cancel_counts_cancelled_and_closes_the_run() {
         let mut l = ledger(10);
-        l.accept(
-            TaskId(1),
-            &PoolName::default(),
-            Bytes::new(),
-            None,
-            (),
-            Millis(0),
-        );
-        l.accept(
-            TaskId(2),
-            &PoolName::default(),
-            Bytes::new(),
-            None,
-            (),
-            Millis(0),
-        );
+        accept(&mut l, 1, None, 0);
+        accept(&mut l, 2, None, 0);
         l.started(TaskId(1), 1, Labels::new(), None, Millis(10));
         finish(&mut l, 1, TaskState::Cancelled); // running: closed at 9… (clock ran back)
         finish(&mut l, 2, TaskState::Cancelled); // waiting: no run

@@ -1087,6 +1087,53 @@ fn client_for(api: &LeaderApi) -> async_nats::Client {
 /// Reads the submit stream from its first message, forever; recreates the
 /// consumer from the next sequence after errors and after every reconnect
 /// (a NATS restart).
+/// The driver's input for submission `seq` (with its journal record, if
+/// an earlier leadership wrote one). Decoding is checked arithmetic
+/// throughout; should anything in it still panic, that message fails alone
+/// (refused) — the consumer goes on.
+fn submission_input(
+    subjects: &Subjects,
+    m: &async_nats::Message,
+    seq: u64,
+    published: SystemTime,
+    journaled: Option<wire::TaskRecord>,
+) -> Input {
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wire::decode_submission(
+            subjects,
+            m.subject.as_str(),
+            m.headers.as_ref(),
+            m.payload.clone(),
+            published,
+        )
+    }));
+    let (pool, task) = match decoded {
+        Ok(decoded) => decoded,
+        Err(panic) => {
+            let why = crate::task::panic_message(&*panic);
+            tracing::error!(seq, panic = %why, "decoding a submission panicked; refusing it");
+            (
+                subjects
+                    .pool_of_submit(m.subject.as_str())
+                    .unwrap_or_default(),
+                Err(WireError::new(
+                    ErrorCode::INTERNAL,
+                    format!("the submission could not be processed: {why}"),
+                )),
+            )
+        }
+    };
+    match journaled {
+        Some(record) => Input::Recovered {
+            seq,
+            pool,
+            task,
+            record,
+        },
+        None => Input::Submitted { seq, pool, task },
+    }
+}
+
 /// The journal record of submission `seq`, if any. Retries while NATS
 /// does not answer (a missing answer must not pass for "no record": the
 /// task may have run, or finished); gives up after about 10 s.
@@ -1234,58 +1281,21 @@ async fn consume(
             };
             next_seq = seq + 1;
             // Its journal record, if an earlier leadership wrote one.
-            let journaled = match record {
+            let input = match record {
                 // Finished before, not yet purged: skip it.
-                Some(record) if record.state.is_terminal() => {
-                    if catch_up_to.is_some_and(|last| seq >= last) {
-                        catch_up_to = None;
-                        if inputs.send(Input::CaughtUp).await.is_err() {
-                            return;
-                        }
-                    }
-                    continue;
-                }
-                other => other,
-            };
-            let m = &message.message;
-            // Decoding is checked arithmetic throughout; should anything in
-            // it still panic, that message fails alone — the loop goes on.
-            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                wire::decode_submission(
+                Some(record) if record.state.is_terminal() => None,
+                journaled => Some(submission_input(
                     &subjects,
-                    m.subject.as_str(),
-                    m.headers.as_ref(),
-                    m.payload.clone(),
-                    published,
-                )
-            }));
-            let (pool, task) = match decoded {
-                Ok(decoded) => decoded,
-                Err(panic) => {
-                    let why = crate::task::panic_message(&*panic);
-                    tracing::error!(seq, panic = %why, "decoding a submission panicked; refusing it");
-                    (
-                        subjects
-                            .pool_of_submit(m.subject.as_str())
-                            .unwrap_or_default(),
-                        Err(WireError::new(
-                            ErrorCode::INTERNAL,
-                            format!("the submission could not be processed: {why}"),
-                        )),
-                    )
-                }
-            };
-            let input = match journaled {
-                Some(record) => Input::Recovered {
+                    &message.message,
                     seq,
-                    pool,
-                    task,
-                    record,
-                },
-                None => Input::Submitted { seq, pool, task },
+                    published,
+                    journaled,
+                )),
             };
-            if inputs.send(input).await.is_err() {
-                return;
+            if let Some(input) = input {
+                if inputs.send(input).await.is_err() {
+                    return;
+                }
             }
             if catch_up_to.is_some_and(|last| seq >= last) {
                 catch_up_to = None;
@@ -1639,25 +1649,25 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
             }
             let mut leases = Vec::new();
             for output in announce {
-                match output {
-                    Output::Publish { subject, body } => {
-                        if let Err(e) = ctx.client.publish(subject, body).await {
-                            tracing::warn!(error = %e, "publish failed");
-                        }
-                    }
+                let (subject, body) = match output {
+                    Output::Publish { subject, body } => (subject, body),
                     Output::Lease {
                         subject,
                         body,
                         task,
                         attempt,
                     } => {
-                        if let Err(e) = ctx.client.publish(subject, body).await {
-                            tracing::warn!(error = %e, "publish failed");
-                        }
                         leases.push((task, attempt));
+                        (subject, body)
                     }
-                    Output::Reply(reply) => reply(),
-                    Output::Persist { .. } | Output::Discard { .. } => {}
+                    Output::Reply(reply) => {
+                        reply();
+                        continue;
+                    }
+                    Output::Persist { .. } | Output::Discard { .. } => continue,
+                };
+                if let Err(e) = ctx.client.publish(subject, body).await {
+                    tracing::warn!(error = %e, "publish failed");
                 }
             }
             if !leases.is_empty() {

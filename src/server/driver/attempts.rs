@@ -57,6 +57,20 @@ impl Driver {
         })
     }
 
+    /// An attempt is lost (its worker gone, its lease expired): recorded
+    /// with `error`, and the core hears it (a retry, or the task's end).
+    pub(super) fn lose(&mut self, now: Millis, task: TaskId, attempt: u32, error: Option<String>) {
+        self.ended(task, attempt, AttemptOutcome::Lost, None, error, now);
+        let _ = self.apply(
+            now,
+            Event::AttemptEnded {
+                task,
+                attempt,
+                outcome: AttemptOutcome::Lost,
+            },
+        );
+    }
+
     /// Records an attempt's end in the ledger (journaled this turn);
     /// returns the outcome the core must hear.
     pub(super) fn ended(

@@ -573,22 +573,7 @@ impl Driver {
             };
             tracing::info!(task_id = %task, attempt, worker_id = %worker, "lease expired");
             self.release_slot(now, &worker, task, attempt);
-            self.ended(
-                task,
-                attempt,
-                AttemptOutcome::Lost,
-                None,
-                Some("lease expired".into()),
-                now,
-            );
-            let _ = self.apply(
-                now,
-                Event::AttemptEnded {
-                    task,
-                    attempt,
-                    outcome: AttemptOutcome::Lost,
-                },
-            );
+            self.lose(now, task, attempt, Some("lease expired".into()));
         }
         let mut silent = Vec::new();
         for (at, id) in &self.silence_deadlines {

@@ -50,23 +50,26 @@ fn try_register(
     slots: u32,
     instance: Option<&str>,
 ) -> Result<RegisterReply, WireError> {
+    send_register(
+        d,
+        now,
+        Register {
+            v: 1,
+            worker_id: id.into(),
+            pool: PoolName::new(pool).unwrap(),
+            labels: Labels::parse(labels).unwrap(),
+            slots,
+            credentials: None,
+            instance: instance.map(str::to_string),
+            running: Vec::new(),
+        },
+    )
+}
+
+/// Hands `register` to the driver; its answer.
+fn send_register(d: &mut Driver, now: u64, register: Register) -> Result<RegisterReply, WireError> {
     let (tx, mut rx) = oneshot::channel();
-    d.handle(
-        Millis(now),
-        Input::Register(
-            Register {
-                v: 1,
-                worker_id: id.into(),
-                pool: PoolName::new(pool).unwrap(),
-                labels: Labels::parse(labels).unwrap(),
-                slots,
-                credentials: None,
-                instance: instance.map(str::to_string),
-                running: Vec::new(),
-            },
-            Responder::Local(tx),
-        ),
-    );
+    d.handle(Millis(now), Input::Register(register, Responder::Local(tx)));
     answer(d);
     rx.try_recv().unwrap()
 }
@@ -526,31 +529,23 @@ fn register_running(
     slots: u32,
     running: &[(u64, u32)],
 ) -> RegisterReply {
-    let (tx, mut rx) = oneshot::channel();
-    d.handle(
-        Millis(now),
-        Input::Register(
-            Register {
-                v: 1,
-                worker_id: id.into(),
-                pool: PoolName::new("p").unwrap(),
-                labels: Labels::new(),
-                slots,
-                credentials: None,
-                instance: Some("i".into()),
-                running: running
-                    .iter()
-                    .map(|&(t, attempt)| RunningAttempt {
-                        task_id: TaskId(t),
-                        attempt,
-                    })
-                    .collect(),
-            },
-            Responder::Local(tx),
-        ),
-    );
-    answer(d);
-    rx.try_recv().unwrap().unwrap()
+    let register = Register {
+        v: 1,
+        worker_id: id.into(),
+        pool: PoolName::new("p").unwrap(),
+        labels: Labels::new(),
+        slots,
+        credentials: None,
+        instance: Some("i".into()),
+        running: running
+            .iter()
+            .map(|&(t, attempt)| RunningAttempt {
+                task_id: TaskId(t),
+                attempt,
+            })
+            .collect(),
+    };
+    send_register(d, now, register).unwrap()
 }
 
 /// Issue 8, re-attachment: a successor (epoch 7 here) learns from the

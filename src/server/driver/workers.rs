@@ -362,15 +362,7 @@ impl Driver {
         }
         for (task, attempt) in running {
             self.drop_lease(task);
-            self.ended(task, attempt, AttemptOutcome::Lost, None, None, now);
-            let _ = self.apply(
-                now,
-                Event::AttemptEnded {
-                    task,
-                    attempt,
-                    outcome: AttemptOutcome::Lost,
-                },
-            );
+            self.lose(now, task, attempt, None);
         }
     }
 }
