@@ -287,6 +287,81 @@ impl Setup {
     }
 }
 
+/// A worker session opened by hand, as `cronoq worker` does it.
+struct HandSession(cronoq::auth::WorkerSession);
+
+impl HandSession {
+    async fn call<Q: Serialize, R: DeserializeOwned>(
+        &self,
+        s: &Setup,
+        worker_id: &str,
+        verb: &str,
+        body: &Q,
+    ) -> Result<R, WireError> {
+        let subject = s.subjects.worker_api(worker_id, verb);
+        let body = wire::encode(body);
+        let mut headers = HeaderMap::new();
+        self.0.sign(&subject, &mut headers, &body);
+        let reply = s
+            .client
+            .request_with_headers(subject, headers, body.into())
+            .await
+            .unwrap();
+        match wire::decode::<Reply<R>>(&reply.payload).unwrap() {
+            Reply::Ok(r) => Ok(r),
+            Reply::Error(e) => Err(e),
+        }
+    }
+}
+
+/// Registers `id` with the nkey credential over the wire: challenge,
+/// signed `Register`, sealed session key.
+async fn register_over_the_wire(s: &Setup, id: &str, labels: &str) -> HandSession {
+    let challenge: wire::ChallengeReply = s
+        .request(
+            None,
+            &s.subjects.worker_api(id, "challenge"),
+            &wire::Challenge::default(),
+        )
+        .await
+        .unwrap();
+    let keys = cronoq::auth::WorkerKeys::new();
+    let register = wire::Register {
+        v: PROTOCOL_VERSION,
+        worker_id: id.into(),
+        pool: PoolName::new("default").unwrap(),
+        labels: Labels::parse(labels).unwrap(),
+        slots: 1,
+        xkey: Some(keys.public_key()),
+        instance: Some(format!("{id}-by-hand")),
+        running: Vec::new(),
+    };
+    let subject = s.subjects.worker_api(id, "register");
+    let body = wire::encode(&register);
+    let mut headers = HeaderMap::new();
+    Credential::nkey_seed(&s.nkey.seed().unwrap())
+        .unwrap()
+        .sign_message(&challenge.nonce, &subject, &mut headers, &body);
+    let reply = s
+        .client
+        .request_with_headers(subject, headers, body.into())
+        .await
+        .unwrap();
+    let reply = match wire::decode::<Reply<wire::RegisterReply>>(&reply.payload).unwrap() {
+        Reply::Ok(r) => r,
+        Reply::Error(e) => panic!("registering {id}: {e}"),
+    };
+    let grant = reply.session.expect("a session");
+    HandSession(
+        keys.open(&cronoq::auth::Grant {
+            id: grant.id,
+            sealed_key: grant.sealed_key.to_vec(),
+            server_xkey: grant.server_xkey,
+        })
+        .expect("the session key opens"),
+    )
+}
+
 fn labelled(payload: &str, labels: &str) -> Task {
     let mut task = Task::new(payload.to_string());
     for l in labels.split(',').filter(|l| !l.is_empty()) {
@@ -472,6 +547,24 @@ async fn spoofed_worker_messages_are_refused_and_change_nothing() {
         Reply::Error(e) => assert_eq!(e.code, ErrorCode::FAILED_PRECONDITION, "{e}"),
         Reply::Ok(r) => panic!("replayed registration accepted: {r:?}"),
     }
+
+    // A worker with a valid session of its own (the nkey credential,
+    // registered over the real protocol) cannot report the victim's
+    // attempt: not under its own id (not leased to it), nor under the
+    // victim's (the session is not the victim's).
+    let intruder = register_over_the_wire(&s, "intruder", "gpu=h100").await;
+    let mut as_intruder = forged.clone();
+    as_intruder.worker_id = "intruder".into();
+    let e = intruder
+        .call::<_, wire::Ack>(&s, "intruder", "outcome", &as_intruder)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::FAILED_PRECONDITION, "{e}");
+    let e = intruder
+        .call::<_, wire::Ack>(&s, "victim", "outcome", &forged)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::PERMISSION_DENIED, "{e}");
 
     // An id in the subject that is not the body's: refused.
     let e = s
