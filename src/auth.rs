@@ -68,9 +68,15 @@ pub const CLOCK_SKEW: Millis = Millis(60_000);
 /// How long a registration nonce stays valid.
 pub const NONCE_TTL: Millis = Millis(30_000);
 
-/// The most registration nonces outstanding (and client nonces
-/// remembered); beyond it a challenge is refused `RESOURCE_EXHAUSTED`.
+/// The most registration nonces outstanding; beyond it a challenge is
+/// refused `RESOURCE_EXHAUSTED`.
 pub const MAX_NONCES: usize = 16_384;
+
+/// The most client nonces remembered (each for 2 × [`CLOCK_SKEW`]): about
+/// 2,500 signed client requests a second, sustained, and some 50 MB at
+/// most; beyond it requests are refused `RESOURCE_EXHAUSTED` until older
+/// nonces expire.
+pub const MAX_SEEN_NONCES: usize = 300_000;
 
 /// The shortest token accepted in the config.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -756,7 +762,7 @@ impl Nonces {
         if self.live.contains_key(nonce) {
             return Err(unauthenticated("this proof was used before (a replay)"));
         }
-        if self.live.len() >= MAX_NONCES * 4 {
+        if self.live.len() >= MAX_SEEN_NONCES {
             return Err(WireError::new(
                 ErrorCode::RESOURCE_EXHAUSTED,
                 "too many requests; retry in a few seconds",

@@ -37,6 +37,7 @@ pub mod election;
 mod guard;
 #[cfg(test)]
 mod sim;
+mod warm;
 
 pub use config::*;
 
@@ -646,7 +647,15 @@ pub async fn serve(
         nats_max_payload,
         takeovers: Arc::default(),
         auth,
+        warm: warm::WarmJournal::default(),
     };
+    // Standing by warm: the journal is followed from the start, so a
+    // takeover reads it from memory.
+    let follower = tokio::spawn(warm::follow(
+        base.results.clone(),
+        base.submit_stream.clone(),
+        base.warm.clone(),
+    ));
     loop {
         tracing::info!("standing by");
         let (epoch, sent) = tokio::select! {
@@ -685,6 +694,7 @@ pub async fn serve(
         leadership.stop();
         election.fence.store(0, Ordering::SeqCst);
     }
+    follower.abort();
     tracing::info!("shutting down");
     let result = match http.await {
         Ok(r) => r.map_err(|e| Error::Http {
@@ -719,6 +729,8 @@ struct Base {
     takeovers: Arc<AtomicU64>,
     /// The credentials `[auth]` allows.
     auth: Arc<Authenticator>,
+    /// This process's warm copy of the journal.
+    warm: warm::WarmJournal,
 }
 
 /// One leadership's tasks.
@@ -818,6 +830,10 @@ async fn lead(
     if catch_up_to.is_some() {
         driver.catch_up_first();
     }
+    let warm = match catch_up_to {
+        Some(_) => warm_journal(base).await,
+        None => None,
+    };
     let consumer = tokio::spawn(consume(
         base.client.clone(),
         base.submit_stream.clone(),
@@ -825,6 +841,7 @@ async fn lead(
         base.results.clone(),
         Startup {
             last: startup_last,
+            warm,
             catch_up_to,
         },
         inputs.clone(),
@@ -1198,6 +1215,59 @@ fn submission_input(
     }
 }
 
+/// This process's warm copy of the journal once it has seen everything
+/// the bucket held at this takeover (our own takeover write included, so
+/// every write of the deposed leader too); `None` if it does not catch up
+/// within [`warm::CATCH_UP_WAIT`]: the takeover then reads the bucket.
+async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
+    let name = format!("KV_{}", base.subjects.results_bucket());
+    let upto = match base.js.get_stream(&name).await {
+        Ok(mut stream) => match stream.info().await {
+            Ok(info) => info.state.last_sequence,
+            Err(e) => {
+                tracing::warn!(error = %e, "journal stream info; reading the journal cold");
+                return None;
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "journal stream; reading the journal cold");
+            return None;
+        }
+    };
+    if base.warm.caught_up(upto, warm::CATCH_UP_WAIT).await {
+        let (live, finished) = base.warm.len();
+        tracing::info!(
+            upto,
+            live,
+            finished,
+            "reading the journal from the warm copy"
+        );
+        Some(base.warm.clone())
+    } else {
+        tracing::warn!(
+            upto,
+            seen = base.warm.seen(),
+            "the warm copy of the journal is behind; reading the journal cold"
+        );
+        None
+    }
+}
+
+/// A stand-in terminal record: the warm copy knows only that `seq`
+/// finished, and a finished submission is skipped.
+fn finished_mark(seq: u64) -> wire::TaskRecord {
+    wire::TaskRecord {
+        v: wire::PROTOCOL_VERSION,
+        id: TaskId(seq),
+        pool: PoolName::default(),
+        state: TaskState::Succeeded,
+        attempts: Vec::new(),
+        output: None,
+        error: None,
+        deadline_missed: false,
+    }
+}
+
 /// The journal record of submission `seq`, if any. Retries while NATS
 /// does not answer (a missing answer must not pass for "no record": the
 /// task may have run, or finished); gives up after about 10 s.
@@ -1231,6 +1301,9 @@ async fn journal_record(results: &kv::Store, seq: u64) -> Result<Option<wire::Ta
 struct Startup {
     /// Its last sequence: submissions up to it may have journal records.
     last: u64,
+    /// The warm copy of the journal, caught up with this takeover (`None`:
+    /// read the bucket).
+    warm: Option<warm::WarmJournal>,
     /// When to tell the driver it has read them all (`None`: nothing to
     /// read).
     catch_up_to: Option<u64>,
@@ -1252,6 +1325,7 @@ async fn consume(
     };
     let Startup {
         last: startup_last,
+        warm,
         mut catch_up_to,
     } = startup;
     let mut next_seq = 1u64;
@@ -1292,6 +1366,7 @@ async fn consume(
         let mut messages = messages
             .map(|message| {
                 let results = results.clone();
+                let warm = warm.clone();
                 async move {
                     let seq = message
                         .as_ref()
@@ -1299,7 +1374,15 @@ async fn consume(
                         .and_then(|m| m.info().ok())
                         .map(|i| i.stream_sequence);
                     let record = match seq {
-                        Some(seq) if seq <= startup_last => journal_record(&results, seq).await,
+                        Some(seq) if seq <= startup_last => match &warm {
+                            Some(warm) => Ok(match warm.known(seq) {
+                                warm::Known::None => None,
+                                warm::Known::Live(record) => Some(*record),
+                                // Any terminal record: skipped below.
+                                warm::Known::Finished => Some(finished_mark(seq)),
+                            }),
+                            None => journal_record(&results, seq).await,
+                        },
                         _ => Ok(None),
                     };
                     (message, record)
