@@ -213,13 +213,18 @@ impl Setup {
     }
 
     async fn snapshot(&self) -> Snapshot {
+        self.try_snapshot()
+            .await
+            .expect("the admin reads the snapshot")
+    }
+
+    async fn try_snapshot(&self) -> Result<Snapshot, WireError> {
         self.request(
             Some(&Credential::token(ADMIN)),
             &self.subjects.api("snapshot"),
             &wire::GetSnapshot::default(),
         )
         .await
-        .expect("the admin reads the snapshot")
     }
 
     /// Publishes a submission as a client does, signed with `cred`; the
@@ -802,5 +807,72 @@ async fn clients_need_a_credential_a_role_a_pool_and_ownership() {
         .await;
     assert_eq!(ta.output.as_deref(), Some("from-a on [gpu=a100] by w"));
     assert_eq!(tb.output.as_deref(), Some("from-b on [gpu=a100] by w"));
-    let _ = Duration::ZERO;
+}
+
+/// Sessions are per leadership: after `kill -9` of the leader the workers
+/// register again with the successor (new session, its leases signed by
+/// it), the running attempt is re-attached and counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_get_new_sessions_from_a_new_leader() {
+    let mut s = Setup::start().await;
+    let mut standby = CronoqServer::start_configured(
+        &s.nats,
+        s.dir.path(),
+        &config(&s.nkey.public_key()),
+        &SERVER_ENV,
+        false,
+    )
+    .await;
+    let sub = Credential::token(SUB_A);
+    s.token_worker("survivor", "gpu=a100");
+    s.worker_registered("survivor").await;
+    let held = s
+        .submit(Some(&sub), &labelled("across hold=go2", "gpu=a100"))
+        .await;
+    s.until(held, "running", |t| t.state == TaskState::Running)
+        .await;
+
+    s._server.kill9();
+    let standby_id = standby.id().to_string();
+    eventually("the standby to lead, with the worker registered", || {
+        let (snap, standby_id) = (s.try_snapshot(), standby_id.clone());
+        async move {
+            match tokio::time::timeout(Duration::from_secs(2), snap).await {
+                Ok(Ok(snap))
+                    if snap.leader.as_ref().is_some_and(|l| l.id == standby_id)
+                        && snap.workers.iter().any(|w| w.id == "survivor") =>
+                {
+                    Ok(())
+                }
+                Ok(Ok(snap)) => Err(format!(
+                    "leader {:?}, workers {:?}",
+                    snap.leader, snap.workers
+                )),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer".to_string()),
+            }
+        }
+    })
+    .await;
+    std::fs::write(s.dir.path().join("go2"), "").unwrap();
+    let done = s
+        .until(held, "succeeded", |t| t.state == TaskState::Succeeded)
+        .await;
+    assert_eq!(
+        done.output.as_deref(),
+        Some("across on [gpu=a100] by survivor")
+    );
+    assert_eq!(done.attempts.len(), 1, "{:?}", done.attempts);
+    // New work runs under the new leader's session.
+    let next = s
+        .submit(Some(&sub), &labelled("after-failover", "gpu=a100"))
+        .await;
+    s.until(next, "succeeded", |t| t.state == TaskState::Succeeded)
+        .await;
+    let log = s.workers[0].log_tail(300);
+    assert!(
+        !log.contains("without this session's proof ignored"),
+        "{log}"
+    );
+    standby.kill9();
 }
