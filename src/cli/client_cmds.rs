@@ -9,8 +9,9 @@ use anyhow::Context as _;
 use clap::Args;
 
 use super::{Connect, DEFAULT_HTTP_URL};
+use crate::auth::Credential;
 use crate::client::{self, ClientOptions, HttpClient};
-use crate::core::{Millis, Snapshot, TaskId, TaskState, WaitReason};
+use crate::core::{ErrorCode, Millis, Snapshot, TaskId, TaskState, WaitReason};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{parse_duration, parse_time, WireError};
 
@@ -100,7 +101,7 @@ pub struct CancelArgs {
 
 /// A connected client: NATS when `--nats` is given, else the HTTP API.
 enum Remote {
-    Nats(client::Client),
+    Nats(Box<client::Client>),
     Http(HttpClient),
 }
 
@@ -109,20 +110,49 @@ fn wire(e: client::Error) -> anyhow::Error {
     WireError::from(e).into()
 }
 
+/// The credential `--token-env` or `--nkey-seed` names, read now (before
+/// connecting): an unset variable, an unreadable or invalid seed, both
+/// flags, or an nkey with `--http` (which takes Bearer tokens only) are
+/// `INVALID_ARGUMENT`. The message never holds the secret.
+fn credential_of(connect: &Connect) -> Result<Option<Credential>, WireError> {
+    let invalid = |message: String| WireError::new(ErrorCode::INVALID_ARGUMENT, message);
+    match (&connect.token_env, &connect.nkey_seed) {
+        (Some(_), Some(_)) => Err(invalid(
+            "give --token-env or --nkey-seed, not both (CRONOQ_TOKEN_ENV, CRONOQ_NKEY_SEED)".into(),
+        )),
+        (Some(var), None) => match std::env::var(var) {
+            Ok(token) if !token.is_empty() => Ok(Some(Credential::token(token))),
+            Ok(_) => Err(invalid(format!("--token-env names {var}, which is empty"))),
+            Err(_) => Err(invalid(format!(
+                "--token-env names {var}, which is not set"
+            ))),
+        },
+        (None, Some(path)) => {
+            if connect.nats.is_none() {
+                return Err(invalid(
+                    "--nkey-seed needs --nats: the HTTP API takes a token (--token-env) as its Bearer credential".into(),
+                ));
+            }
+            Credential::from_seed_file(path)
+                .map(Some)
+                .map_err(|e| invalid(format!("--nkey-seed: {}", e.message)))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
 impl Remote {
     async fn connect(connect: &Connect) -> anyhow::Result<Remote> {
         let mut options = ClientOptions::new().prefix(connect.prefix.clone());
-        if let Some(var) = &connect.token_env {
-            let token = std::env::var(var).map_err(|_| {
-                WireError::new(
-                    crate::core::ErrorCode::INVALID_ARGUMENT,
-                    format!("--token-env names {var}, which is not set"),
-                )
-            })?;
-            options = options.token(token);
+        if let Some(credential) = credential_of(connect)? {
+            options = options.credential(credential);
         }
         match (&connect.nats, &connect.http) {
-            (Some(url), _) => options.connect(url).await.map(Remote::Nats).map_err(wire),
+            (Some(url), _) => options
+                .connect(url)
+                .await
+                .map(|c| Remote::Nats(Box::new(c)))
+                .map_err(wire),
             (None, url) => options
                 .http(url.as_deref().unwrap_or(DEFAULT_HTTP_URL))
                 .map(Remote::Http)
