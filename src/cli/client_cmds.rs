@@ -692,6 +692,107 @@ mod tests {
         assert_eq!(task.trace_context(), Some(good));
     }
 
+    fn connect_args(argv: &[&str]) -> Connect {
+        let mut full = vec!["cronoq", "task"];
+        full.extend_from_slice(argv);
+        full.push("1");
+        match super::super::Cli::parse_from(full).command {
+            super::super::Command::Task(a) => a.connect,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn credential_flags_are_read_before_connecting() {
+        // No flag: anonymous.
+        assert!(credential_of(&connect_args(&[])).unwrap().is_none());
+        // A variable that is set (PATH is): its value is the token.
+        let c = credential_of(&connect_args(&["--token-env", "PATH"]))
+            .unwrap()
+            .unwrap();
+        let path = std::env::var("PATH").unwrap();
+        assert_eq!(c.id(), crate::auth::token_id(&path));
+        // An nkey seed file, over NATS.
+        let dir = tempfile::tempdir().unwrap();
+        let pair = nkeys::KeyPair::new_user();
+        let seed_file = dir.path().join("seed");
+        std::fs::write(&seed_file, format!("{}\n", pair.seed().unwrap())).unwrap();
+        let seed = seed_file.to_str().unwrap();
+        let c = credential_of(&connect_args(&[
+            "--nats",
+            "nats://x:1",
+            "--nkey-seed",
+            seed,
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.id(), pair.public_key());
+
+        let garbage = dir.path().join("garbage");
+        std::fs::write(&garbage, "not a seed").unwrap();
+        let missing = dir.path().join("missing");
+        let cases: [(Vec<&str>, &str); 5] = [
+            (
+                vec!["--token-env", "CRONOQ_TEST_SURELY_UNSET_TOKEN"],
+                "--token-env names CRONOQ_TEST_SURELY_UNSET_TOKEN, which is not set",
+            ),
+            (
+                vec![
+                    "--nats",
+                    "nats://x:1",
+                    "--nkey-seed",
+                    missing.to_str().unwrap(),
+                ],
+                "--nkey-seed: reading nkey seed",
+            ),
+            (
+                vec![
+                    "--nats",
+                    "nats://x:1",
+                    "--nkey-seed",
+                    garbage.to_str().unwrap(),
+                ],
+                "--nkey-seed: not an nkey seed",
+            ),
+            (vec!["--nkey-seed", seed], "--nkey-seed needs --nats"),
+            (
+                vec![
+                    "--nats",
+                    "nats://x:1",
+                    "--token-env",
+                    "PATH",
+                    "--nkey-seed",
+                    seed,
+                ],
+                "give --token-env or --nkey-seed, not both",
+            ),
+        ];
+        for (argv, want) in cases {
+            let e = credential_of(&connect_args(&argv)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT, "{argv:?}");
+            assert!(e.message.contains(want), "{argv:?}: {}", e.message);
+            assert!(!e.message.contains(&pair.seed().unwrap()));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_credential_flag_fails_before_connecting() {
+        // Port 1 has no server: had it tried to connect, this would be
+        // UNAVAILABLE.
+        let args = connect_args(&[
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--token-env",
+            "CRONOQ_TEST_SURELY_UNSET_TOKEN",
+        ]);
+        let e = Remote::connect(&args).await.err().unwrap();
+        assert_eq!(
+            super::super::error_code(&e),
+            Some(ErrorCode::INVALID_ARGUMENT),
+            "{e:#}"
+        );
+    }
+
     #[test]
     fn bad_flags_are_invalid_arguments() {
         let now = SystemTime::UNIX_EPOCH;
