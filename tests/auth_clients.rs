@@ -255,7 +255,6 @@ fn assert_code(out: &procs::CliOutput, code: &str) {
 }
 
 #[tokio::test]
-#[ignore = "needs leader auth"]
 async fn a_token_submits_and_reads_and_nothing_passes_without_one() {
     let s = Secured::start().await;
     let url = s.url();
@@ -458,7 +457,6 @@ async fn a_token_submits_and_reads_and_nothing_passes_without_one() {
 }
 
 #[tokio::test]
-#[ignore = "needs leader auth"]
 async fn roles_pools_and_owners_decide_for_clients() {
     let s = Secured::start().await;
     let url = s.url();
@@ -649,7 +647,6 @@ async fn roles_pools_and_owners_decide_for_clients() {
 }
 
 #[tokio::test]
-#[ignore = "needs leader auth"]
 async fn a_replayed_request_is_refused() {
     // A request copied off the wire (same headers, body and subject) and
     // sent again: the leader has seen its nonce.

@@ -77,7 +77,7 @@ fn queued(id: TaskId) -> TaskStatus {
         id,
         pool: PoolName::new("inference").unwrap(),
         state: TaskState::Queued,
-        reason: None,
+        reason: Some(cronoq::core::WaitReason::NoGroupMatches),
         attempts: vec![],
         output: None,
         output_base64: None,
@@ -322,11 +322,17 @@ async fn a_submission_refused_for_its_credential_comes_back_with_the_code() {
     let nats = procs::NatsServer::start();
     let nkey = nkeys::KeyPair::new_user();
     let mut stream = create_submit_stream(&nats.url()).await;
-    // The leader takes a moment (two lookups find nothing), then the task
+    // The leader takes a moment (a lookup finds nothing, the next only the
+    // stream's copy), then the task
     // is refused: task 1 for its pool, task 2 for its credential; task 3
     // failed for another reason, which is not the submitter's refusal.
     let answers: TaskAnswer = Arc::new(|id, n| match (id.0, n) {
-        (1, 0..=1) => Err(WireError::new(ErrorCode::NOT_FOUND, "not yet")),
+        (1, 0) => Err(WireError::new(ErrorCode::NOT_FOUND, "not yet")),
+        // In the stream, not taken yet: queued without a reason.
+        (1, 1) => Ok(TaskStatus {
+            reason: None,
+            ..queued(id)
+        }),
         (1, _) => Ok(refused(id, "PERMISSION_DENIED")),
         (2, _) => Ok(refused(id, "UNAUTHENTICATED")),
         _ => Ok(refused(id, "INVALID_ARGUMENT")),

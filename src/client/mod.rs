@@ -451,6 +451,8 @@ impl Client {
         let mut pause = Duration::from_millis(10);
         loop {
             match self.get(id).await {
+                // In the stream, not taken by the leader yet: undecided.
+                Ok(status) if just_accepted(&status) => {}
                 Ok(status) => {
                     return refusal_of(&status).map_or(Ok(()), |e| Err(Error::Refused(e)))
                 }
@@ -700,6 +702,15 @@ impl Client {
 /// How long [`Client::submit`] with a credential waits for the leader to
 /// take a submission (and check it) before returning it as accepted.
 pub const CONFIRM_FOR: Duration = Duration::from_secs(5);
+
+/// What the leader answers for a task the stream holds and it has not
+/// taken yet: queued, with no reason (a task it has taken and that waits
+/// always has one) and no attempt.
+fn just_accepted(status: &TaskStatus) -> bool {
+    status.state == crate::core::TaskState::Queued
+        && status.reason.is_none()
+        && status.attempts.is_empty()
+}
 
 /// The refusal a task's status records when the leader refused its
 /// submission for its credential (`submission refused: <message>

@@ -143,9 +143,16 @@ impl std::fmt::Debug for HttpAuth {
 }
 
 impl HttpAuth {
-    /// Calls through `client` acting as each caller's credential.
+    /// Calls through `client` acting as each caller's credential. A caller
+    /// without one is asked of the leader too (which refuses it), except a
+    /// submission: the stream would take it and the leader refuse it only
+    /// later, so it is refused here at once (`UNAUTHENTICATED`), publishing
+    /// nothing.
     pub fn through(client: crate::client::Client) -> HttpAuth {
-        HttpAuth::with(move |credential| Arc::new(client.with_credential(credential)))
+        HttpAuth::with(move |credential| match credential {
+            Some(c) => Arc::new(client.with_credential(c)) as Arc<dyn Api>,
+            None => Arc::new(Anonymous(client.with_credential(None))),
+        })
     }
 
     /// Calls the [`Api`] that `api_for` gives for the caller's credential.
@@ -155,6 +162,37 @@ impl HttpAuth {
         HttpAuth {
             api_for: Arc::new(api_for),
         }
+    }
+}
+
+/// A caller without a credential, on a server that requires one: its
+/// requests go to the leader (which answers `UNAUTHENTICATED`); its
+/// submissions are refused without publishing.
+struct Anonymous(crate::client::Client);
+
+impl Api for Anonymous {
+    fn submit(&self, _task: crate::task::Task) -> crate::api::ApiFuture<'_, TaskId> {
+        Box::pin(async {
+            Err(WireError::new(
+                ErrorCode::UNAUTHENTICATED,
+                "credentials required: send `Authorization: Bearer <token>`",
+            ))
+        })
+    }
+    fn task(&self, id: TaskId) -> crate::api::ApiFuture<'_, TaskStatus> {
+        Api::task(&self.0, id)
+    }
+    fn cancel(&self, id: TaskId) -> crate::api::ApiFuture<'_, ()> {
+        Api::cancel(&self.0, id)
+    }
+    fn snapshot(&self) -> crate::api::ApiFuture<'_, Snapshot> {
+        Api::snapshot(&self.0)
+    }
+    fn recent_tasks(&self, limit: usize) -> crate::api::ApiFuture<'_, Vec<TaskStatus>> {
+        Api::recent_tasks(&self.0, limit)
+    }
+    fn health(&self) -> Health {
+        Api::health(&self.0)
     }
 }
 
