@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import threading
 import weakref
@@ -422,13 +423,27 @@ class Worker:
 class Client:
     """A client of a distributed cronoq: ``nats://...`` over NATS,
     ``http://...`` over the HTTP API. Connects on first use (or
-    ``await client.connect()``; ``async with`` works too)."""
+    ``await client.connect()``; ``async with`` works too).
+
+    Credentials, for a server whose config says ``[auth] required = true``
+    (give at most one): ``token`` (a cronoq token; over HTTP the
+    ``Authorization: Bearer`` token), ``token_env`` (the name of the
+    environment variable holding it, read here), or ``nkey_seed`` (an nkey
+    user seed ``SU...`` as ``cronoq keygen`` prints it; NATS only).
+    ``nats_token`` is something else: the NATS connection token, when the
+    NATS server itself asks for one. Bad options raise
+    :class:`InvalidArgument` here, before anything connects; a credential
+    the server refuses raises :class:`Unauthenticated` or
+    :class:`PermissionDenied` on the call."""
 
     def __init__(
         self,
         url: str,
         *,
         token: Optional[str] = None,
+        token_env: Optional[str] = None,
+        nkey_seed: Optional[str] = None,
+        nats_token: Optional[str] = None,
         prefix: Optional[str] = None,
         request_timeout: Any = None,
     ) -> None:
@@ -436,10 +451,21 @@ class Client:
             raise InvalidArgument(
                 f"url must be a nats://, tls://, http:// or https:// URL, not {url!r}"
             )
+        if token_env is not None:
+            if token is not None or nkey_seed is not None:
+                raise InvalidArgument("give token, token_env or nkey_seed, not more than one")
+            token = os.environ.get(token_env)
+            if not token:
+                raise InvalidArgument(f"token_env names {token_env}, which is not set")
         self.url = url
         self._options: Dict[str, Any] = dict(
-            token=token, prefix=prefix, request_timeout=request_timeout
+            token=token,
+            nkey_seed=nkey_seed,
+            nats_token=nats_token,
+            prefix=prefix,
+            request_timeout=request_timeout,
         )
+        _native.Client.check(url, **self._options)
         self._native: Any = None
         self._lock: Optional[asyncio.Lock] = None
 

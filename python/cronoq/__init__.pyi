@@ -181,6 +181,9 @@ class Client:
         url: str,
         *,
         token: Optional[str] = ...,
+        token_env: Optional[str] = ...,
+        nkey_seed: Optional[str] = ...,
+        nats_token: Optional[str] = ...,
         prefix: Optional[str] = ...,
         request_timeout: Optional[Duration] = ...,
     ) -> None: ...

@@ -138,34 +138,95 @@ where
     pyo3_async_runtimes::tokio::future_into_py(py, async move { fut.await.map_err(client) })
 }
 
+/// The options of a client of `url`, every one checked (a bad one raises
+/// `InvalidArgument` before anything connects): `token` and `nkey_seed`
+/// are the cronoq credential (at most one; an nkey only over NATS, as the
+/// HTTP API takes Bearer tokens), `nats_token` the NATS connection token.
+fn client_options(
+    url: &str,
+    token: Option<String>,
+    nkey_seed: Option<String>,
+    nats_token: Option<String>,
+    prefix: Option<String>,
+    request_timeout: Option<&Bound<'_, PyAny>>,
+) -> PyResult<ClientOptions> {
+    let mut options = ClientOptions::new();
+    match (token, nkey_seed) {
+        (Some(_), Some(_)) => return Err(invalid("give token or nkey_seed, not both")),
+        (Some(token), None) => {
+            if token.is_empty() {
+                return Err(invalid("token is empty"));
+            }
+            options = options.token(token);
+        }
+        (None, Some(seed)) => {
+            if is_http(url) {
+                return Err(invalid(
+                    "nkey_seed cannot be used over HTTP: the HTTP API takes a token (Bearer); connect over NATS for an nkey",
+                ));
+            }
+            options = options
+                .nkey_seed(&seed)
+                .map_err(|e| invalid(format!("nkey seed is not valid: {e}")))?;
+        }
+        (None, None) => {}
+    }
+    if let Some(token) = nats_token {
+        options = options.nats_token(token);
+    }
+    if let Some(prefix) = prefix {
+        options = options.prefix(prefix);
+    }
+    if let Some(t) = request_timeout {
+        let t: Duration = convert::duration(t, "request_timeout")?;
+        if t.is_zero() {
+            return Err(invalid("request_timeout must be above zero"));
+        }
+        options = options.request_timeout(t);
+    }
+    Ok(options)
+}
+
+fn is_http(url: &str) -> bool {
+    url.starts_with("http://") || url.starts_with("https://")
+}
+
 #[pymethods]
 impl Client {
-    /// Connects to `url`: `nats://…` (or `tls://…`) over NATS,
-    /// `http://…`/`https://…` to the HTTP API; an awaitable.
+    /// Checks the options of [`Client::connect`] without connecting
+    /// (what `cronoq.Client(...)` does at once).
     #[staticmethod]
-    #[pyo3(signature = (url, *, token = None, prefix = None, request_timeout = None))]
+    #[pyo3(signature = (url, *, token = None, nkey_seed = None, nats_token = None, prefix = None,
+                        request_timeout = None))]
+    fn check(
+        url: String,
+        token: Option<String>,
+        nkey_seed: Option<String>,
+        nats_token: Option<String>,
+        prefix: Option<String>,
+        request_timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        client_options(&url, token, nkey_seed, nats_token, prefix, request_timeout).map(|_| ())
+    }
+
+    /// Connects to `url`: `nats://…` (or `tls://…`) over NATS,
+    /// `http://…`/`https://…` to the HTTP API; an awaitable. `token` or
+    /// `nkey_seed` is the cronoq credential to act as; `nats_token` the
+    /// NATS connection token.
+    #[staticmethod]
+    #[pyo3(signature = (url, *, token = None, nkey_seed = None, nats_token = None, prefix = None,
+                        request_timeout = None))]
     fn connect<'py>(
         py: Python<'py>,
         url: String,
         token: Option<String>,
+        nkey_seed: Option<String>,
+        nats_token: Option<String>,
         prefix: Option<String>,
         request_timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut options = ClientOptions::new();
-        if let Some(token) = token {
-            options = options.token(token);
-        }
-        if let Some(prefix) = prefix {
-            options = options.prefix(prefix);
-        }
-        if let Some(t) = request_timeout {
-            let t: Duration = convert::duration(t, "request_timeout")?;
-            if t.is_zero() {
-                return Err(invalid("request_timeout must be above zero"));
-            }
-            options = options.request_timeout(t);
-        }
-        let http = url.starts_with("http://") || url.starts_with("https://");
+        let options = client_options(&url, token, nkey_seed, nats_token, prefix, request_timeout)?;
+        let http = is_http(&url);
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let kind = if http {
                 Kind::Http(options.http(&url).map_err(client)?)

@@ -9,8 +9,9 @@ use anyhow::Context as _;
 use clap::Args;
 
 use super::{Connect, DEFAULT_HTTP_URL};
+use crate::auth::Credential;
 use crate::client::{self, ClientOptions, HttpClient};
-use crate::core::{Millis, Snapshot, TaskId, TaskState, WaitReason};
+use crate::core::{ErrorCode, Millis, Snapshot, TaskId, TaskState, WaitReason};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{parse_duration, parse_time, WireError};
 
@@ -100,7 +101,7 @@ pub struct CancelArgs {
 
 /// A connected client: NATS when `--nats` is given, else the HTTP API.
 enum Remote {
-    Nats(client::Client),
+    Nats(Box<client::Client>),
     Http(HttpClient),
 }
 
@@ -109,20 +110,49 @@ fn wire(e: client::Error) -> anyhow::Error {
     WireError::from(e).into()
 }
 
+/// The credential `--token-env` or `--nkey-seed` names, read now (before
+/// connecting): an unset variable, an unreadable or invalid seed, both
+/// flags, or an nkey with `--http` (which takes Bearer tokens only) are
+/// `INVALID_ARGUMENT`. The message never holds the secret.
+fn credential_of(connect: &Connect) -> Result<Option<Credential>, WireError> {
+    let invalid = |message: String| WireError::new(ErrorCode::INVALID_ARGUMENT, message);
+    match (&connect.token_env, &connect.nkey_seed) {
+        (Some(_), Some(_)) => Err(invalid(
+            "give --token-env or --nkey-seed, not both (CRONOQ_TOKEN_ENV, CRONOQ_NKEY_SEED)".into(),
+        )),
+        (Some(var), None) => match std::env::var(var) {
+            Ok(token) if !token.is_empty() => Ok(Some(Credential::token(token))),
+            Ok(_) => Err(invalid(format!("--token-env names {var}, which is empty"))),
+            Err(_) => Err(invalid(format!(
+                "--token-env names {var}, which is not set"
+            ))),
+        },
+        (None, Some(path)) => {
+            if connect.nats.is_none() {
+                return Err(invalid(
+                    "--nkey-seed needs --nats: the HTTP API takes a token (--token-env) as its Bearer credential".into(),
+                ));
+            }
+            Credential::from_seed_file(path)
+                .map(Some)
+                .map_err(|e| invalid(format!("--nkey-seed: {}", e.message)))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
 impl Remote {
     async fn connect(connect: &Connect) -> anyhow::Result<Remote> {
         let mut options = ClientOptions::new().prefix(connect.prefix.clone());
-        if let Some(var) = &connect.token_env {
-            let token = std::env::var(var).map_err(|_| {
-                WireError::new(
-                    crate::core::ErrorCode::INVALID_ARGUMENT,
-                    format!("--token-env names {var}, which is not set"),
-                )
-            })?;
-            options = options.token(token);
+        if let Some(credential) = credential_of(connect)? {
+            options = options.credential(credential);
         }
         match (&connect.nats, &connect.http) {
-            (Some(url), _) => options.connect(url).await.map(Remote::Nats).map_err(wire),
+            (Some(url), _) => options
+                .connect(url)
+                .await
+                .map(|c| Remote::Nats(Box::new(c)))
+                .map_err(wire),
             (None, url) => options
                 .http(url.as_deref().unwrap_or(DEFAULT_HTTP_URL))
                 .map(Remote::Http)
@@ -660,6 +690,107 @@ mod tests {
         let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let task = task_of(&submit_args(&["--traceparent", good]), Vec::new(), now).unwrap();
         assert_eq!(task.trace_context(), Some(good));
+    }
+
+    fn connect_args(argv: &[&str]) -> Connect {
+        let mut full = vec!["cronoq", "task"];
+        full.extend_from_slice(argv);
+        full.push("1");
+        match super::super::Cli::parse_from(full).command {
+            super::super::Command::Task(a) => a.connect,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn credential_flags_are_read_before_connecting() {
+        // No flag: anonymous.
+        assert!(credential_of(&connect_args(&[])).unwrap().is_none());
+        // A variable that is set (PATH is): its value is the token.
+        let c = credential_of(&connect_args(&["--token-env", "PATH"]))
+            .unwrap()
+            .unwrap();
+        let path = std::env::var("PATH").unwrap();
+        assert_eq!(c.id(), crate::auth::token_id(&path));
+        // An nkey seed file, over NATS.
+        let dir = tempfile::tempdir().unwrap();
+        let pair = nkeys::KeyPair::new_user();
+        let seed_file = dir.path().join("seed");
+        std::fs::write(&seed_file, format!("{}\n", pair.seed().unwrap())).unwrap();
+        let seed = seed_file.to_str().unwrap();
+        let c = credential_of(&connect_args(&[
+            "--nats",
+            "nats://x:1",
+            "--nkey-seed",
+            seed,
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.id(), pair.public_key());
+
+        let garbage = dir.path().join("garbage");
+        std::fs::write(&garbage, "not a seed").unwrap();
+        let missing = dir.path().join("missing");
+        let cases: [(Vec<&str>, &str); 5] = [
+            (
+                vec!["--token-env", "CRONOQ_TEST_SURELY_UNSET_TOKEN"],
+                "--token-env names CRONOQ_TEST_SURELY_UNSET_TOKEN, which is not set",
+            ),
+            (
+                vec![
+                    "--nats",
+                    "nats://x:1",
+                    "--nkey-seed",
+                    missing.to_str().unwrap(),
+                ],
+                "--nkey-seed: reading nkey seed",
+            ),
+            (
+                vec![
+                    "--nats",
+                    "nats://x:1",
+                    "--nkey-seed",
+                    garbage.to_str().unwrap(),
+                ],
+                "--nkey-seed: not an nkey seed",
+            ),
+            (vec!["--nkey-seed", seed], "--nkey-seed needs --nats"),
+            (
+                vec![
+                    "--nats",
+                    "nats://x:1",
+                    "--token-env",
+                    "PATH",
+                    "--nkey-seed",
+                    seed,
+                ],
+                "give --token-env or --nkey-seed, not both",
+            ),
+        ];
+        for (argv, want) in cases {
+            let e = credential_of(&connect_args(&argv)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT, "{argv:?}");
+            assert!(e.message.contains(want), "{argv:?}: {}", e.message);
+            assert!(!e.message.contains(&pair.seed().unwrap()));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_credential_flag_fails_before_connecting() {
+        // Port 1 has no server: had it tried to connect, this would be
+        // UNAVAILABLE.
+        let args = connect_args(&[
+            "--nats",
+            "nats://127.0.0.1:1",
+            "--token-env",
+            "CRONOQ_TEST_SURELY_UNSET_TOKEN",
+        ]);
+        let e = Remote::connect(&args).await.err().unwrap();
+        assert_eq!(
+            super::super::error_code(&e),
+            Some(ErrorCode::INVALID_ARGUMENT),
+            "{e:#}"
+        );
     }
 
     #[test]

@@ -75,9 +75,14 @@ pub struct Connect {
     /// Subject prefix.
     #[arg(long, env = "CRONOQ_PREFIX", default_value = "cronoq")]
     pub prefix: String,
-    /// Name of the env var that holds the token.
-    #[arg(long, env = "CRONOQ_TOKEN_ENV")]
+    /// Name of the env var that holds the cronoq token to act as (an
+    /// `[[auth.tokens]]` credential; over --http, the Bearer token).
+    #[arg(long, env = "CRONOQ_TOKEN_ENV", value_name = "VAR")]
     pub token_env: Option<String>,
+    /// File holding the nkey seed to act as (an `[[auth.nkeys]]`
+    /// credential; NATS only).
+    #[arg(long, env = "CRONOQ_NKEY_SEED", value_name = "FILE")]
+    pub nkey_seed: Option<std::path::PathBuf>,
 }
 
 /// Runs the parsed command.

@@ -2,6 +2,12 @@
 //! [`crate::http`] (plain `http://` only), for `--http`.
 //!
 //! Waiting is polling here: the HTTP API has no events.
+//!
+//! A token credential ([`ClientOptions::token`] and friends) is sent as
+//! `Authorization: Bearer <token>` on every request; the HTTP API of a
+//! server that requires credentials passes it on to the leader. An nkey
+//! credential cannot be sent this way (it signs, and HTTP carries no
+//! proof), so it is refused when the client is built (`INVALID_ARGUMENT`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,6 +22,7 @@ use serde::de::DeserializeOwned;
 
 use super::{check_key, wait_by_polling, ClientOptions, Error};
 use crate::api::{Api, ApiFuture, Health};
+use crate::auth::Credential;
 use crate::core::{Rejection, Snapshot, TaskId};
 use crate::http::{SubmitRequest, SubmitResponse};
 use crate::task::{Task, TaskStatus};
@@ -35,7 +42,8 @@ use crate::wire::WireError;
 pub struct HttpClient {
     base: String,
     http: hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
-    token: Option<String>,
+    /// The token credential, sent as `Authorization: Bearer`.
+    bearer: Option<Arc<str>>,
     request_timeout: Duration,
     max_payload_bytes: usize,
     wait_poll_interval: Duration,
@@ -58,8 +66,22 @@ impl HttpClient {
         HttpClient::with_options(url, ClientOptions::new())
     }
 
-    /// A client of the API at `url` with `options` (the prefix is unused).
+    /// A client of the API at `url` with `options` (the prefix and the
+    /// NATS connection token are unused). An nkey credential is refused
+    /// `INVALID_ARGUMENT`: over HTTP a credential is a Bearer token.
     pub fn with_options(url: &str, options: ClientOptions) -> Result<HttpClient, Error> {
+        let bearer = match &options.credential {
+            None => None,
+            Some(Credential::Token(token)) => Some(token.clone()),
+            Some(Credential::Nkey(_)) => {
+                return Err(Rejection::InvalidArgument(
+                    "an nkey credential cannot be used over HTTP: the HTTP API takes a token \
+                     (Authorization: Bearer); use NATS for an nkey, or a token credential"
+                        .into(),
+                )
+                .into())
+            }
+        };
         let base = url.trim().trim_end_matches('/').to_string();
         let uri: Uri = base
             .parse()
@@ -76,7 +98,7 @@ impl HttpClient {
         Ok(HttpClient {
             base,
             http,
-            token: options.token,
+            bearer,
             request_timeout: options.request_timeout,
             max_payload_bytes: options.max_payload_bytes,
             wait_poll_interval: options
@@ -118,8 +140,16 @@ impl HttpClient {
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
-        if let Some(token) = &self.token {
-            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        if let Some(token) = &self.bearer {
+            let mut value =
+                header::HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+                    Rejection::InvalidArgument(
+                        "the token cannot be sent as an HTTP header (it must be visible ASCII)"
+                            .into(),
+                    )
+                })?;
+            value.set_sensitive(true);
+            request = request.header(header::AUTHORIZATION, value);
         }
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))

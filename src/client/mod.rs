@@ -15,18 +15,40 @@
 //! there" (no stream, no responders, a timeout, no connection) is
 //! `UNAVAILABLE`.
 //!
-//! The token of [`ClientOptions::token`] is the NATS connection token over
-//! NATS and an `Authorization: Bearer` header over HTTP.
+//! Two different secrets can be given, and they are kept apart:
+//!
+//! - a **cronoq credential** ([`ClientOptions::credential`], or
+//!   [`ClientOptions::token`] / [`ClientOptions::token_env`] /
+//!   [`ClientOptions::nkey_seed_file`]): the token or nkey of an
+//!   `[[auth.tokens]]` / `[[auth.nkeys]]` entry of the server's config.
+//!   Over NATS every request and submission carries a `Cronoq-Auth` proof
+//!   made with it ([`crate::auth`]; the secret itself never travels); over
+//!   HTTP a token is sent as `Authorization: Bearer <token>` (an nkey
+//!   cannot be: it is refused `INVALID_ARGUMENT`).
+//! - the **NATS connection token** ([`ClientOptions::nats_token`]): what
+//!   the NATS server itself asks of a connection (`authorization { token }`
+//!   in its config). cronoq does not see it; HTTP does not use it.
+//!
+//! Without a credential nothing is signed, which is what a server with
+//! `[auth] required = false` (and `cronoq dev`) expects; a server that
+//! requires credentials answers `UNAUTHENTICATED`. With one, a submission
+//! is **confirmed**: the leader checks the proof only when it takes the
+//! submission from the stream (the stream cannot), so after the stream's
+//! acknowledgement [`Client::submit`] looks the task up for a few seconds
+//! and returns the leader's refusal (`UNAUTHENTICATED`,
+//! `PERMISSION_DENIED`) if there is one. Secrets are never logged: the
+//! `Debug` of options, clients and credentials shows none.
 
 use std::fmt;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::api::{Api, ApiFuture, Health};
+use crate::auth::{self, Credential};
 use crate::core::{ErrorCode, PoolName, Rejection, Snapshot, TaskId};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{self, Subjects, WireError};
@@ -146,7 +168,8 @@ impl From<Error> for WireError {
 #[derive(Clone)]
 pub struct ClientOptions {
     prefix: String,
-    token: Option<String>,
+    nats_token: Option<String>,
+    credential: Option<Credential>,
     request_timeout: Duration,
     max_payload_bytes: usize,
     wait_poll_interval: Option<Duration>,
@@ -156,7 +179,11 @@ impl fmt::Debug for ClientOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientOptions")
             .field("prefix", &self.prefix)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "nats_token",
+                &self.nats_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("credential", &self.credential)
             .field("request_timeout", &self.request_timeout)
             .field("max_payload_bytes", &self.max_payload_bytes)
             .field("wait_poll_interval", &self.wait_poll_interval)
@@ -168,7 +195,8 @@ impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             prefix: "cronoq".into(),
-            token: None,
+            nats_token: None,
+            credential: None,
             request_timeout: Duration::from_secs(5),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             wait_poll_interval: None,
@@ -177,7 +205,7 @@ impl Default for ClientOptions {
 }
 
 impl ClientOptions {
-    /// The defaults: prefix `cronoq`, no token, 5 s requests, 1 MiB payloads.
+    /// The defaults: prefix `cronoq`, no credential, 5 s requests, 1 MiB payloads.
     pub fn new() -> ClientOptions {
         ClientOptions::default()
     }
@@ -188,10 +216,64 @@ impl ClientOptions {
         self
     }
 
-    /// A token: the NATS connection token, or `Authorization: Bearer` over
-    /// HTTP. Never logged.
-    pub fn token(mut self, token: impl Into<String>) -> ClientOptions {
-        self.token = Some(token.into());
+    /// The cronoq credential to act as: every request and submission
+    /// proves it (see the module docs). Replaces any credential given
+    /// before.
+    ///
+    /// ```
+    /// use cronoq::auth::Credential;
+    /// let options = cronoq::client::ClientOptions::new()
+    ///     .credential(Credential::token("submitter-token-0123456789"));
+    /// assert!(!format!("{options:?}").contains("submitter-token"));
+    /// ```
+    pub fn credential(mut self, credential: Credential) -> ClientOptions {
+        self.credential = Some(credential);
+        self
+    }
+
+    /// A cronoq token credential (`[[auth.tokens]]`): the same as
+    /// `credential(Credential::token(token))`. Over HTTP it is the
+    /// `Authorization: Bearer` token. Not the NATS connection token (that
+    /// is [`ClientOptions::nats_token`]). Never logged.
+    pub fn token(self, token: impl Into<String>) -> ClientOptions {
+        self.credential(Credential::token(token))
+    }
+
+    /// The cronoq token credential held by env var `var` (what
+    /// `--token-env` names); `INVALID_ARGUMENT` when it is unset or empty.
+    ///
+    /// ```
+    /// let e = cronoq::client::ClientOptions::new()
+    ///     .token_env("CRONOQ_DOCTEST_UNSET_VAR")
+    ///     .unwrap_err();
+    /// assert_eq!(e.code(), cronoq::core::ErrorCode::INVALID_ARGUMENT);
+    /// ```
+    pub fn token_env(self, var: &str) -> Result<ClientOptions, Error> {
+        let credential = Credential::from_token_env(var).map_err(invalid)?;
+        Ok(self.credential(credential))
+    }
+
+    /// The cronoq nkey credential of a user seed (`SU…`, as `cronoq keygen`
+    /// prints it); `INVALID_ARGUMENT` when it is not one. NATS only: the
+    /// HTTP API takes tokens.
+    pub fn nkey_seed(self, seed: &str) -> Result<ClientOptions, Error> {
+        let credential = Credential::nkey_seed(seed).map_err(invalid)?;
+        Ok(self.credential(credential))
+    }
+
+    /// The cronoq nkey credential whose seed is in the file at `path`
+    /// (what `--nkey-seed` names); `INVALID_ARGUMENT` when it cannot be
+    /// read or holds no seed.
+    pub fn nkey_seed_file(self, path: impl AsRef<std::path::Path>) -> Result<ClientOptions, Error> {
+        let credential = Credential::from_seed_file(path.as_ref()).map_err(invalid)?;
+        Ok(self.credential(credential))
+    }
+
+    /// The NATS connection token: what the NATS server asks of a
+    /// connection (its `authorization { token }`), not a cronoq
+    /// credential. Unused over HTTP. Never logged.
+    pub fn nats_token(mut self, token: impl Into<String>) -> ClientOptions {
+        self.nats_token = Some(token.into());
         self
     }
 
@@ -221,7 +303,7 @@ impl ClientOptions {
             .name("cronoq-client")
             .connection_timeout(self.request_timeout)
             .request_timeout(Some(self.request_timeout));
-        if let Some(token) = &self.token {
+        if let Some(token) = &self.nats_token {
             options = options.token(token.clone());
         }
         let nats = options
@@ -238,6 +320,7 @@ impl ClientOptions {
             jetstream,
             subjects,
             url: url.to_string(),
+            credential: self.credential,
             request_timeout: self.request_timeout,
             max_payload_bytes: self.max_payload_bytes,
             wait_poll_interval: self.wait_poll_interval.unwrap_or(Duration::from_secs(2)),
@@ -267,9 +350,16 @@ pub struct Client {
     jetstream: async_nats::jetstream::Context,
     subjects: Subjects,
     url: String,
+    /// Signs every request and submission; `None`: anonymous.
+    credential: Option<Credential>,
     request_timeout: Duration,
     max_payload_bytes: usize,
     wait_poll_interval: Duration,
+}
+
+/// A credential that cannot be used: `INVALID_ARGUMENT`, nothing sent.
+fn invalid(e: WireError) -> Error {
+    Error::Invalid(Rejection::InvalidArgument(e.message))
 }
 
 /// Checks an idempotency key before it becomes a `Nats-Msg-Id` header.
@@ -300,13 +390,100 @@ impl Client {
         &self.nats
     }
 
+    /// The same connection acting as `credential` (`None`: anonymous): a
+    /// cheap clone, so the HTTP API can call the leader as each caller.
+    pub fn with_credential(&self, credential: impl Into<Option<Credential>>) -> Client {
+        Client {
+            credential: credential.into(),
+            ..self.clone()
+        }
+    }
+
+    /// The credential it acts as, if any.
+    pub fn credential(&self) -> Option<&Credential> {
+        self.credential.as_ref()
+    }
+
+    /// `headers` plus, with a credential, its `Cronoq-Auth` proof over
+    /// `subject`, `body` and a fresh nonce (the leader accepts each nonce
+    /// once).
+    fn signed(
+        &self,
+        subject: &str,
+        mut headers: async_nats::HeaderMap,
+        body: &[u8],
+    ) -> async_nats::HeaderMap {
+        if let Some(credential) = &self.credential {
+            let nonce = auth::client_nonce(SystemTime::now());
+            credential.sign_message(&nonce, subject, &mut headers, body);
+        }
+        headers
+    }
+
     /// Submits a task; its id (the stream sequence) once the stream holds it.
     ///
     /// The task is validated first, so bad input is refused before anything
     /// is published. Without the submit stream (no `cronoq server` has run)
     /// this fails `UNAVAILABLE`. With an idempotency key, a resubmission
-    /// within the stream's duplicate window returns the first id.
+    /// within the stream's duplicate window returns the first id (with a
+    /// credential the key is the credential's own: another credential's
+    /// same key is another task).
+    ///
+    /// With a credential, the submission is signed and then confirmed:
+    /// the leader checks it when it takes it from the stream, so this looks
+    /// the task up (for up to [`CONFIRM_FOR`]) and returns the leader's
+    /// refusal, `UNAUTHENTICATED` or `PERMISSION_DENIED`, as
+    /// [`Error::Refused`]. A task the leader has not taken within that time
+    /// (no leader at the moment, a backlog) is returned as accepted: the
+    /// stream holds it, and a refusal then shows in its status.
     pub async fn submit(&self, task: Task) -> Result<TaskId, Error> {
+        let id = self.publish_submission(task).await?;
+        if self.credential.is_some() {
+            self.confirm(id).await?;
+        }
+        Ok(id)
+    }
+
+    /// Looks a fresh submission up until the leader has taken it; its
+    /// refusal for the credential, if any.
+    async fn confirm(&self, id: TaskId) -> Result<(), Error> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match self.get(id).await {
+                // In the stream, not taken by the leader yet: undecided.
+                Ok(status) if just_accepted(&status) => {}
+                Ok(status) => {
+                    return refusal_of(&status).map_or(Ok(()), |e| Err(Error::Refused(e)))
+                }
+                Err(e)
+                    if e.code() == ErrorCode::NOT_FOUND || e.code() == ErrorCode::UNAVAILABLE => {}
+                // The credential may not even read (unknown, or not this
+                // pool): then the leader refused the submission for the
+                // same reason.
+                Err(Error::Refused(e))
+                    if e.code == ErrorCode::UNAUTHENTICATED
+                        || e.code == ErrorCode::PERMISSION_DENIED =>
+                {
+                    return Err(Error::Refused(WireError::new(
+                        e.code,
+                        format!("task {id} was not confirmed: {}", e.message),
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
+            if started.elapsed() >= CONFIRM_FOR {
+                tracing::debug!(task_id = %id, "submission not taken by a leader yet; returning it as accepted");
+                return Ok(());
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Publishes a task to the submit stream; its id once the stream
+    /// holds it.
+    async fn publish_submission(&self, task: Task) -> Result<TaskId, Error> {
         task.to_spec(TaskId(1), self.max_payload_bytes)?;
         check_key(&task)?;
         let pool = PoolName::new(task.pool_name())?;
@@ -319,12 +496,26 @@ impl Client {
             ))
             .into());
         }
+        let subject = self.subjects.submit(&pool);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Content-Type", wire::SUBMIT_CONTENT_TYPE);
-        if let Some(key) = task.key() {
-            headers.insert(async_nats::header::NATS_MESSAGE_ID, key);
+        let nonce = auth::client_nonce(SystemTime::now());
+        match (&self.credential, task.key()) {
+            (None, Some(key)) => headers.insert(async_nats::header::NATS_MESSAGE_ID, key),
+            (None, None) => {}
+            // Scoped to the credential, so another credential cannot take
+            // the key first.
+            (Some(credential), Some(key)) => headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                credential.msg_id(key).as_str(),
+            ),
+            // The nonce: a replayed copy is a duplicate for the stream.
+            (Some(_), None) => headers.insert(async_nats::header::NATS_MESSAGE_ID, nonce.as_str()),
         }
-        let subject = self.subjects.submit(&pool);
+        // Last: the proof covers `Nats-Msg-Id` and the other headers.
+        if let Some(credential) = &self.credential {
+            credential.sign_message(&nonce, &subject, &mut headers, &body);
+        }
         let stream = self.subjects.submit_stream();
         let publish_error = |e: async_nats::jetstream::context::PublishError| {
             use async_nats::jetstream::context::PublishErrorKind as Kind;
@@ -368,8 +559,13 @@ impl Client {
     ) -> Result<R, Error> {
         use async_nats::RequestErrorKind as Kind;
         let subject = self.subjects.api(verb);
-        let request = async_nats::Request::new()
-            .payload(wire::encode(body).into())
+        let body = wire::encode(body);
+        let mut request = async_nats::Request::new();
+        if self.credential.is_some() {
+            request = request.headers(self.signed(&subject, async_nats::HeaderMap::new(), &body));
+        }
+        let request = request
+            .payload(body.into())
             .timeout(Some(self.request_timeout));
         let reply = self
             .nats
@@ -501,6 +697,42 @@ impl Client {
             }
         }
     }
+}
+
+/// How long [`Client::submit`] with a credential waits for the leader to
+/// take a submission (and check it) before returning it as accepted.
+pub const CONFIRM_FOR: Duration = Duration::from_secs(5);
+
+/// What the leader answers for a task the stream holds and it has not
+/// taken yet: queued, with no reason (a task it has taken and that waits
+/// always has one) and no attempt.
+fn just_accepted(status: &TaskStatus) -> bool {
+    status.state == crate::core::TaskState::Queued
+        && status.reason.is_none()
+        && status.attempts.is_empty()
+}
+
+/// The refusal a task's status records when the leader refused its
+/// submission for its credential (`submission refused: <message>
+/// [UNAUTHENTICATED]` or `[PERMISSION_DENIED]`, as the driver writes it).
+fn refusal_of(status: &TaskStatus) -> Option<WireError> {
+    if status.state != crate::core::TaskState::Failed || !status.attempts.is_empty() {
+        return None;
+    }
+    let text = status
+        .error
+        .as_deref()?
+        .strip_prefix("submission refused: ")?;
+    let (message, code) = text.strip_suffix(']')?.rsplit_once(" [")?;
+    let code = match code {
+        "UNAUTHENTICATED" => ErrorCode::UNAUTHENTICATED,
+        "PERMISSION_DENIED" => ErrorCode::PERMISSION_DENIED,
+        _ => return None,
+    };
+    Some(WireError::new(
+        code,
+        format!("task {} refused by the leader: {message}", status.id),
+    ))
 }
 
 /// The first lookup of a wait: a finished task ends it; a task not known

@@ -250,7 +250,8 @@ pub fn workers_view(mut workers: Vec<WorkerInfo>, query: &ViewQuery) -> WorkersV
 }
 
 async fn view(
-    State(api): State<Arc<dyn Api>>,
+    State(node): State<Arc<dyn Api>>,
+    super::Caller(api): super::Caller,
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<View>, HttpError> {
     let Query(pairs) = query.map_err(|e| HttpError::invalid(e.body_text()))?;
@@ -267,7 +268,8 @@ async fn view(
         .unwrap_or_default();
     Ok(Json(View {
         now,
-        health: api.health(),
+        // This server's own health, whoever the caller is.
+        health: node.health(),
         leader: snapshot.leader,
         pools: snapshot.pools,
         workers: workers_view(snapshot.workers, &query),

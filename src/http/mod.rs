@@ -30,6 +30,19 @@
 //! serves the router with timeouts and connection and header limits
 //! ([`HttpLimits`]); its refusals are JSON too.
 //!
+//! **Credentials** ([`router_with_auth`], what `cronoq server` serves when
+//! its config says `[auth] required = true`): every `/v1/*` call is made
+//! through NATS as the caller, so the leader alone decides (the same rules
+//! as for any NATS client; this layer re-implements none). The caller is
+//! `Authorization: Bearer <token>`, a cronoq token credential; no header
+//! calls anonymously, which the leader answers `UNAUTHENTICATED` (401); a
+//! malformed header is 401 at once, calling nothing. A role or pool the
+//! credential lacks is `PERMISSION_DENIED` (403). `GET /`, the dashboard's
+//! assets, `/healthz`, `/readyz` and `/metrics` stay open (they say how
+//! busy the installation is, not what its tasks carry); the dashboard page
+//! asks for a token and sends it as Bearer. A 401 carries
+//! `WWW-Authenticate: Bearer`.
+//!
 //! The request body of `POST /v1/tasks` is read as JSON whatever its
 //! `Content-Type` (so `curl -d` works). This module knows JSON and HTTP
 //! only; the wire (MessagePack) is [`crate::wire`]'s.
@@ -50,6 +63,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Api, ApiError, Health};
+use crate::auth::Credential;
 use crate::core::{AutoscaleAnswer, ErrorCode, Labels, PoolName, Rejection, Snapshot, TaskId};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{parse_duration, parse_time, WireError};
@@ -71,7 +85,25 @@ pub use serve::{serve, HttpLimits};
 /// # }
 /// ```
 pub fn router(api: Arc<dyn Api>) -> Router {
-    Router::new()
+    router_with_auth(api, None)
+}
+
+/// The HTTP API over `api`; with `auth`, every `/v1/*` call goes to the
+/// [`Api`] that `auth` gives for the caller's credential instead (see the
+/// module docs). `api` still answers `/healthz`, `/readyz` and `/metrics`.
+///
+/// ```no_run
+/// # async fn f(remote: cronoq::client::Client) {
+/// use std::sync::Arc;
+/// let app = cronoq::http::router_with_auth(
+///     Arc::new(cronoq::Scheduler::new()),
+///     Some(cronoq::http::HttpAuth::through(remote)),
+/// );
+/// # let _ = app;
+/// # }
+/// ```
+pub fn router_with_auth(api: Arc<dyn Api>, auth: Option<HttpAuth>) -> Router {
+    let router = Router::new()
         .route("/v1/snapshot", get(snapshot))
         .route("/v1/tasks", post(submit).get(list_tasks))
         .route("/v1/tasks/{id}", get(task))
@@ -82,9 +114,177 @@ pub fn router(api: Arc<dyn Api>) -> Router {
         .route("/readyz", get(readyz))
         .merge(dashboard::routes())
         .fallback(no_route)
-        .method_not_allowed_fallback(wrong_method)
+        .method_not_allowed_fallback(wrong_method);
+    let router = match auth {
+        Some(auth) => router.layer(axum::middleware::from_fn_with_state(auth, authenticate)),
+        None => router,
+    };
+    router
         .layer(axum::middleware::from_fn(catch_panics))
         .with_state(api)
+}
+
+/// The [`Api`] a `/v1/*` call of a caller goes to, by its credential
+/// (`None`: no `Authorization` header).
+pub type ApiFor = dyn Fn(Option<Credential>) -> Arc<dyn Api> + Send + Sync;
+
+/// How [`router_with_auth`] calls as the caller: usually
+/// [`HttpAuth::through`] a NATS [`crate::client::Client`], whose requests
+/// then carry the caller's proof to the leader.
+#[derive(Clone)]
+pub struct HttpAuth {
+    api_for: Arc<ApiFor>,
+}
+
+impl std::fmt::Debug for HttpAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HttpAuth")
+    }
+}
+
+impl HttpAuth {
+    /// Calls through `client` acting as each caller's credential. A caller
+    /// without one is asked of the leader too (which refuses it), except a
+    /// submission: the stream would take it and the leader refuse it only
+    /// later, so it is refused here at once (`UNAUTHENTICATED`), publishing
+    /// nothing.
+    pub fn through(client: crate::client::Client) -> HttpAuth {
+        HttpAuth::with(move |credential| match credential {
+            Some(c) => Arc::new(client.with_credential(c)) as Arc<dyn Api>,
+            None => Arc::new(Anonymous(client.with_credential(None))),
+        })
+    }
+
+    /// Calls the [`Api`] that `api_for` gives for the caller's credential.
+    pub fn with(
+        api_for: impl Fn(Option<Credential>) -> Arc<dyn Api> + Send + Sync + 'static,
+    ) -> HttpAuth {
+        HttpAuth {
+            api_for: Arc::new(api_for),
+        }
+    }
+}
+
+/// A caller without a credential, on a server that requires one: its
+/// requests go to the leader (which answers `UNAUTHENTICATED`); its
+/// submissions are refused without publishing.
+struct Anonymous(crate::client::Client);
+
+impl Api for Anonymous {
+    fn submit(&self, _task: crate::task::Task) -> crate::api::ApiFuture<'_, TaskId> {
+        Box::pin(async {
+            Err(WireError::new(
+                ErrorCode::UNAUTHENTICATED,
+                "credentials required: send `Authorization: Bearer <token>`",
+            ))
+        })
+    }
+    fn task(&self, id: TaskId) -> crate::api::ApiFuture<'_, TaskStatus> {
+        Api::task(&self.0, id)
+    }
+    fn cancel(&self, id: TaskId) -> crate::api::ApiFuture<'_, ()> {
+        Api::cancel(&self.0, id)
+    }
+    fn snapshot(&self) -> crate::api::ApiFuture<'_, Snapshot> {
+        Api::snapshot(&self.0)
+    }
+    fn recent_tasks(&self, limit: usize) -> crate::api::ApiFuture<'_, Vec<TaskStatus>> {
+        Api::recent_tasks(&self.0, limit)
+    }
+    fn health(&self) -> Health {
+        Api::health(&self.0)
+    }
+}
+
+/// The [`Api`] one request calls: the caller's, put there by
+/// [`authenticate`], else the router's.
+#[derive(Clone)]
+struct CallerApi(Arc<dyn Api>);
+
+/// The [`Api`] to call for this request: as the caller when the router
+/// checks credentials, else the router's own. Every `/v1/*` handler
+/// takes its `Api` through this, never through `State`.
+pub(crate) struct Caller(pub(crate) Arc<dyn Api>);
+
+impl FromRequestParts<Arc<dyn Api>> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<dyn Api>,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Caller(match parts.extensions.get::<CallerApi>() {
+            Some(CallerApi(api)) => api.clone(),
+            None => state.clone(),
+        }))
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header; `None` without
+/// the header; `UNAUTHENTICATED` when it is there but not one Bearer
+/// token (another scheme, two headers, no token, a space in it). The
+/// message never quotes the header.
+///
+/// ```
+/// use axum::http::{header::AUTHORIZATION, HeaderMap};
+/// let mut h = HeaderMap::new();
+/// assert_eq!(cronoq::http::bearer_token(&h).unwrap(), None);
+/// h.insert(AUTHORIZATION, "Bearer s3cret-token".parse().unwrap());
+/// assert_eq!(cronoq::http::bearer_token(&h).unwrap(), Some("s3cret-token"));
+/// h.insert(AUTHORIZATION, "Basic dXNlcjpwYXNz".parse().unwrap());
+/// assert_eq!(cronoq::http::bearer_token(&h).unwrap_err().code.as_str(), "UNAUTHENTICATED");
+/// ```
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Result<Option<&str>, WireError> {
+    let malformed = |why: &str| {
+        WireError::new(
+            ErrorCode::UNAUTHENTICATED,
+            format!("malformed Authorization header: {why}; send `Authorization: Bearer <token>`"),
+        )
+    };
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(malformed("more than one"));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| malformed("it is not visible ASCII"))?;
+    let (scheme, token) = text
+        .trim()
+        .split_once(' ')
+        .ok_or_else(|| malformed("no token"))?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(malformed("only the Bearer scheme is accepted"));
+    }
+    let token = token.trim_start_matches(' ');
+    if token.is_empty() {
+        return Err(malformed("no token"));
+    }
+    if token.chars().any(|c| !c.is_ascii_graphic()) {
+        return Err(malformed("the token has a space or control character"));
+    }
+    Ok(Some(token))
+}
+
+/// With credentials checked: a `/v1/*` request calls the [`Api`] of its
+/// Bearer token (or of no credential); a malformed `Authorization` is 401
+/// and calls nothing. Other paths pass as they are.
+async fn authenticate(
+    State(auth): State<HttpAuth>,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.uri().path().starts_with("/v1/") {
+        let credential = match bearer_token(request.headers()) {
+            Ok(token) => token.map(Credential::token),
+            Err(e) => return HttpError(e).into_response(),
+        };
+        let api = (auth.api_for)(credential);
+        request.extensions_mut().insert(CallerApi(api));
+    }
+    next.run(request).await
 }
 
 /// A handler that panics (a bug: every input is checked) answers a JSON
@@ -188,7 +388,14 @@ impl IntoResponse for HttpError {
             tracing::debug!(code = %self.0.code, error = %message, "request refused");
             WireError::new(self.0.code, message)
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"cronoq\""),
+            );
+        }
+        response
     }
 }
 
@@ -419,12 +626,12 @@ impl SubmitRequest {
 
 type ApiState = State<Arc<dyn Api>>;
 
-async fn snapshot(State(api): ApiState) -> Result<Json<Snapshot>, HttpError> {
+async fn snapshot(Caller(api): Caller) -> Result<Json<Snapshot>, HttpError> {
     Ok(Json(api.snapshot().await?))
 }
 
 async fn submit(
-    State(api): ApiState,
+    Caller(api): Caller,
     headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<SubmitRequest>,
 ) -> Result<Json<SubmitResponse>, HttpError> {
@@ -454,7 +661,7 @@ fn traceparent_header(headers: &axum::http::HeaderMap) -> Result<Option<&str>, H
 
 /// `GET /v1/tasks?limit=N`: the newest tasks (default 50).
 async fn list_tasks(
-    State(api): ApiState,
+    Caller(api): Caller,
     query: Result<
         axum::extract::Query<Vec<(String, String)>>,
         axum::extract::rejection::QueryRejection,
@@ -485,12 +692,12 @@ async fn list_tasks(
 /// Tasks `GET /v1/tasks` lists without `?limit=`.
 pub const DEFAULT_TASK_LIST: usize = 50;
 
-async fn task(State(api): ApiState, IdPath(id): IdPath) -> Result<Json<TaskStatus>, HttpError> {
+async fn task(Caller(api): Caller, IdPath(id): IdPath) -> Result<Json<TaskStatus>, HttpError> {
     Ok(Json(api.task(id).await?))
 }
 
 async fn cancel(
-    State(api): ApiState,
+    Caller(api): Caller,
     IdPath(id): IdPath,
 ) -> Result<Json<SubmitResponse>, HttpError> {
     api.cancel(id).await?;
@@ -548,7 +755,7 @@ pub fn autoscale_query(query: Option<&str>) -> Result<(PoolName, Labels), Reject
 /// idle fleet, a fleet with no worker yet, an unknown pool or an
 /// undeclared label set answer (`declared: false` for the last two,
 /// desired 0).
-async fn autoscale(State(api): ApiState, uri: Uri) -> Result<Json<AutoscaleAnswer>, HttpError> {
+async fn autoscale(Caller(api): Caller, uri: Uri) -> Result<Json<AutoscaleAnswer>, HttpError> {
     let (pool, labels) = autoscale_query(uri.query())?;
     let snapshot = api.snapshot().await?;
     Ok(Json(crate::core::answer(&snapshot, &pool, &labels)))

@@ -616,7 +616,13 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     });
     tracing::info!(addr = %http_addr, "http api listening");
-    let router = crate::http::router(Arc::new(node.clone()));
+    // With credentials required, the HTTP API calls the leader over NATS
+    // as each caller (its Bearer token), so the leader alone enforces.
+    let http_auth = config
+        .auth
+        .required
+        .then(|| crate::http::HttpAuth::through(node.inner.remote.clone()));
+    let router = crate::http::router_with_auth(Arc::new(node.clone()), http_auth);
     let _ = ready.send(Running {
         api: node.clone(),
         http_addr,

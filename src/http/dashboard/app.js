@@ -188,11 +188,34 @@
     }
   }
 
+  // The Bearer token of a server that requires credentials: kept in
+  // sessionStorage (this tab only, gone when it closes), sent only to this
+  // origin's /v1 API, never shown or logged.
+  const TOKEN_KEY = "cronoq.token";
+  function storedToken() {
+    try {
+      return sessionStorage.getItem(TOKEN_KEY) || "";
+    } catch (_) {
+      return "";
+    }
+  }
+  function headers(extra) {
+    const h = Object.assign({ Accept: "application/json" }, extra || {});
+    const token = storedToken();
+    if (token) h.Authorization = `Bearer ${token}`;
+    return h;
+  }
+  function showTokenState() {
+    const set = storedToken() !== "";
+    $("token-state").textContent = set ? "token set" : "no token";
+    $("token-clear").hidden = !set;
+  }
+
   async function poll() {
     if (state.inFlight) return;
     state.inFlight = true;
     try {
-      const response = await fetch(query(), { headers: { Accept: "application/json" }, cache: "no-store" });
+      const response = await fetch(query(), { headers: headers(), cache: "no-store" });
       if (response.ok) {
         render(await response.json());
       } else {
@@ -244,7 +267,7 @@
       };
       const response = await fetch("/v1/tasks", {
         method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        headers: headers({ "Content-Type": "application/json" }),
         body: JSON.stringify(body),
       });
       if (response.ok) {
@@ -287,6 +310,28 @@
     else refreshNow();
   });
   $("submit").addEventListener("submit", submit);
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = event.target.token;
+    const token = input.value.trim();
+    input.value = "";
+    try {
+      if (token) sessionStorage.setItem(TOKEN_KEY, token);
+      else sessionStorage.removeItem(TOKEN_KEY);
+    } catch (_) {
+      // No storage (a private window's policy): nothing to keep it in.
+    }
+    showTokenState();
+    refreshNow();
+  });
+  $("token-clear").addEventListener("click", () => {
+    try {
+      sessionStorage.removeItem(TOKEN_KEY);
+    } catch (_) {}
+    showTokenState();
+    refreshNow();
+  });
+  showTokenState();
 
   poll();
 })();
