@@ -111,7 +111,9 @@ fn wire(e: client::Error) -> anyhow::Error {
 
 impl Remote {
     async fn connect(connect: &Connect) -> anyhow::Result<Remote> {
-        let mut options = ClientOptions::new().prefix(connect.prefix.clone());
+        let mut options = ClientOptions::new()
+            .prefix(connect.prefix.clone())
+            .nats_login(connect.login.login());
         if let Some(var) = &connect.token_env {
             let token = std::env::var(var).map_err(|_| {
                 WireError::new(

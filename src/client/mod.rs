@@ -16,7 +16,10 @@
 //! `UNAVAILABLE`.
 //!
 //! The token of [`ClientOptions::token`] is the NATS connection token over
-//! NATS and an `Authorization: Bearer` header over HTTP.
+//! NATS and an `Authorization: Bearer` header over HTTP. NATS credentials
+//! ([`ClientOptions::nats_creds`]: a `.creds` file or an nkey user seed)
+//! and a private inbox prefix ([`ClientOptions::inbox_prefix`]) log in to
+//! a nats-server that restricts its users (`deploy/nats/auth.conf`).
 
 use std::fmt;
 use std::future::Future;
@@ -57,7 +60,8 @@ pub enum Error {
     /// The server refused or failed the request, with its code.
     #[error(transparent)]
     Refused(#[from] WireError),
-    /// Could not connect to NATS (`UNAVAILABLE`).
+    /// Could not connect to NATS (`UNAVAILABLE`; `UNAUTHENTICATED` when
+    /// NATS refused the login).
     #[error("connecting to {url}")]
     Connect {
         /// The URL tried.
@@ -95,6 +99,11 @@ impl Error {
         match self {
             Error::Invalid(r) => r.code(),
             Error::Refused(e) => e.code.clone(),
+            Error::Connect { source, .. }
+                if source.kind() == async_nats::ConnectErrorKind::AuthorizationViolation =>
+            {
+                ErrorCode::UNAUTHENTICATED
+            }
             Error::Connect { .. } | Error::Unavailable { .. } => ErrorCode::UNAVAILABLE,
             Error::Protocol(_) => ErrorCode::INTERNAL,
         }
@@ -150,6 +159,7 @@ pub struct ClientOptions {
     request_timeout: Duration,
     max_payload_bytes: usize,
     wait_poll_interval: Option<Duration>,
+    login: wire::NatsLogin,
 }
 
 impl fmt::Debug for ClientOptions {
@@ -160,6 +170,7 @@ impl fmt::Debug for ClientOptions {
             .field("request_timeout", &self.request_timeout)
             .field("max_payload_bytes", &self.max_payload_bytes)
             .field("wait_poll_interval", &self.wait_poll_interval)
+            .field("login", &self.login)
             .finish()
     }
 }
@@ -172,6 +183,7 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(5),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             wait_poll_interval: None,
+            login: wire::NatsLogin::new(),
         }
     }
 }
@@ -192,6 +204,30 @@ impl ClientOptions {
     /// HTTP. Never logged.
     pub fn token(mut self, token: impl Into<String>) -> ClientOptions {
         self.token = Some(token.into());
+        self
+    }
+
+    /// NATS credentials: a `.creds` file (user JWT and seed) or a file
+    /// holding an nkey user seed (`SU…`). Read when connecting; a missing
+    /// or malformed file is `INVALID_ARGUMENT`, a login NATS refuses
+    /// `UNAUTHENTICATED`. Over HTTP it is not used.
+    pub fn nats_creds(mut self, path: impl Into<std::path::PathBuf>) -> ClientOptions {
+        self.login = self.login.creds(path);
+        self
+    }
+
+    /// The inbox prefix of the NATS connection (replaces `_INBOX`), where
+    /// replies to this client arrive: with per-user inboxes
+    /// (`deploy/nats/auth.conf`), the prefix this user may subscribe to,
+    /// e.g. `_INBOX.submitter`.
+    pub fn inbox_prefix(mut self, prefix: impl Into<String>) -> ClientOptions {
+        self.login = self.login.inbox_prefix(prefix);
+        self
+    }
+
+    /// Credentials and inbox prefix at once (replacing both).
+    pub fn nats_login(mut self, login: wire::NatsLogin) -> ClientOptions {
+        self.login = login;
         self
     }
 
@@ -217,8 +253,17 @@ impl ClientOptions {
     /// Connects to NATS at `url`.
     pub async fn connect(self, url: &str) -> Result<Client, Error> {
         let subjects = Subjects::new(&self.prefix)?;
-        let mut options = async_nats::ConnectOptions::new()
+        let mut options = self
+            .login
+            .load()?
+            .options()
             .name("cronoq-client")
+            .event_callback(|event| async move {
+                // A permission violation: the request it refused times out.
+                if let async_nats::Event::ServerError(e) = event {
+                    tracing::warn!(error = %e, "nats-server reported an error on this connection");
+                }
+            })
             .connection_timeout(self.request_timeout)
             .request_timeout(Some(self.request_timeout));
         if let Some(token) = &self.token {

@@ -158,6 +158,7 @@ pub struct WorkerOptions {
     nkey_seed: Option<String>,
     grace: Duration,
     request_timeout: Duration,
+    login: wire::NatsLogin,
 }
 
 impl fmt::Debug for WorkerOptions {
@@ -174,6 +175,7 @@ impl fmt::Debug for WorkerOptions {
             .field("nkey_seed", &self.nkey_seed.as_ref().map(|_| "<redacted>"))
             .field("grace", &self.grace)
             .field("request_timeout", &self.request_timeout)
+            .field("login", &self.login)
             .finish()
     }
 }
@@ -194,6 +196,7 @@ impl WorkerOptions {
             nkey_seed: None,
             grace: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
+            login: wire::NatsLogin::new(),
         }
     }
 
@@ -257,6 +260,21 @@ impl WorkerOptions {
         self
     }
 
+    /// NATS credentials: a `.creds` file or a file holding an nkey user
+    /// seed (`SU…`; the same file as [`WorkerOptions::nkey_seed`]'s seed
+    /// works). Read before connecting: a bad file is `INVALID_ARGUMENT`.
+    pub fn nats_creds(mut self, path: impl Into<std::path::PathBuf>) -> WorkerOptions {
+        self.login = self.login.creds(path);
+        self
+    }
+
+    /// The inbox prefix of the NATS connection (replaces `_INBOX`), e.g.
+    /// `_INBOX.worker.<id>` with `deploy/nats/auth.conf`.
+    pub fn nats_inbox_prefix(mut self, prefix: impl Into<String>) -> WorkerOptions {
+        self.login = self.login.inbox_prefix(prefix);
+        self
+    }
+
     /// On shutdown, how long running attempts may take to finish before
     /// they are aborted (default 30 s).
     pub fn grace(mut self, grace: Duration) -> WorkerOptions {
@@ -306,6 +324,7 @@ impl WorkerOptions {
             pool,
             subjects,
             signer,
+            login: self.login.load()?,
         })
     }
 }
@@ -315,6 +334,7 @@ struct Validated {
     pool: PoolName,
     subjects: Subjects,
     signer: Option<Arc<nkeys::KeyPair>>,
+    login: wire::LoadedLogin,
 }
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<Bytes, TaskError>> + Send>>;
