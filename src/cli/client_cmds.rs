@@ -99,9 +99,10 @@ pub struct CancelArgs {
 }
 
 /// A connected client: NATS when `--nats` is given, else the HTTP API.
+/// Boxed: both are large and there is one per command.
 enum Remote {
-    Nats(client::Client),
-    Http(HttpClient),
+    Nats(Box<client::Client>),
+    Http(Box<HttpClient>),
 }
 
 /// Client errors become [`WireError`]s, so `cli::error_code` finds the code.
@@ -124,10 +125,14 @@ impl Remote {
             options = options.token(token);
         }
         match (&connect.nats, &connect.http) {
-            (Some(url), _) => options.connect(url).await.map(Remote::Nats).map_err(wire),
+            (Some(url), _) => options
+                .connect(url)
+                .await
+                .map(|c| Remote::Nats(Box::new(c)))
+                .map_err(wire),
             (None, url) => options
                 .http(url.as_deref().unwrap_or(DEFAULT_HTTP_URL))
-                .map(Remote::Http)
+                .map(|c| Remote::Http(Box::new(c)))
                 .map_err(wire),
         }
     }

@@ -253,15 +253,20 @@ impl ClientOptions {
     /// Connects to NATS at `url`.
     pub async fn connect(self, url: &str) -> Result<Client, Error> {
         let subjects = Subjects::new(&self.prefix)?;
+        let refusals = Refusals::default();
+        let recorder = refusals.clone();
         let mut options = self
             .login
             .load()?
             .options()
             .name("cronoq-client")
-            .event_callback(|event| async move {
-                // A permission violation: the request it refused times out.
-                if let async_nats::Event::ServerError(e) = event {
-                    tracing::warn!(error = %e, "nats-server reported an error on this connection");
+            .event_callback(move |event| {
+                let recorder = recorder.clone();
+                async move {
+                    if let async_nats::Event::ServerError(e) = event {
+                        tracing::warn!(error = %e, "nats-server reported an error on this connection");
+                        recorder.record(e.to_string());
+                    }
                 }
             })
             .connection_timeout(self.request_timeout)
@@ -286,6 +291,8 @@ impl ClientOptions {
             request_timeout: self.request_timeout,
             max_payload_bytes: self.max_payload_bytes,
             wait_poll_interval: self.wait_poll_interval.unwrap_or(Duration::from_secs(2)),
+            inbox_prefix: self.login.inbox().unwrap_or("_INBOX").to_string(),
+            refusals,
         })
     }
 
@@ -315,6 +322,39 @@ pub struct Client {
     request_timeout: Duration,
     max_payload_bytes: usize,
     wait_poll_interval: Duration,
+    inbox_prefix: String,
+    refusals: Refusals,
+}
+
+/// What nats-server refused on a client's connection (permission
+/// violations), the newest [`Refusals::CAP`]. A refused publish or reply
+/// subscription shows only as a request that times out; this tells why.
+#[derive(Clone, Debug, Default)]
+struct Refusals(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>);
+
+impl Refusals {
+    const CAP: usize = 16;
+
+    fn record(&self, error: String) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.push_back(error.trim_start_matches("nats: ").to_string());
+        if list.len() > Self::CAP {
+            list.pop_front();
+        }
+    }
+
+    /// The refusal of a publish to `subject` or of a subscription under
+    /// `inbox` (the replies' prefix), taken from the list.
+    fn take(&self, subject: &str, inbox: &str) -> Option<String> {
+        let publish = format!("publish to \"{subject}\"").to_lowercase();
+        let replies = format!("subscription to \"{inbox}.").to_lowercase();
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let at = list.iter().position(|e| {
+            let e = e.to_lowercase();
+            e.contains(&publish) || e.contains(&replies)
+        })?;
+        list.remove(at)
+    }
 }
 
 /// Checks an idempotency key before it becomes a `Nats-Msg-Id` header.
@@ -333,6 +373,26 @@ impl Client {
     /// Connects with the default options.
     pub async fn connect(url: &str) -> Result<Client, Error> {
         ClientOptions::new().connect(url).await
+    }
+
+    /// `PERMISSION_DENIED` when nats-server refused publishing to
+    /// `subject` or this client's reply subscription (its NATS user may not
+    /// do this, or the inbox prefix is not the user's).
+    fn refused(&self, subject: &str) -> Option<Error> {
+        let violation = self.refusals.take(subject, &self.inbox_prefix)?;
+        let why = if violation.to_lowercase().contains("subscription") {
+            format!(
+                "replies to this client arrive under {}, which its NATS user may not subscribe \
+                 to: set the inbox prefix the user is given (--nats-inbox-prefix)",
+                self.inbox_prefix
+            )
+        } else {
+            "its NATS user may not publish there".to_string()
+        };
+        Some(Error::Refused(WireError::new(
+            ErrorCode::PERMISSION_DENIED,
+            format!("{subject}: nats-server refused it ({violation}): {why}"),
+        )))
     }
 
     /// The subjects this client uses.
@@ -379,10 +439,15 @@ impl Client {
                      so no cronoq server has created it (start `cronoq server` against {})",
                     self.url
                 ),
-                Kind::TimedOut => format!(
-                    "no acknowledgement for {subject} within {:?} (is JetStream up on {}?)",
-                    self.request_timeout, self.url
-                ),
+                Kind::TimedOut => {
+                    if let Some(refused) = self.refused(&subject) {
+                        return refused;
+                    }
+                    format!(
+                        "no acknowledgement for {subject} within {:?} (is JetStream up on {}?)",
+                        self.request_timeout, self.url
+                    )
+                }
                 _ => format!("publishing to {subject}"),
             };
             Error::unavailable(message, e)
@@ -430,7 +495,9 @@ impl Client {
                         message: nobody,
                         source: None,
                     },
-                    Kind::TimedOut => Error::unavailable(nobody, e),
+                    Kind::TimedOut => self
+                        .refused(&subject)
+                        .unwrap_or_else(|| Error::unavailable(nobody, e)),
                     Kind::Other => Error::unavailable(format!("requesting {subject}"), e),
                 }
             })?;
