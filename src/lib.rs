@@ -31,6 +31,7 @@
 //! See `README.md` for a tour and `ARCHITECTURE.md` for the map of modules.
 
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod core;

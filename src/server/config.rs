@@ -279,18 +279,34 @@ pub struct AuthSection {
     pub nkeys: Vec<NkeySection>,
 }
 
+/// A secret written into the config file: refused, and never printed.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct InlineSecret(#[allow(dead_code)] String);
+
+impl std::fmt::Debug for InlineSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// `[[auth.tokens]]`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenSection {
     /// Env var holding the token (the token itself never sits in the file).
     pub token_env: String,
+    /// An inline token: always refused (secrets come only from the
+    /// environment); parsed so the refusal can say so.
+    #[serde(default)]
+    pub token: Option<InlineSecret>,
     /// `worker`, `submitter`, `reader` or `admin`.
     pub role: String,
-    /// Pools it may use (empty: all).
+    /// Pools it may use (empty or `"*"`: all).
     #[serde(default)]
     pub pools: Vec<String>,
-    /// Labels a worker with it may claim.
+    /// Labels a worker with it may claim: `name=value` or `name=*`
+    /// (none when empty).
     #[serde(default)]
     pub labels: Vec<String>,
 }
@@ -301,6 +317,9 @@ pub struct TokenSection {
 pub struct NkeySection {
     /// The public key (`U…`).
     pub public_key: String,
+    /// An inline seed: always refused (the seed stays with the worker).
+    #[serde(default)]
+    pub seed: Option<InlineSecret>,
     /// Role.
     pub role: String,
     /// Pools.

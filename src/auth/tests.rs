@@ -1,0 +1,338 @@
+use super::*;
+use crate::server::ServerConfig;
+
+const GPU_TOKEN: &str = "gpu-worker-token-0123456789";
+const SUBMIT_TOKEN: &str = "submitter-token-0123456789";
+const READ_TOKEN: &str = "reader-token-0123456789abc";
+
+fn config(text: &str) -> AuthSection {
+    let c: ServerConfig = toml::from_str(text).expect("config parses");
+    c.auth
+}
+
+fn env(var: &str) -> Option<String> {
+    match var {
+        "GPU" => Some(GPU_TOKEN.into()),
+        "SUB" => Some(SUBMIT_TOKEN.into()),
+        "READ" => Some(READ_TOKEN.into()),
+        "SHORT" => Some("short".into()),
+        "SUB_AGAIN" => Some(SUBMIT_TOKEN.into()),
+        _ => None,
+    }
+}
+
+fn authenticator(nkey: &KeyPair) -> Authenticator {
+    let text = format!(
+        r#"
+[auth]
+required = true
+[[auth.tokens]]
+token_env = "GPU"
+role = "worker"
+pools = ["inference"]
+labels = ["gpu=a100", "zone=*"]
+[[auth.tokens]]
+token_env = "SUB"
+role = "submitter"
+pools = ["inference"]
+[[auth.tokens]]
+token_env = "READ"
+role = "reader"
+[[auth.nkeys]]
+public_key = "{}"
+role = "worker"
+pools = ["*"]
+labels = ["gpu=h100"]
+"#,
+        nkey.public_key()
+    );
+    Authenticator::from_config(&config(&text), &env).expect("valid auth config")
+}
+
+fn pool(name: &str) -> PoolName {
+    PoolName::new(name).unwrap()
+}
+
+fn signed(cred: &Credential, nonce: &str, subject: &str, body: &[u8]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("Cronoq-Labels", "gpu=a100");
+    cred.sign_message(nonce, subject, &mut h, body);
+    h
+}
+
+fn now_ms() -> Millis {
+    Millis(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
+    )
+}
+
+#[test]
+fn a_token_proof_names_its_credential_and_any_change_breaks_it() {
+    let nkey = KeyPair::new_user();
+    let auth = authenticator(&nkey);
+    let cred = Credential::token(SUBMIT_TOKEN);
+    let nonce = client_nonce(SystemTime::now());
+    let h = signed(&cred, &nonce, "cronoq.submit.inference", b"body");
+    let p = auth
+        .caller("cronoq.submit.inference", Some(&h), b"body", now_ms())
+        .unwrap();
+    assert_eq!(p.name, "token:SUB");
+    assert_eq!(p.role, Role::Submitter);
+    // Another body, subject or covered header: refused.
+    for (subject, body) in [
+        ("cronoq.submit.inference", &b"other"[..]),
+        ("cronoq.submit.batch", &b"body"[..]),
+    ] {
+        let e = auth.caller(subject, Some(&h), body, now_ms()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UNAUTHENTICATED);
+    }
+    let mut changed = h.clone();
+    changed.insert("Cronoq-Labels", "gpu=h100");
+    let e = auth
+        .caller("cronoq.submit.inference", Some(&changed), b"body", now_ms())
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::UNAUTHENTICATED);
+    // A token the server does not know, and no proof at all.
+    let stranger = Credential::token("not-a-configured-token");
+    let h = signed(&stranger, &nonce, "s", b"");
+    assert_eq!(
+        auth.caller("s", Some(&h), b"", now_ms()).unwrap_err().code,
+        ErrorCode::UNAUTHENTICATED
+    );
+    assert_eq!(
+        auth.caller("s", None, b"", now_ms()).unwrap_err().code,
+        ErrorCode::UNAUTHENTICATED
+    );
+    // The header never carries the token.
+    let h = signed(&cred, &nonce, "s", b"");
+    assert!(!h.get(AUTH_HEADER).unwrap().as_str().contains(SUBMIT_TOKEN));
+    assert!(!format!("{cred:?}").contains(SUBMIT_TOKEN));
+}
+
+#[test]
+fn an_nkey_proof_is_checked_against_its_public_key() {
+    let nkey = KeyPair::new_user();
+    let auth = authenticator(&nkey);
+    let cred = Credential::nkey_seed(&nkey.seed().unwrap()).unwrap();
+    let nonce = client_nonce(SystemTime::now());
+    let h = signed(&cred, &nonce, "s", b"x");
+    let p = auth.caller("s", Some(&h), b"x", now_ms()).unwrap();
+    assert_eq!(p.name, format!("nkey:{}", nkey.public_key()));
+    let other = Credential::Nkey(Arc::new(KeyPair::new_user()));
+    let h = signed(&other, &nonce, "s", b"x");
+    assert_eq!(
+        auth.caller("s", Some(&h), b"x", now_ms()).unwrap_err().code,
+        ErrorCode::UNAUTHENTICATED
+    );
+}
+
+#[test]
+fn an_old_or_future_nonce_is_refused_and_a_seen_one_too() {
+    let nkey = KeyPair::new_user();
+    let auth = authenticator(&nkey);
+    let cred = Credential::token(READ_TOKEN);
+    let old = client_nonce(SystemTime::now() - std::time::Duration::from_secs(120));
+    let h = signed(&cred, &old, "s", b"");
+    assert_eq!(
+        auth.caller("s", Some(&h), b"", now_ms()).unwrap_err().code,
+        ErrorCode::UNAUTHENTICATED
+    );
+    let mut seen = Nonces::default();
+    let fresh = client_nonce(SystemTime::now());
+    seen.first_use(&fresh, now_ms()).unwrap();
+    assert_eq!(
+        seen.first_use(&fresh, now_ms()).unwrap_err().code,
+        ErrorCode::UNAUTHENTICATED
+    );
+    assert!(seen.first_use("not-a-nonce", now_ms()).is_err());
+}
+
+#[test]
+fn registration_nonces_are_good_once_and_expire() {
+    let mut n = Nonces::default();
+    let now = Millis(1_000_000);
+    let a = n.issue(now).unwrap();
+    n.redeem(&a, now).unwrap();
+    assert!(n.redeem(&a, now).is_err(), "used twice");
+    let b = n.issue(now).unwrap();
+    assert!(n.redeem(&b, now.plus(NONCE_TTL)).is_err(), "expired");
+    assert!(n.redeem("n00", now).is_err(), "never issued");
+}
+
+#[test]
+fn roles_pools_and_labels_decide() {
+    let nkey = KeyPair::new_user();
+    let auth = authenticator(&nkey);
+    let who = |token: &str| {
+        let h = signed(
+            &Credential::token(token),
+            &client_nonce(SystemTime::now()),
+            "s",
+            b"",
+        );
+        auth.caller("s", Some(&h), b"", now_ms()).unwrap()
+    };
+    let (gpu, sub, read) = (who(GPU_TOKEN), who(SUBMIT_TOKEN), who(READ_TOKEN));
+    let inference = pool("inference");
+    let batch = pool("batch");
+    let labels = |t: &str| Labels::parse(t).unwrap();
+    gpu.may_register(&inference, &labels("gpu=a100,zone=eu"))
+        .unwrap();
+    gpu.may_register(&inference, &labels("zone=us")).unwrap();
+    for (p, l) in [
+        (&inference, "gpu=h100"),
+        (&inference, "gpu=a100,rack=7"),
+        (&batch, "gpu=a100"),
+    ] {
+        assert_eq!(
+            gpu.may_register(p, &labels(l)).unwrap_err().code,
+            ErrorCode::PERMISSION_DENIED,
+            "{p} {l}"
+        );
+    }
+    assert_eq!(
+        gpu.may_submit(&inference).unwrap_err().code,
+        ErrorCode::PERMISSION_DENIED
+    );
+    assert_eq!(
+        gpu.may_read(Some(&inference)).unwrap_err().code,
+        ErrorCode::PERMISSION_DENIED
+    );
+    sub.may_submit(&inference).unwrap();
+    assert!(sub.may_submit(&batch).is_err());
+    sub.may_cancel(&inference, Some("token:SUB")).unwrap();
+    assert!(sub.may_cancel(&inference, Some("token:OTHER")).is_err());
+    assert!(sub.may_cancel(&inference, None).is_err());
+    read.may_read(Some(&batch)).unwrap();
+    assert!(read.may_submit(&inference).is_err());
+    assert!(read.may_cancel(&inference, Some("token:READ")).is_err());
+    assert!(sub.may_register(&inference, &Labels::new()).is_err());
+    assert_ne!(sub.scoped_key("k"), read.scoped_key("k"));
+    let anon = Principal::anonymous();
+    anon.may_register(&batch, &labels("gpu=anything")).unwrap();
+    anon.may_cancel(&batch, None).unwrap();
+    assert_eq!(anon.scoped_key("k"), "k");
+}
+
+#[test]
+fn bad_configs_are_refused_with_a_clear_message() {
+    let cases = [
+        (
+            "[auth]\nrequired = true\n[[auth.tokens]]\ntoken_env = \"SUB\"\ntoken = \"inline-secret-value-123\"\nrole = \"admin\"\n",
+            "inline token",
+        ),
+        ("[auth]\nrequired = true\n[[auth.tokens]]\ntoken_env = \"UNSET\"\nrole = \"admin\"\n", "not set"),
+        ("[auth]\nrequired = true\n[[auth.tokens]]\ntoken_env = \"SHORT\"\nrole = \"admin\"\n", "shorter"),
+        ("[auth]\nrequired = true\n[[auth.tokens]]\ntoken_env = \"SUB\"\nrole = \"boss\"\n", "role"),
+        (
+            "[auth]\nrequired = true\n[[auth.tokens]]\ntoken_env = \"SUB\"\nrole = \"admin\"\n[[auth.tokens]]\ntoken_env = \"SUB_AGAIN\"\nrole = \"reader\"\n",
+            "twice",
+        ),
+        ("[auth]\nrequired = true\n[[auth.tokens]]\ntoken_env = \"SUB\"\nrole = \"worker\"\nlabels = [\"gpu\"]\n", "name=value"),
+        ("[auth]\nrequired = true\n[[auth.nkeys]]\npublic_key = \"Unot-a-key\"\nrole = \"worker\"\n", "public_key"),
+        ("[auth]\nrequired = true\n", "nobody"),
+    ];
+    for (text, want) in cases {
+        let e = Authenticator::from_config(&config(text), &env).unwrap_err();
+        assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT, "{text}");
+        assert!(e.message.contains(want), "{text}: {}", e.message);
+        assert!(!e.message.contains("inline-secret-value"), "{}", e.message);
+    }
+    let seed = KeyPair::new_user().seed().unwrap();
+    let text = format!(
+        "[auth]\n[[auth.nkeys]]\npublic_key = \"U\"\nseed = \"{seed}\"\nrole = \"worker\"\n"
+    );
+    let e = Authenticator::from_config(&config(&text), &env).unwrap_err();
+    assert!(e.message.contains("inline seed"), "{}", e.message);
+    assert!(format!("{:?}", config(&text)).contains("<redacted>"));
+    assert!(!Authenticator::from_config(&config(""), &env)
+        .unwrap()
+        .required());
+}
+
+#[test]
+fn a_session_binds_a_worker_id_to_its_credential() {
+    let nkey = KeyPair::new_user();
+    let auth = authenticator(&nkey);
+    let h = signed(
+        &Credential::token(GPU_TOKEN),
+        &client_nonce(SystemTime::now()),
+        "s",
+        b"",
+    );
+    let gpu = auth.caller("s", Some(&h), b"", now_ms()).unwrap();
+    let h = signed(
+        &Credential::nkey_seed(&nkey.seed().unwrap()).unwrap(),
+        &client_nonce(SystemTime::now()),
+        "s",
+        b"",
+    );
+    let other = auth.caller("s", Some(&h), b"", now_ms()).unwrap();
+    let now = now_ms();
+    let mut sessions = Sessions::new(Millis(5_000));
+    let keys = WorkerKeys::new();
+    let grant = sessions.open("w1", &gpu, &keys.public_key(), now).unwrap();
+    let session = keys.open(&grant).unwrap();
+    // Another credential cannot take the id while the session is in use.
+    let e = sessions
+        .open("w1", &other, &WorkerKeys::new().public_key(), now)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::PERMISSION_DENIED);
+    // The worker's messages verify; for another worker id, or tampered, not.
+    let mut h = HeaderMap::new();
+    session.sign("cronoq.w.w1.heartbeat", &mut h, b"hb");
+    sessions
+        .verify("w1", "cronoq.w.w1.heartbeat", Some(&h), b"hb", now)
+        .unwrap();
+    assert_eq!(
+        sessions
+            .verify("w2", "cronoq.w.w1.heartbeat", Some(&h), b"hb", now)
+            .unwrap_err()
+            .code,
+        ErrorCode::PERMISSION_DENIED
+    );
+    assert!(sessions
+        .verify("w1", "cronoq.w.w1.outcome", Some(&h), b"hb", now)
+        .is_err());
+    assert!(sessions
+        .verify("w1", "cronoq.w.w1.heartbeat", None, b"hb", now)
+        .is_err());
+    // Leases the leader signs verify at the worker; forged ones do not.
+    let mut lease = HeaderMap::new();
+    assert!(sessions.sign(
+        "w1",
+        "cronoq.worker.w1.lease",
+        &mut lease,
+        b"L",
+        SystemTime::now()
+    ));
+    assert!(session.verify("cronoq.worker.w1.lease", Some(&lease), b"L"));
+    assert!(!session.verify("cronoq.worker.w1.lease", Some(&lease), b"forged"));
+    assert!(!session.verify("cronoq.worker.w1.lease", None, b"L"));
+    // Someone who sees the grant cannot open it without the worker's key.
+    assert!(WorkerKeys::new().open(&grant).is_err());
+    // Once idle past the hold, the id is free again; the old session is gone.
+    let later = now.plus(Millis(5_001));
+    sessions
+        .open("w1", &other, &WorkerKeys::new().public_key(), later)
+        .unwrap();
+    assert!(sessions
+        .verify("w1", "cronoq.w.w1.heartbeat", Some(&h), b"hb", later)
+        .is_err());
+    sessions.close("w1");
+    assert!(sessions.is_empty());
+}
+
+#[test]
+fn a_key_scoped_msg_id_depends_on_the_credential() {
+    let a = Credential::token(SUBMIT_TOKEN);
+    let b = Credential::token(READ_TOKEN);
+    assert_eq!(a.msg_id("k"), a.msg_id("k"));
+    assert_ne!(a.msg_id("k"), b.msg_id("k"));
+    assert_ne!(a.msg_id("k"), a.msg_id("j"));
+    let n = Credential::Nkey(Arc::new(KeyPair::new_user()));
+    assert_eq!(n.msg_id("k"), n.msg_id("k"));
+}
