@@ -375,7 +375,9 @@ async fn deploy_nats_permissions_hold_end_to_end() {
     let submitter = client(&url, &users.submitter).await;
     let reader = client(&url, &users.reader).await;
 
-    // The worker registers through its own subjects.
+    // The worker registers through its own subjects, cronoq.w.<id>.<verb>
+    // (auth.conf allows it nothing else): a worker build that still sends
+    // cronoq.api.register is refused here, and its log says so.
     eventually("worker gpu-a100-1 to register", || async {
         let snap = reader.snapshot().await.map_err(|e| e.to_string())?;
         if snap.workers.iter().any(|w| w.id == GPU) {
