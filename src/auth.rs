@@ -199,6 +199,11 @@ impl Principal {
         pool.map_or(Ok(()), |p| self.in_pool(p))
     }
 
+    /// May its role cancel tasks at all? (submitter, admin)
+    pub fn may_cancel_some(&self) -> Result<(), WireError> {
+        self.role_in(&[Role::Submitter, Role::Admin], "cancel tasks")
+    }
+
     /// May it cancel a task of `pool` submitted by `owner`? An admin may
     /// cancel any task of its pools; a submitter only its own.
     pub fn may_cancel(&self, pool: &PoolName, owner: Option<&str>) -> Result<(), WireError> {
@@ -734,7 +739,10 @@ impl Nonces {
         self.expire(now);
         match self.live.remove(nonce) {
             Some(until) if until > now && nonce.starts_with('n') => Ok(()),
-            _ => Err(unauthenticated(
+            // Not UNAUTHENTICATED: a new leader does not know the old one's
+            // nonces, and the worker should just ask again.
+            _ => Err(WireError::new(
+                ErrorCode::FAILED_PRECONDITION,
                 "unknown, used or expired registration nonce (ask for a new challenge)",
             )),
         }
@@ -805,6 +813,31 @@ impl Sessions {
             by_worker: HashMap::new(),
             xkey: XKey::new(),
             hold,
+        }
+    }
+
+    /// Refuses `PERMISSION_DENIED` when `worker_id` is bound to another
+    /// credential's session, used within the hold.
+    pub fn may_bind(
+        &self,
+        worker_id: &str,
+        principal: &Principal,
+        now: Millis,
+    ) -> Result<(), WireError> {
+        match self
+            .by_worker
+            .get(worker_id)
+            .and_then(|s| self.by_id.get(s))
+        {
+            Some(old)
+                if old.principal != principal.name
+                    && now.0 < old.last_used.0.saturating_add(self.hold.0) =>
+            {
+                Err(denied(format!(
+                    "worker id {worker_id} is in use by another credential"
+                )))
+            }
+            _ => Ok(()),
         }
     }
 

@@ -199,6 +199,11 @@ impl<X, R: Default> Ledger<X, R> {
         }
     }
 
+    /// What the shell keeps with a live task.
+    pub fn extra(&self, id: TaskId) -> Option<&X> {
+        self.live.get(id).map(|e| &e.extra)
+    }
+
     pub fn is_live(&self, id: TaskId) -> bool {
         self.live.get(id).is_some()
     }

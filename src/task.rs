@@ -47,6 +47,9 @@ pub struct Task {
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) traceparent: Option<String>,
+    /// Who submitted it (the credential's name), set by the leader once it
+    /// verified the submission; never taken from the submitter.
+    pub(crate) owner: Option<String>,
 }
 
 impl Task {
@@ -67,6 +70,7 @@ impl Task {
             attempt_timeout: None,
             idempotency_key: None,
             traceparent: None,
+            owner: None,
         }
     }
 

@@ -26,9 +26,10 @@ use cronoq::core::{
 };
 use cronoq::task::{AttemptRecord, TaskStatus};
 use cronoq::wire::{
-    self, Ack, AttemptReport, AttemptResult, Cancel, Credentials, Deregister, GetSnapshot, GetTask,
-    Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew, RenewReply, Reply, Revoke,
-    RunningAttempt, Subjects, Submit, TaskEvent, WireError, PROTOCOL_VERSION,
+    self, Ack, AttemptReport, AttemptResult, Cancel, Challenge, ChallengeReply, Deregister,
+    GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew,
+    RenewReply, Reply, Revoke, RunningAttempt, SessionGrant, Subjects, Submit, TaskEvent,
+    WireError, PROTOCOL_VERSION,
 };
 use cronoq::wire::{ListTasks, TaskList};
 use cronoq::Task;
@@ -193,7 +194,7 @@ fn registers() -> Vec<Register> {
         pool: pool("inference"),
         labels: labels(&[("gpu", "a100")]),
         slots: 2,
-        credentials: None,
+        xkey: None,
         instance: Some("5f3a9c1e0b7d2a64-4242".into()),
         running: vec![RunningAttempt {
             task_id: TaskId(42),
@@ -201,20 +202,11 @@ fn registers() -> Vec<Register> {
         }],
     };
     let signed = Register {
-        credentials: Some(Credentials {
-            token: Some("secret".into()),
-            nkey: Some("UABC".into()),
-            signature: Some(Bytes::from_static(b"sig")),
-            signed_at: Some(Millis(1_800_000_000_000)),
-        }),
+        xkey: Some(nkeys::XKey::new().public_key()),
         labels: Labels::new(),
         ..bare.clone()
     };
-    vec![bare, signed, {
-        let mut r = registers_minimal();
-        r.credentials = Some(Credentials::default());
-        r
-    }]
+    vec![bare, signed, registers_minimal()]
 }
 
 fn registers_minimal() -> Register {
@@ -224,7 +216,7 @@ fn registers_minimal() -> Register {
         pool: PoolName::default(),
         labels: Labels::new(),
         slots: 1,
-        credentials: None,
+        xkey: None,
         instance: None,
         running: Vec::new(),
     }
@@ -241,6 +233,11 @@ fn register_reply() -> RegisterReply {
             task_id: TaskId(42),
             attempt: 2,
         }],
+        session: Some(SessionGrant {
+            id: "s0123456789abcdef01234567".into(),
+            sealed_key: Bytes::from_static(&[7; 72]),
+            server_xkey: nkeys::XKey::new().public_key(),
+        }),
     }
 }
 
@@ -520,8 +517,19 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
         assert!(all.insert(name.to_string(), values).is_none(), "{name}");
     };
     add("Submit", each(submits()));
+    add("Challenge", each([Challenge::default()]));
+    let challenge_reply = ChallengeReply {
+        v: PROTOCOL_VERSION,
+        nonce: "n0123456789abcdef0123456789abcdef".into(),
+    };
+    add("ChallengeReply", each([challenge_reply.clone()]));
+    add("Reply_ChallengeReply", replies(&[challenge_reply]));
     add("Register", each(registers()));
     add("RegisterReply", each([register_reply()]));
+    add(
+        "SessionGrant",
+        each([register_reply().session.expect("the example has a session")]),
+    );
     add("Heartbeat", each(heartbeats()));
     add("HeartbeatReply", each([heartbeat_reply()]));
     add("Deregister", each(deregisters()));
@@ -811,20 +819,20 @@ fn asyncapi_names_every_subject() {
             .replace("{task_id}", "42")
     };
     let documented: BTreeSet<String> = addresses(&yaml).iter().map(|a| fill(a)).collect();
-    let mut expected: BTreeSet<String> = [
+    let mut expected: BTreeSet<String> = ["cancel", "task", "snapshot", "tasks"]
+        .iter()
+        .map(|verb| subjects.api(verb))
+        .collect();
+    for verb in [
+        "challenge",
         "register",
         "heartbeat",
         "deregister",
         "renew",
         "outcome",
-        "cancel",
-        "task",
-        "snapshot",
-        "tasks",
-    ]
-    .iter()
-    .map(|verb| subjects.api(verb))
-    .collect();
+    ] {
+        expected.insert(subjects.worker_api("w1", verb));
+    }
     expected.insert(subjects.submit(&pool("inference")));
     expected.insert(subjects.lease("w1"));
     expected.insert(subjects.revoke("w1"));
@@ -834,6 +842,8 @@ fn asyncapi_names_every_subject() {
     for name in schema_files().keys() {
         // Bare replies travel inside `Reply_*`; the HTTP bodies stand alone.
         let inner = [
+            "ChallengeReply",
+            "SessionGrant",
             "RegisterReply",
             "HeartbeatReply",
             "Ack",

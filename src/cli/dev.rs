@@ -272,6 +272,9 @@ fn print_welcome(http: &str, nats: Option<&str>) {
          \x20 {bin} submit {via} --label gpu=h100 'waits'          # nobody has gpu=h100: it waits (see task)\n\
          \x20 {bin} task {via} 1\n\
          \n\
+         auth is off (no credentials needed) and everything listens on loopback only:\n\
+         this is for a laptop. For production see SECURITY.md ([auth] required = true).\n\
+         \n\
          Ctrl-C stops everything."
     );
 }

@@ -60,9 +60,9 @@ pub fn load_config(args: &ServerArgs) -> anyhow::Result<ServerConfig> {
 }
 
 /// What the server refuses at start before it connects, beyond
-/// [`ServerConfig::check`]: `auth.required` (as `crate::server::serve`
-/// does, until auth is enforced), a malformed NATS server list or HTTP
-/// address. For `--check-config`.
+/// [`ServerConfig::check`]: an unusable `[auth]` (as `crate::server::serve`
+/// does: an unset token variable, an inline secret, …), a malformed NATS
+/// server list or HTTP address. For `--check-config`.
 fn check_startable(config: &ServerConfig) -> Result<(), WireError> {
     let s = &config.server;
     let invalid = |m: String| WireError::new(ErrorCode::INVALID_ARGUMENT, format!("config: {m}"));
@@ -89,11 +89,11 @@ fn check_startable(config: &ServerConfig) -> Result<(), WireError> {
     s.nats_login()
         .load()
         .map_err(|e| WireError::new(e.code(), format!("config: {e}")))?;
-    if config.auth.required {
-        return Err(WireError::new(
-            ErrorCode::FAILED_PRECONDITION,
-            "auth.required = true is not enforced by this build yet; set required = false (dev only) or wait for the auth release",
-        ));
+    let auth = config
+        .authenticator()
+        .map_err(|e| WireError::new(e.code, format!("config: [auth]: {}", e.message)))?;
+    if !auth.required() && (!config.auth.tokens.is_empty() || !config.auth.nkeys.is_empty()) {
+        tracing::warn!("[auth] lists credentials but required = false: nothing is checked");
     }
     Ok(())
 }
@@ -102,7 +102,7 @@ fn check_startable(config: &ServerConfig) -> Result<(), WireError> {
 fn summary(args: &ServerArgs, config: &ServerConfig) -> String {
     let fleets: usize = config.pools.iter().map(|p| p.fleets.len()).sum();
     format!(
-        "config ok: {}: {} pools, {} fleets, nats {}, http {}, replicas {}",
+        "config ok: {}: {} pools, {} fleets, nats {}, http {}, replicas {}, auth {}",
         args.config
             .as_ref()
             .map_or("(defaults)".to_string(), |p| p.display().to_string()),
@@ -110,7 +110,16 @@ fn summary(args: &ServerArgs, config: &ServerConfig) -> String {
         fleets,
         config.server.nats_url,
         config.server.http_addr,
-        config.server.replicas
+        config.server.replicas,
+        if config.auth.required {
+            format!(
+                "required ({} tokens, {} nkeys)",
+                config.auth.tokens.len(),
+                config.auth.nkeys.len()
+            )
+        } else {
+            "off".to_string()
+        }
     )
 }
 

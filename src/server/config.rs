@@ -392,6 +392,12 @@ impl ServerConfig {
         }
     }
 
+    /// The credentials `[auth]` allows, tokens read from the environment
+    /// (refuses an unusable `[auth]`; see [`crate::auth::Authenticator::from_config`]).
+    pub fn authenticator(&self) -> Result<crate::auth::Authenticator, crate::wire::WireError> {
+        crate::auth::Authenticator::from_config(&self.auth, &|var| std::env::var(var).ok())
+    }
+
     /// Checks what serde cannot.
     pub fn check(&self) -> Result<(), Rejection> {
         crate::wire::Subjects::new(&self.server.subject_prefix)?;

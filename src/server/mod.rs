@@ -34,6 +34,7 @@
 mod config;
 pub(crate) mod driver;
 pub mod election;
+mod guard;
 #[cfg(test)]
 mod sim;
 
@@ -50,11 +51,13 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::api::{Api, ApiError, ApiFuture, Health};
+use crate::auth::{Authenticator, Principal};
 use crate::core::{ErrorCode, Millis, PoolName, Snapshot, TaskId, TaskState};
 use crate::metrics::{MetricsSnapshot, ServerMetrics};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{self, Subjects, WireError};
 use driver::{Driver, Input, Output, Responder, Settings};
+use guard::Guard;
 
 /// A server error, with a stable code.
 #[derive(Debug, thiserror::Error)]
@@ -78,9 +81,9 @@ pub enum Error {
         /// What failed.
         source: std::io::Error,
     },
-    /// The configuration asks for something this build does not do yet.
-    #[error("{0}")]
-    Unsupported(String),
+    /// `[auth]` is not usable (an unset token variable, an inline secret, …).
+    #[error("[auth]: {}", .0.message)]
+    Auth(WireError),
     /// NATS refused the login (`UNAUTHENTICATED`).
     #[error("{0}")]
     Refused(String),
@@ -93,7 +96,7 @@ impl Error {
             Error::Config(r) => r.code(),
             Error::Nats { .. } => ErrorCode::UNAVAILABLE,
             Error::Http { .. } => ErrorCode::UNAVAILABLE,
-            Error::Unsupported(_) => ErrorCode::FAILED_PRECONDITION,
+            Error::Auth(e) => e.code.clone(),
             Error::Refused(_) => ErrorCode::UNAUTHENTICATED,
         }
     }
@@ -164,6 +167,8 @@ struct LeaderInner {
     takeovers: Arc<AtomicU64>,
     /// Journal records being written and not yet acknowledged.
     journal_pending: Arc<AtomicU64>,
+    /// Credentials and worker sessions of this leadership.
+    guard: Arc<Guard>,
 }
 
 /// A loop that has not turned for this long is not making progress.
@@ -281,6 +286,36 @@ impl LeaderApi {
             ErrorCode::NOT_FOUND,
             format!("task {id} not found"),
         ))
+    }
+
+    /// The pool and submitter of a task that can still be cancelled: live
+    /// here, or accepted and not consumed yet (its submission's proof
+    /// names the submitter). `None`: finished or unknown (cancel says so).
+    async fn pool_and_owner(
+        &self,
+        id: TaskId,
+    ) -> Result<Option<(PoolName, Option<String>)>, WireError> {
+        if let Some(found) = self.ask(|to| Input::Owner(id, to)).await? {
+            return Ok(Some(found));
+        }
+        if self.stored_result(id).await?.is_some() {
+            return Ok(None);
+        }
+        let stream = self.stream().await?;
+        let Ok(m) = stream.get_raw_message(id.0).await else {
+            return Ok(None);
+        };
+        let pool = self
+            .inner
+            .subjects
+            .pool_of_submit(m.subject.as_str())
+            .unwrap_or_default();
+        let stored = Millis((m.time.unix_timestamp_nanos() / 1_000_000).max(0) as u64);
+        let owner =
+            self.inner
+                .guard
+                .owner_of(m.subject.as_str(), Some(&m.headers), &m.payload, stored);
+        Ok(Some((pool, owner)))
     }
 
     /// Cancels a task (also one accepted but not consumed yet).
@@ -500,11 +535,7 @@ pub async fn serve(
     ready: oneshot::Sender<Running>,
 ) -> Result<(), Error> {
     config.check()?;
-    if config.auth.required {
-        return Err(Error::Unsupported(
-            "auth.required = true is not enforced by this build yet; set required = false (dev only) or wait for the auth release".into(),
-        ));
-    }
+    let auth = Arc::new(config.authenticator().map_err(Error::Auth)?);
     let s = &config.server;
     let subjects = Subjects::new(&s.subject_prefix)?;
     let server_id = s.id.clone().unwrap_or_else(default_server_id);
@@ -654,6 +685,7 @@ pub async fn serve(
         max_payload_bytes,
         nats_max_payload,
         takeovers: Arc::default(),
+        auth,
     };
     loop {
         tracing::info!("standing by");
@@ -725,6 +757,8 @@ struct Base {
     nats_max_payload: usize,
     /// Times this process took the lead.
     takeovers: Arc<AtomicU64>,
+    /// The credentials `[auth]` allows.
+    auth: Arc<Authenticator>,
 }
 
 /// One leadership's tasks.
@@ -784,6 +818,11 @@ async fn lead(
     let pending: Pending = Arc::default();
     let (floor_tx, floor_rx) = watch::channel(1u64);
     let (lost_tx, lost_rx) = watch::channel(None);
+    let guard = Arc::new(Guard::new(
+        base.auth.clone(),
+        base.subjects.clone(),
+        worker_timeout,
+    ));
     let api = LeaderApi {
         inner: Arc::new(LeaderInner {
             client: base.client.clone(),
@@ -801,6 +840,7 @@ async fn lead(
             epoch,
             takeovers: base.takeovers.clone(),
             journal_pending: journal_pending.clone(),
+            guard: guard.clone(),
         }),
     };
     let startup = base
@@ -832,12 +872,15 @@ async fn lead(
     ));
     // Subscribed before the first renewal announces this leadership, so a
     // worker that heartbeats on seeing it finds someone answering.
-    let api_subject = base.subjects.api("*");
-    let requests = base
-        .client
-        .subscribe(api_subject.clone())
-        .await
-        .map_err(nats_err(format!("subscribing to {api_subject}")))?;
+    let mut requests = futures_util::stream::SelectAll::new();
+    for subject in [base.subjects.api("*"), base.subjects.worker_api_all()] {
+        requests.push(
+            base.client
+                .subscribe(subject.clone())
+                .await
+                .map_err(nats_err(format!("subscribing to {subject}")))?,
+        );
+    }
     let api_requests = tokio::spawn(serve_api(base.client.clone(), api.clone(), requests));
     let committer = tokio::spawn(commit(
         commit_rx,
@@ -858,6 +901,7 @@ async fn lead(
             js: base.js.clone(),
             submit_stream: base.submit_stream.clone(),
             subjects: base.subjects.clone(),
+            guard,
         },
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
@@ -1133,6 +1177,7 @@ fn client_for(api: &LeaderApi) -> async_nats::Client {
 /// (refused) — the consumer goes on.
 fn submission_input(
     subjects: &Subjects,
+    guard: &Guard,
     m: &async_nats::Message,
     seq: u64,
     published: SystemTime,
@@ -1148,7 +1193,26 @@ fn submission_input(
         )
     }));
     let (pool, task) = match decoded {
-        Ok(decoded) => decoded,
+        // Checked after decoding: the proof covers what was sent, and a
+        // refusal is recorded like any refused submission.
+        Ok((pool, task)) => {
+            let stored = Millis(
+                published
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            );
+            let task = task.and_then(|t| {
+                guard.submission(
+                    m.subject.as_str(),
+                    m.headers.as_ref(),
+                    &m.payload,
+                    stored,
+                    &pool,
+                    t,
+                )
+            });
+            (pool, task)
+        }
         Err(panic) => {
             let why = crate::task::panic_message(&*panic);
             tracing::error!(seq, panic = %why, "decoding a submission panicked; refusing it");
@@ -1326,6 +1390,7 @@ async fn consume(
                 Some(record) if record.state.is_terminal() => None,
                 journaled => Some(submission_input(
                     &subjects,
+                    &api.inner.guard,
                     &message.message,
                     seq,
                     published,
@@ -1353,72 +1418,21 @@ async fn consume(
 async fn serve_api(
     client: async_nats::Client,
     api: LeaderApi,
-    mut requests: async_nats::Subscriber,
+    mut requests: futures_util::stream::SelectAll<async_nats::Subscriber>,
 ) {
     while let Some(msg) = requests.next().await {
-        let verb = msg
-            .subject
-            .as_str()
-            .rsplit('.')
-            .next()
-            .unwrap_or("")
-            .to_string();
         let reply = msg.reply.as_ref().map(|r| r.to_string());
-        macro_rules! to {
-            () => {
-                Responder::Nats(reply.clone())
-            };
-        }
-        let body = &msg.payload;
-        let input = match verb.as_str() {
-            "register" => wire::decode_request(body).map(|r| Input::Register(r, to!())),
-            "heartbeat" => wire::decode_request(body).map(|h| Input::Heartbeat(h, to!())),
-            "deregister" => wire::decode_request(body).map(|d| Input::Deregister(d, to!())),
-            "renew" => wire::decode_request(body).map(|r| Input::Renew(r, to!())),
-            "outcome" => wire::decode_request(body).map(|o| Input::Outcome(o, to!())),
-            "snapshot" if body.is_empty() => Ok(Input::Snapshot(to!())),
-            "snapshot" => {
-                wire::decode_request::<wire::GetSnapshot>(body).map(|_| Input::Snapshot(to!()))
-            }
-            "tasks" => wire::decode_request::<wire::ListTasks>(body).and_then(|l| {
-                let limit = l.limit as usize;
-                crate::api::check_recent_limit(limit).map(|()| Input::RecentTasks(limit, to!()))
-            }),
-            "task" | "cancel" => {
-                let api = api.clone();
-                let client = client.clone();
-                let body = body.clone();
-                tokio::spawn(async move {
-                    let reply_body: Bytes = if verb == "task" {
-                        let result = match wire::decode_request::<wire::GetTask>(&body) {
-                            Ok(g) => api.task(g.task_id).await,
-                            Err(e) => Err(e),
-                        };
-                        wire::encode_reply(&result).into()
-                    } else {
-                        let result = match wire::decode_request::<wire::Cancel>(&body) {
-                            Ok(c) => api.cancel(c.task_id).await.map(|_| wire::Ack::default()),
-                            Err(e) => Err(e),
-                        };
-                        wire::encode_reply(&result).into()
-                    };
-                    if let Some(reply) = reply {
-                        let _ = client.publish(reply, reply_body).await;
-                    }
-                });
-                continue;
-            }
-            other => Err(WireError::new(
-                ErrorCode::NOT_FOUND,
-                format!("unknown api verb {other:?}"),
-            )),
+        let input = match api.inner.subjects.parse_worker_api(msg.subject.as_str()) {
+            Some((worker_id, verb)) => worker_request(&client, &api, &msg, worker_id, verb),
+            None => client_request(&client, &api, &msg),
         };
         match input {
-            Ok(input) => {
+            Ok(Some(input)) => {
                 if api.inner.inputs.send(input).await.is_err() {
                     return;
                 }
             }
+            Ok(None) => {}
             Err(e) => {
                 if let Some(reply) = reply {
                     let body: Bytes = wire::encode_reply::<wire::Ack>(&Err(e)).into();
@@ -1426,6 +1440,209 @@ async fn serve_api(
                 }
             }
         }
+    }
+}
+
+/// Publishes `result` to the reply subject of `msg`, if it has one.
+fn answer_later<T, F>(client: &async_nats::Client, msg: &async_nats::Message, work: F)
+where
+    T: serde::Serialize + Send + 'static,
+    F: std::future::Future<Output = Result<T, WireError>> + Send + 'static,
+{
+    let reply = msg.reply.as_ref().map(|r| r.to_string());
+    let client = client.clone();
+    tokio::spawn(async move {
+        let result = work.await;
+        if let Some(reply) = reply {
+            let body: Bytes = wire::encode_reply(&result).into();
+            let _ = client.publish(reply, body).await;
+        }
+    });
+}
+
+/// A worker's request on `P.w.<worker_id>.<verb>`: the id in the subject
+/// must be the body's, and (auth on) the message must prove that worker's
+/// session — or, to register, a credential allowed to claim what it claims.
+fn worker_request(
+    client: &async_nats::Client,
+    api: &LeaderApi,
+    msg: &async_nats::Message,
+    worker_id: &str,
+    verb: &str,
+) -> Result<Option<Input>, WireError> {
+    let guard = &api.inner.guard;
+    let now = wall_now();
+    let (subject, headers, body) = (msg.subject.as_str(), msg.headers.as_ref(), &msg.payload);
+    macro_rules! reply {
+        () => {
+            Responder::Nats(msg.reply.as_ref().map(|r| r.to_string()))
+        };
+    }
+    let same_id = |id: &str| {
+        if id == worker_id {
+            Ok(())
+        } else {
+            Err(WireError::new(
+                ErrorCode::INVALID_ARGUMENT,
+                format!("worker_id {id:?} does not match the subject's {worker_id:?}"),
+            ))
+        }
+    };
+    match verb {
+        "challenge" => {
+            wire::decode_request::<wire::Challenge>(body)?;
+            let nonce = guard.challenge(now);
+            answer_later(client, msg, async move { nonce });
+            Ok(None)
+        }
+        "register" => {
+            let r: wire::Register = wire::decode_request(body)?;
+            same_id(&r.worker_id)?;
+            let Some(principal) = guard.register(subject, headers, body, &r, now)? else {
+                return Ok(Some(Input::Register(r, reply!())));
+            };
+            // The session opens once the driver accepted the registration.
+            let (tx, rx) = oneshot::channel();
+            let guard = guard.clone();
+            let register = r.clone();
+            answer_later(client, msg, async move {
+                let mut reply = rx
+                    .await
+                    .map_err(|_| unavailable("the server is shutting down"))??;
+                let reply_ref: &mut wire::RegisterReply = &mut reply;
+                reply_ref.session = Some(guard.open_session(&register, &principal, wall_now())?);
+                Ok::<_, WireError>(reply)
+            });
+            Ok(Some(Input::Register(r, Responder::Local(tx))))
+        }
+        "heartbeat" => {
+            let h: wire::Heartbeat = wire::decode_request(body)?;
+            same_id(&h.worker_id)?;
+            if let Err(e) = guard.worker(worker_id, subject, headers, body, now) {
+                // An unknown session (a new leader, or never registered):
+                // "not registered" makes a real worker register again.
+                tracing::debug!(worker_id, error = %e, "heartbeat without a valid session");
+                let epoch = api.inner.epoch;
+                answer_later(client, msg, async move {
+                    Ok(wire::HeartbeatReply {
+                        v: wire::PROTOCOL_VERSION,
+                        epoch,
+                        registered: false,
+                    })
+                });
+                return Ok(None);
+            }
+            Ok(Some(Input::Heartbeat(h, reply!())))
+        }
+        "deregister" => {
+            let d: wire::Deregister = wire::decode_request(body)?;
+            same_id(&d.worker_id)?;
+            guard.worker(worker_id, subject, headers, body, now)?;
+            if !d.drain {
+                guard.close(worker_id);
+            }
+            Ok(Some(Input::Deregister(d, reply!())))
+        }
+        "renew" => {
+            let r: wire::Renew = wire::decode_request(body)?;
+            same_id(&r.worker_id)?;
+            guard.worker(worker_id, subject, headers, body, now)?;
+            Ok(Some(Input::Renew(r, reply!())))
+        }
+        "outcome" => {
+            let o: wire::AttemptReport = wire::decode_request(body)?;
+            same_id(&o.worker_id)?;
+            guard.worker(worker_id, subject, headers, body, now)?;
+            Ok(Some(Input::Outcome(o, reply!())))
+        }
+        other => Err(WireError::new(
+            ErrorCode::NOT_FOUND,
+            format!("unknown worker verb {other:?}"),
+        )),
+    }
+}
+
+/// A client's request on `P.api.<verb>`: (auth on) its caller may read,
+/// and may cancel only what its role, pools and ownership allow.
+fn client_request(
+    client: &async_nats::Client,
+    api: &LeaderApi,
+    msg: &async_nats::Message,
+) -> Result<Option<Input>, WireError> {
+    let verb = msg.subject.as_str().rsplit('.').next().unwrap_or("");
+    let body = &msg.payload;
+    macro_rules! reply {
+        () => {
+            Responder::Nats(msg.reply.as_ref().map(|r| r.to_string()))
+        };
+    }
+    let caller =
+        api.inner
+            .guard
+            .client(msg.subject.as_str(), msg.headers.as_ref(), body, wall_now())?;
+    let restricted = caller != Principal::anonymous();
+    match verb {
+        "snapshot" => {
+            if !body.is_empty() {
+                wire::decode_request::<wire::GetSnapshot>(body)?;
+            }
+            caller.may_read(None)?;
+            if !restricted {
+                return Ok(Some(Input::Snapshot(reply!())));
+            }
+            let api = api.clone();
+            answer_later(client, msg, async move {
+                let mut snap = api.snapshot().await?;
+                snap.pools.retain(|p| caller.sees_pool(&p.name));
+                snap.workers.retain(|w| caller.sees_pool(&w.pool));
+                Ok(snap)
+            });
+            Ok(None)
+        }
+        "tasks" => {
+            let l: wire::ListTasks = wire::decode_request(body)?;
+            let limit = l.limit as usize;
+            crate::api::check_recent_limit(limit)?;
+            caller.may_read(None)?;
+            if !restricted {
+                return Ok(Some(Input::RecentTasks(limit, reply!())));
+            }
+            let api = api.clone();
+            answer_later(client, msg, async move {
+                let mut tasks = api.recent_tasks(limit).await?;
+                tasks.retain(|t| caller.sees_pool(&t.pool));
+                Ok(wire::TaskList { tasks })
+            });
+            Ok(None)
+        }
+        "task" => {
+            let g: wire::GetTask = wire::decode_request(body)?;
+            let api = api.clone();
+            answer_later(client, msg, async move {
+                let status = api.task(g.task_id).await?;
+                caller.may_read(Some(&status.pool))?;
+                Ok(status)
+            });
+            Ok(None)
+        }
+        "cancel" => {
+            let c: wire::Cancel = wire::decode_request(body)?;
+            let api = api.clone();
+            caller.may_cancel_some()?;
+            answer_later(client, msg, async move {
+                if restricted {
+                    if let Some((pool, owner)) = api.pool_and_owner(c.task_id).await? {
+                        caller.may_cancel(&pool, owner.as_deref())?;
+                    }
+                }
+                api.cancel(c.task_id).await.map(|_| wire::Ack::default())
+            });
+            Ok(None)
+        }
+        other => Err(WireError::new(
+            ErrorCode::NOT_FOUND,
+            format!("unknown api verb {other:?}"),
+        )),
     }
 }
 
@@ -1594,6 +1811,8 @@ struct CommitCtx {
     js: jetstream::Context,
     submit_stream: stream::Stream,
     subjects: Subjects,
+    /// Signs leases and revokes with the worker's session (auth on).
+    guard: Arc<Guard>,
 }
 
 /// One record's write: done with `true` once stored, `false` if fenced out.
@@ -1706,7 +1925,15 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     }
                     Output::Persist { .. } | Output::Discard { .. } => continue,
                 };
-                if let Err(e) = ctx.client.publish(subject, body).await {
+                let sent = match ctx.guard.sign_to_worker(&subject, &body) {
+                    Some(headers) => {
+                        ctx.client
+                            .publish_with_headers(subject, headers, body)
+                            .await
+                    }
+                    None => ctx.client.publish(subject, body).await,
+                };
+                if let Err(e) = sent {
                     tracing::warn!(error = %e, "publish failed");
                 }
             }

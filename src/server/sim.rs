@@ -494,7 +494,7 @@ impl World {
                 pool: Self::pool(),
                 labels: Labels::new(),
                 slots,
-                credentials: None,
+                xkey: None,
                 instance: Some(id.clone()),
                 running,
             };

@@ -163,25 +163,46 @@ impl Submit {
     }
 }
 
-/// What a worker presents to prove who it is. Checked by the auth layer.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Credentials {
-    /// A bearer token (compared in constant time, never logged).
-    #[serde(default)]
-    pub token: Option<String>,
-    /// An nkey public key (`U…`).
-    #[serde(default)]
-    pub nkey: Option<String>,
-    /// The nkey's signature over the registration's identity fields.
-    #[serde(default)]
-    #[schemars(with = "Option<Vec<u8>>")]
-    pub signature: Option<Bytes>,
-    /// When the signature was made (ms since the epoch).
-    #[serde(default)]
-    pub signed_at: Option<Millis>,
+/// Asks the leader for a registration nonce (request on
+/// `P.w.<worker_id>.challenge`; only when auth is on).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Challenge {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
 }
 
-/// A worker joins a pool (request on `P.api.register`).
+impl Default for Challenge {
+    fn default() -> Self {
+        Challenge { v: v() }
+    }
+}
+
+/// A registration nonce: sign the `Register` over it, within 30 s, once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ChallengeReply {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The nonce to put in the registration's `Cronoq-Auth` proof.
+    pub nonce: String,
+}
+
+/// A worker session the leader opened at registration (auth on): the
+/// worker proves it on every later request, and checks the leader's
+/// leases and revokes with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionGrant {
+    /// The session id (in `Cronoq-Auth: v1 session <id> …`).
+    pub id: String,
+    /// The 32-byte session key, sealed to the registration's `xkey`.
+    #[schemars(with = "Vec<u8>")]
+    pub sealed_key: Bytes,
+    /// The leader's curve public key (`X…`) that sealed it.
+    pub server_xkey: String,
+}
+
+/// A worker joins a pool (request on `P.w.<worker_id>.register`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Register {
     /// Protocol version.
@@ -196,9 +217,10 @@ pub struct Register {
     pub labels: Labels,
     /// Attempts it runs at once.
     pub slots: u32,
-    /// Its credentials, if auth is on.
-    #[serde(default)]
-    pub credentials: Option<Credentials>,
+    /// A curve public key (`X…`) made for this registration: when auth is
+    /// on, the leader seals the session key to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xkey: Option<String>,
     /// A value unique to this worker process: a registration of an id
     /// that another live instance holds is refused (`ALREADY_EXISTS`),
     /// one from the same instance is idempotent.
@@ -229,6 +251,9 @@ pub struct RegisterReply {
     /// old epoch); the worker stops the others at once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adopted: Vec<RunningAttempt>,
+    /// The worker's session, when auth is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionGrant>,
 }
 
 /// An attempt a worker is running.
@@ -240,7 +265,7 @@ pub struct RunningAttempt {
     pub attempt: u32,
 }
 
-/// A worker is alive (request on `P.api.heartbeat`).
+/// A worker is alive (request on `P.w.<worker_id>.heartbeat`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Heartbeat {
     /// Protocol version.
@@ -268,7 +293,7 @@ pub struct HeartbeatReply {
     pub registered: bool,
 }
 
-/// A worker leaves (request on `P.api.deregister`).
+/// A worker leaves (request on `P.w.<worker_id>.deregister`).
 ///
 /// With `drain` the leader stops leasing to it but lets its running
 /// attempts finish; without, the worker is removed at once and whatever
@@ -326,7 +351,7 @@ pub struct Lease {
     pub traceparent: Option<String>,
 }
 
-/// Keep my lease (request on `P.api.renew`).
+/// Keep my lease (request on `P.w.<worker_id>.renew`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Renew {
     /// Protocol version.
@@ -373,7 +398,7 @@ pub enum AttemptResult {
     Cancelled,
 }
 
-/// An attempt ended (request on `P.api.outcome`).
+/// An attempt ended (request on `P.w.<worker_id>.outcome`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AttemptReport {
     /// Protocol version.

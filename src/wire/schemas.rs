@@ -18,10 +18,10 @@ use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
 use super::{
-    Ack, AttemptReport, Cancel, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease,
-    ListTasks, Register, RegisterReply, Renew, RenewReply, Reply, Revoke, Subjects, Submit,
-    TaskEvent, TaskList, TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE,
-    SUBMIT_HEADERS,
+    Ack, AttemptReport, Cancel, Challenge, ChallengeReply, Deregister, GetSnapshot, GetTask,
+    Heartbeat, HeartbeatReply, Lease, ListTasks, Register, RegisterReply, Renew, RenewReply, Reply,
+    Revoke, SessionGrant, Subjects, Submit, TaskEvent, TaskList, TaskRecord, WireError,
+    PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
 use crate::core::{ErrorCode, Snapshot};
 use crate::task::TaskStatus;
@@ -79,15 +79,18 @@ macro_rules! reply {
 fn bodies() -> Vec<Body> {
     vec![
         body!(Submit, "`P.submit.<pool>` (MessagePack form)"),
-        body!(Register, "request on `P.api.register`"),
+        body!(Challenge, "request on `P.w.<worker_id>.challenge`"),
+        body!(ChallengeReply, "inside `Reply_ChallengeReply`"),
+        body!(Register, "request on `P.w.<worker_id>.register`"),
         body!(RegisterReply, "inside `Reply_RegisterReply`"),
-        body!(Heartbeat, "request on `P.api.heartbeat`"),
+        body!(SessionGrant, "inside `RegisterReply` (auth on)"),
+        body!(Heartbeat, "request on `P.w.<worker_id>.heartbeat`"),
         body!(HeartbeatReply, "inside `Reply_HeartbeatReply`"),
-        body!(Deregister, "request on `P.api.deregister`"),
+        body!(Deregister, "request on `P.w.<worker_id>.deregister`"),
         body!(Ack, "inside `Reply_Ack`"),
-        body!(Renew, "request on `P.api.renew`"),
+        body!(Renew, "request on `P.w.<worker_id>.renew`"),
         body!(RenewReply, "inside `Reply_RenewReply`"),
-        body!(AttemptReport, "request on `P.api.outcome`"),
+        body!(AttemptReport, "request on `P.w.<worker_id>.outcome`"),
         body!(Cancel, "request on `P.api.cancel`"),
         body!(GetTask, "request on `P.api.task`"),
         body!(GetSnapshot, "request on `P.api.snapshot`"),
@@ -99,13 +102,14 @@ fn bodies() -> Vec<Body> {
             WireError,
             "the `error` of every reply; the HTTP error body (JSON)"
         ),
-        reply!(RegisterReply, "reply to `P.api.register`"),
-        reply!(HeartbeatReply, "reply to `P.api.heartbeat`"),
+        reply!(ChallengeReply, "reply to `P.w.<worker_id>.challenge`"),
+        reply!(RegisterReply, "reply to `P.w.<worker_id>.register`"),
+        reply!(HeartbeatReply, "reply to `P.w.<worker_id>.heartbeat`"),
         reply!(
             Ack,
-            "reply to `P.api.deregister`, `P.api.outcome`, `P.api.cancel`, and to any request the leader cannot decode"
+            "reply to `P.w.<worker_id>.deregister`, `P.w.<worker_id>.outcome`, `P.api.cancel`, and to any request the leader cannot decode or refuses"
         ),
-        reply!(RenewReply, "reply to `P.api.renew`"),
+        reply!(RenewReply, "reply to `P.w.<worker_id>.renew`"),
         reply!(TaskStatus, "reply to `P.api.task`"),
         reply!(Snapshot, "reply to `P.api.snapshot`"),
         reply!(TaskList, "reply to `P.api.tasks`"),
@@ -191,7 +195,19 @@ struct Request {
     description: &'static str,
 }
 
-const REQUESTS: [Request; 9] = [
+const REQUESTS: [Request; 10] = [
+    Request {
+        verb: "challenge",
+        operation: "challenge",
+        request: "Challenge",
+        reply: "Reply_ChallengeReply",
+        tag: "worker",
+        summary: "A worker asks for a registration nonce (auth on).",
+        description: "The nonce is good once, for 30 s, at the leader that issued it: the \
+            worker signs its `Register` over it (`Cronoq-Auth` header, token HMAC or nkey \
+            signature), so a registration cannot be replayed. An unknown or used nonce is \
+            refused `FAILED_PRECONDITION`: ask again.",
+    },
     Request {
         verb: "register",
         operation: "register",
@@ -202,7 +218,10 @@ const REQUESTS: [Request; 9] = [
         description: "The leader adds the worker's slots to the group of exactly its labels and \
             answers with its epoch and timings, or refuses with a stable code \
             (`INVALID_ARGUMENT` for a bad worker id, labels or slot count). Registering an id \
-            that is already known replaces it: whatever the old registration ran counts as lost.",
+            that is already known replaces it: whatever the old registration ran counts as lost. \
+            With auth on, the `Cronoq-Auth` proof must verify (`UNAUTHENTICATED`) and the \
+            credential must allow the pool and every label claimed (`PERMISSION_DENIED`; nothing \
+            is registered); the reply's `session` is then proved on every later request.",
     },
     Request {
         verb: "heartbeat",
@@ -550,6 +569,18 @@ fn asyncapi(subjects: &Subjects) -> Value {
         json!({ "type": "string", "description": NATS_MSG_ID }),
     );
     header_props.insert(
+        crate::auth::AUTH_HEADER.into(),
+        json!({
+            "type": "string",
+            "description": "With `[auth] required = true`: `v1 <token|nkey> <id> <unix ms>.<random> <proof>`, \
+                an HMAC-SHA256 keyed with the token (id: its `token_id`) or the nkey's Ed25519 signature \
+                (id: the public key), base64url, over the subject, the nonce, the `Cronoq-*` and \
+                `Nats-Msg-Id` headers and the body (see `crate::auth`). `Nats-Msg-Id` is then required \
+                (the nonce, or a key derived from the credential and the idempotency key). Refused \
+                `UNAUTHENTICATED` or `PERMISSION_DENIED` (the task is recorded failed with the reason).",
+        }),
+    );
+    header_props.insert(
         "traceparent".into(),
         json!({
             "type": "string",
@@ -581,15 +612,24 @@ fn asyncapi(subjects: &Subjects) -> Value {
         }),
     );
 
-    // Requests on P.api.<verb>.
+    // Requests on P.api.<verb> (clients) and P.w.<worker_id>.<verb> (workers).
     for r in &REQUESTS {
         let reply_channel = format!("{}Reply", r.verb);
-        let address = format!("{{prefix}}.api.{}", r.verb);
+        let title = if r.tag == "worker" {
+            format!("P.w.<worker_id>.{}", r.verb)
+        } else {
+            format!("P.api.{}", r.verb)
+        };
+        let address = if r.tag == "worker" {
+            format!("{{prefix}}.w.{{worker_id}}.{}", r.verb)
+        } else {
+            format!("{{prefix}}.api.{}", r.verb)
+        };
         channels.insert(
             r.verb.into(),
             json!({
                 "address": address,
-                "title": format!("P.api.{}", r.verb),
+                "title": title,
                 "description": format!(
                     "Requests to the leader (core NATS request/reply). {}",
                     r.description
@@ -602,7 +642,7 @@ fn asyncapi(subjects: &Subjects) -> Value {
             reply_channel.clone(),
             json!({
                 "address": null,
-                "title": format!("Reply to P.api.{}", r.verb),
+                "title": format!("Reply to {title}"),
                 "description": "The requester's reply subject (its NATS inbox).",
                 "messages": { r.reply: message_ref(r.reply) },
             }),

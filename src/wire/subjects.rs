@@ -4,11 +4,12 @@
 //! | subject | direction | body |
 //! |---|---|---|
 //! | `P.submit.<pool>` | client → stream | [`super::Submit`] or raw payload + `Cronoq-*` headers |
-//! | `P.api.register` | worker → leader (request) | [`super::Register`] → [`super::RegisterReply`] |
-//! | `P.api.heartbeat` | worker → leader (request) | [`super::Heartbeat`] → [`super::HeartbeatReply`] |
-//! | `P.api.deregister` | worker → leader (request) | [`super::Deregister`] → [`super::Ack`] |
-//! | `P.api.renew` | worker → leader (request) | [`super::Renew`] → [`super::RenewReply`] |
-//! | `P.api.outcome` | worker → leader (request) | [`super::AttemptReport`] → [`super::Ack`] |
+//! | `P.w.<id>.challenge` | worker → leader (request, auth on) | [`super::Challenge`] → [`super::ChallengeReply`] |
+//! | `P.w.<id>.register` | worker → leader (request) | [`super::Register`] → [`super::RegisterReply`] |
+//! | `P.w.<id>.heartbeat` | worker → leader (request) | [`super::Heartbeat`] → [`super::HeartbeatReply`] |
+//! | `P.w.<id>.deregister` | worker → leader (request) | [`super::Deregister`] → [`super::Ack`] |
+//! | `P.w.<id>.renew` | worker → leader (request) | [`super::Renew`] → [`super::RenewReply`] |
+//! | `P.w.<id>.outcome` | worker → leader (request) | [`super::AttemptReport`] → [`super::Ack`] |
 //! | `P.api.cancel` | client → leader (request) | [`super::Cancel`] → [`super::Ack`] |
 //! | `P.api.task` | client → leader (request) | [`super::GetTask`] → `TaskStatus` |
 //! | `P.api.snapshot` | client → leader (request) | [`super::GetSnapshot`] → `Snapshot` |
@@ -16,6 +17,11 @@
 //! | `P.worker.<id>.lease` | leader → worker | [`super::Lease`] |
 //! | `P.worker.<id>.revoke` | leader → worker | [`super::Revoke`] |
 //! | `P.events.<task_id>` | leader → anyone | [`super::TaskEvent`] |
+//!
+//! A worker speaks only under `P.w.<its id>.>` and hears only
+//! `P.worker.<its id>.>`, so NATS permissions can tie a worker's NATS user
+//! to its id (`deploy/nats/`); the leader checks that the id in the
+//! subject is the body's `worker_id`.
 
 use crate::core::{PoolName, Rejection, TaskId};
 
@@ -82,6 +88,25 @@ impl Subjects {
         format!("{}.api.{}", self.prefix, verb)
     }
 
+    /// A worker's request to the leader: `P.w.<worker_id>.<verb>`.
+    pub fn worker_api(&self, worker_id: &str, verb: &str) -> String {
+        format!("{}.w.{}.{}", self.prefix, worker_id, verb)
+    }
+
+    /// Every worker request (the leader subscribes to it).
+    pub fn worker_api_all(&self) -> String {
+        format!("{}.w.*.*", self.prefix)
+    }
+
+    /// The worker id and verb of a worker request subject.
+    pub fn parse_worker_api<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {
+        let rest = subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".w.")?;
+        let (id, verb) = rest.split_once('.')?;
+        (!id.is_empty() && !verb.is_empty() && !verb.contains('.')).then_some((id, verb))
+    }
+
     /// Leases for one worker.
     pub fn lease(&self, worker_id: &str) -> String {
         format!("{}.worker.{}.lease", self.prefix, worker_id)
@@ -90,6 +115,14 @@ impl Subjects {
     /// Revocations for one worker.
     pub fn revoke(&self, worker_id: &str) -> String {
         format!("{}.worker.{}.revoke", self.prefix, worker_id)
+    }
+
+    /// The worker a `P.worker.<id>.…` subject addresses.
+    pub fn worker_of<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".worker.")?;
+        rest.split_once('.').map(|(id, _)| id)
     }
 
     /// Everything addressed to one worker.

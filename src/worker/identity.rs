@@ -1,16 +1,8 @@
-//! Who a worker is: generated worker ids and the credentials presented at
-//! registration (a token, or an nkey signature over the registration's
-//! identity fields). Verifying them is the auth layer's business, not this
-//! file's.
+//! Who a worker is: generated worker ids. (Its credential and session are
+//! in [`crate::auth`].)
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
-
-use bytes::Bytes;
-
-use crate::core::{Labels, Millis, PoolName, Rejection};
-use crate::wire::Credentials;
 
 /// The longest host part of a generated id, so that the whole id stays
 /// within the 64 characters of a worker id.
@@ -83,59 +75,6 @@ fn random_u16() -> u16 {
     (h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) as u16
 }
 
-/// The bytes a worker signs with its nkey at registration:
-/// `{worker_id}|{pool}|{labels}|{signed_at_ms}`, labels as `k=v,k=v`
-/// sorted by name (empty for no labels).
-///
-/// ```
-/// use cronoq::core::{Labels, Millis, PoolName};
-/// let input = cronoq::worker::signing_input(
-///     "w1",
-///     &PoolName::new("inference").unwrap(),
-///     &Labels::from([("zone", "eu"), ("gpu", "a100")]),
-///     Millis(1_700_000_000_000),
-/// );
-/// assert_eq!(input, "w1|inference|gpu=a100,zone=eu|1700000000000");
-/// ```
-pub fn signing_input(
-    worker_id: &str,
-    pool: &PoolName,
-    labels: &Labels,
-    signed_at: Millis,
-) -> String {
-    format!("{worker_id}|{pool}|{labels}|{}", signed_at.0)
-}
-
-/// The credentials for one registration; a fresh signature each time so
-/// the leader may refuse old ones.
-pub(super) fn credentials(
-    token: Option<&str>,
-    signer: Option<&Arc<nkeys::KeyPair>>,
-    worker_id: &str,
-    pool: &PoolName,
-    labels: &Labels,
-    now: SystemTime,
-) -> Result<Option<Credentials>, Rejection> {
-    if token.is_none() && signer.is_none() {
-        return Ok(None);
-    }
-    let mut credentials = Credentials {
-        token: token.map(str::to_string),
-        ..Credentials::default()
-    };
-    if let Some(signer) = signer {
-        let signed_at = Millis::from_duration(now.duration_since(UNIX_EPOCH).unwrap_or_default());
-        let input = signing_input(worker_id, pool, labels, signed_at);
-        let signature = signer
-            .sign(input.as_bytes())
-            .map_err(|e| Rejection::InvalidArgument(format!("signing with the nkey: {e}")))?;
-        credentials.nkey = Some(signer.public_key());
-        credentials.signature = Some(Bytes::from(signature));
-        credentials.signed_at = Some(signed_at);
-    }
-    Ok(Some(credentials))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,36 +95,5 @@ mod tests {
         let id = generate_worker_id();
         assert!(validate_worker_id(&id).is_ok(), "{id}");
         assert_ne!(generate_worker_id(), generate_worker_id());
-    }
-
-    #[test]
-    fn signature_covers_identity_fields() {
-        let pair = Arc::new(nkeys::KeyPair::new_user());
-        let pool = PoolName::new("inference").unwrap();
-        let labels = Labels::from([("gpu", "a100")]);
-        let now = UNIX_EPOCH + std::time::Duration::from_millis(1_234);
-        let c = credentials(Some("t0k"), Some(&pair), "w1", &pool, &labels, now)
-            .unwrap()
-            .unwrap();
-        assert_eq!(c.token.as_deref(), Some("t0k"));
-        assert_eq!(c.signed_at, Some(Millis(1_234)));
-        let public = nkeys::KeyPair::from_public_key(c.nkey.as_deref().unwrap()).unwrap();
-        let signature = c.signature.unwrap();
-        public
-            .verify(b"w1|inference|gpu=a100|1234", &signature)
-            .unwrap();
-        assert!(public
-            .verify(b"w1|inference|gpu=h100|1234", &signature)
-            .is_err());
-
-        assert_eq!(
-            credentials(None, None, "w1", &pool, &labels, now).unwrap(),
-            None
-        );
-        let token_only = credentials(Some("t"), None, "w1", &pool, &labels, now)
-            .unwrap()
-            .unwrap();
-        assert_eq!(token_only.nkey, None);
-        assert_eq!(token_only.signature, None);
     }
 }

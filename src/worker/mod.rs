@@ -44,12 +44,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::auth::Credential;
 use crate::core::{ErrorCode, Labels, PoolName, Rejection};
 use crate::task::{TaskContext, TaskError};
 use crate::wire::{self, Subjects, WireError};
 
 pub use command::{run_command, STDERR_TAIL_BYTES};
-pub use identity::{generate_worker_id, signing_input};
+pub use identity::generate_worker_id;
 
 /// A worker error, with a stable [`ErrorCode`] (see [`Error::code`]).
 ///
@@ -254,7 +255,7 @@ impl WorkerOptions {
     }
 
     /// An nkey seed (`SU…`, as `cronoq keygen` writes it): the worker signs
-    /// each registration with it (see [`signing_input`]).
+    /// each registration with it (see [`crate::auth`]).
     pub fn nkey_seed(mut self, seed: impl Into<String>) -> WorkerOptions {
         self.nkey_seed = Some(seed.into().trim().to_string());
         self
@@ -311,19 +312,26 @@ impl WorkerOptions {
         }
         wire::validate_worker_id(worker_id)?;
         let subjects = Subjects::new(&self.prefix)?;
-        let signer = match &self.nkey_seed {
-            Some(seed) => Some(Arc::new(nkeys::KeyPair::from_seed(seed).map_err(|e| {
-                Rejection::InvalidArgument(format!("nkey seed is not valid: {e}"))
-            })?)),
-            None => None,
+        let credential = match (&self.token, &self.nkey_seed) {
+            (Some(_), Some(_)) => {
+                return Err(Rejection::InvalidArgument(
+                    "give a token or an nkey seed, not both".into(),
+                )
+                .into())
+            }
+            (Some(token), None) if token.is_empty() => {
+                return Err(Rejection::InvalidArgument("token is empty".into()).into())
+            }
+            (Some(token), None) => Some(Credential::token(token.clone())),
+            (None, Some(seed)) => Some(Credential::nkey_seed(seed).map_err(|e| {
+                Rejection::InvalidArgument(format!("nkey seed is not valid: {}", e.message))
+            })?),
+            (None, None) => None,
         };
-        if self.token.as_deref() == Some("") {
-            return Err(Rejection::InvalidArgument("token is empty".into()).into());
-        }
         Ok(Validated {
             pool,
             subjects,
-            signer,
+            credential,
             login: self.login.load()?,
         })
     }
@@ -333,7 +341,7 @@ impl WorkerOptions {
 struct Validated {
     pool: PoolName,
     subjects: Subjects,
-    signer: Option<Arc<nkeys::KeyPair>>,
+    credential: Option<Credential>,
     login: wire::LoadedLogin,
 }
 

@@ -24,14 +24,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::identity::credentials;
 use super::{Error, Handler, Validated, WorkerOptions};
+use crate::auth::{Credential, Grant, WorkerKeys, WorkerSession};
 use crate::core::{ErrorCode, Labels, Millis, PoolName, TaskId};
 use crate::task::TaskContext;
 use crate::wire::{
-    self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
-    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, RunningAttempt, Subjects, WireError,
-    PROTOCOL_VERSION,
+    self, Ack, AttemptReport, AttemptResult, Challenge, ChallengeReply, Deregister, Heartbeat,
+    HeartbeatReply, Lease, Register, RegisterReply, Renew, RenewReply, Reply, Revoke,
+    RunningAttempt, Subjects, WireError, PROTOCOL_VERSION,
 };
 
 /// How far the worker has been told to stop.
@@ -111,7 +111,11 @@ impl CallError {
     fn is_retryable(&self) -> bool {
         match self {
             CallError::Transport(_) => true,
-            CallError::Remote(e) => e.code == ErrorCode::UNAVAILABLE,
+            // UNAUTHENTICATED: the session is unknown to a new leader until
+            // the next heartbeat registers again.
+            CallError::Remote(e) => {
+                e.code == ErrorCode::UNAVAILABLE || e.code == ErrorCode::UNAUTHENTICATED
+            }
             CallError::Malformed(_) => false,
         }
     }
@@ -132,6 +136,10 @@ struct Link {
     /// (the leader refuses the second with `ALREADY_EXISTS`).
     instance: String,
     request_timeout: Duration,
+    /// The credential it registers with (auth on).
+    credential: Option<Credential>,
+    /// The session the leader granted at the last registration.
+    session: std::sync::Mutex<Option<WorkerSession>>,
 }
 
 /// A value that differs between processes and between runs of one.
@@ -149,18 +157,100 @@ fn new_instance() -> String {
 }
 
 impl Link {
+    fn session(&self) -> Option<WorkerSession> {
+        self.session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Registers once: with a credential, over a fresh challenge nonce,
+    /// opening the session the reply grants.
+    async fn register_once(&self, register: &mut Register) -> Result<RegisterReply, CallError> {
+        let Some(credential) = &self.credential else {
+            register.xkey = None;
+            return self
+                .call("register", &*register, self.request_timeout)
+                .await;
+        };
+        let challenge: ChallengeReply = self
+            .send(
+                self.subjects.worker_api(&self.worker_id, "challenge"),
+                async_nats::HeaderMap::new(),
+                wire::encode(&Challenge::default()),
+                self.request_timeout,
+            )
+            .await?;
+        let keys = WorkerKeys::new();
+        register.xkey = Some(keys.public_key());
+        let subject = self.subjects.worker_api(&self.worker_id, "register");
+        let body = wire::encode(&*register);
+        let mut headers = async_nats::HeaderMap::new();
+        credential.sign_message(&challenge.nonce, &subject, &mut headers, &body);
+        let reply: RegisterReply = self
+            .send(subject, headers, body, self.request_timeout)
+            .await?;
+        let grant = reply.session.as_ref().ok_or_else(|| {
+            CallError::Malformed(
+                "the leader granted no session: it runs with auth off, so this worker's credential would not be checked (remove --token-env/--nkey-seed, or set [auth] required = true on the servers)".into(),
+            )
+        })?;
+        let session = keys
+            .open(&Grant {
+                id: grant.id.clone(),
+                sealed_key: grant.sealed_key.to_vec(),
+                server_xkey: grant.server_xkey.clone(),
+            })
+            .map_err(CallError::Remote)?;
+        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session);
+        Ok(reply)
+    }
+
+    /// Whether a lease or revoke really comes from the leader: with a
+    /// credential, it must carry this session's proof.
+    fn sent_by_leader(&self, message: &async_nats::Message) -> bool {
+        if self.credential.is_none() {
+            return true;
+        }
+        self.session().is_some_and(|s| {
+            s.verify(
+                message.subject.as_str(),
+                message.headers.as_ref(),
+                &message.payload,
+            )
+        })
+    }
+
     async fn call<Q: Serialize, A: DeserializeOwned>(
         &self,
         verb: &str,
         body: &Q,
         timeout: Duration,
     ) -> Result<A, CallError> {
+        let subject = self.subjects.worker_api(&self.worker_id, verb);
+        let body = wire::encode(body);
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(session) = self.session() {
+            session.sign(&subject, &mut headers, &body);
+        }
+        self.send(subject, headers, body, timeout).await
+    }
+
+    /// Sends a request as is; its decoded reply.
+    async fn send<A: DeserializeOwned>(
+        &self,
+        subject: String,
+        headers: async_nats::HeaderMap,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<A, CallError> {
         let request = async_nats::Request::new()
-            .payload(Bytes::from(wire::encode(body)))
+            .payload(Bytes::from(body))
+            .headers(headers)
             .timeout(Some(timeout));
         let message = self
             .client
-            .send_request(self.subjects.api(verb), request)
+            .send_request(subject, request)
             .await
             .map_err(|e| CallError::Transport(e.to_string()))?;
         match wire::decode::<Reply<A>>(&message.payload) {
@@ -236,8 +326,6 @@ struct Session {
     pool: PoolName,
     labels: Labels,
     slots: u32,
-    token: Option<String>,
-    signer: Option<Arc<nkeys::KeyPair>>,
     grace: Duration,
     epoch: u64,
     heartbeat_interval: Duration,
@@ -259,7 +347,7 @@ pub(super) async fn run(
     let Validated {
         pool,
         subjects,
-        signer,
+        credential,
         login,
     } = validated;
     let client = connect(&options, &login, &worker_id).await?;
@@ -292,13 +380,13 @@ pub(super) async fn run(
             worker_id,
             instance: new_instance(),
             request_timeout: options.request_timeout,
+            credential,
+            session: std::sync::Mutex::new(None),
         }),
         handler,
         pool,
         labels: options.labels.clone(),
         slots: options.slots,
-        token: options.token.clone(),
-        signer,
         grace: options.grace,
         epoch: 0,
         heartbeat_interval: Duration::ZERO,
@@ -488,7 +576,7 @@ impl Session {
     ) -> Result<Option<RegisterReply>, Error> {
         let mut backoff = RETRY_INITIAL;
         loop {
-            let register = Register {
+            let mut register = Register {
                 v: PROTOCOL_VERSION,
                 worker_id: self.link.worker_id.clone(),
                 pool: self.pool.clone(),
@@ -496,20 +584,9 @@ impl Session {
                 slots: self.slots,
                 instance: Some(self.link.instance.clone()),
                 running: self.running_attempts(),
-                credentials: credentials(
-                    self.token.as_deref(),
-                    self.signer.as_ref(),
-                    &self.link.worker_id,
-                    &self.pool,
-                    &self.labels,
-                    SystemTime::now(),
-                )?,
+                xkey: None,
             };
-            let call = self.link.call::<_, RegisterReply>(
-                "register",
-                &register,
-                self.link.request_timeout,
-            );
+            let call = self.link.register_once(&mut register);
             let result = tokio::select! {
                 result = call => result,
                 () = stopped(stop) => return Ok(None),
@@ -662,6 +739,12 @@ impl Session {
 
     fn on_message(&mut self, message: async_nats::Message, draining: bool) {
         let subject = message.subject.as_str();
+        if !self.link.sent_by_leader(&message) {
+            // Forged, or from a leader whose session this worker no longer
+            // has: not obeyed (a real lease is re-sent or expires).
+            tracing::warn!(worker_id = %self.link.worker_id, subject, "message without this session's proof ignored");
+            return;
+        }
         if subject == self.link.subjects.lease(&self.link.worker_id) {
             match wire::decode::<Lease>(&message.payload) {
                 Ok(lease) => self.on_lease(lease, draining),

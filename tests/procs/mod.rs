@@ -427,9 +427,21 @@ impl CronoqServer {
     }
 
     async fn start_as(nats: &NatsServer, dir: &Path, leading: bool) -> CronoqServer {
-        let config = dir.join("cronoq.toml");
-        std::fs::write(&config, SERVER_CONFIG).expect("writing the server config");
+        CronoqServer::start_configured(nats, dir, SERVER_CONFIG, &[], leading).await
+    }
+
+    /// Starts a server with `config` (TOML) and extra environment, and
+    /// waits until it is ready (`/readyz`; as leader when `leading`).
+    pub async fn start_configured(
+        nats: &NatsServer,
+        dir: &Path,
+        config_text: &str,
+        env: &[(&str, &str)],
+        leading: bool,
+    ) -> CronoqServer {
         let id = unique("server");
+        let config = dir.join(format!("{id}.toml"));
+        std::fs::write(&config, config_text).expect("writing the server config");
         for _ in 0..5 {
             let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
             let mut cmd = command(cronoq_binary());
@@ -438,6 +450,7 @@ impl CronoqServer {
                 .arg(&config)
                 .args(["--nats", &nats.url(), "--http", &http.to_string()])
                 .args(["--id", &id])
+                .envs(env.iter().copied())
                 .env("CRONOQ_LOG", "info,cronoq=debug,async_nats=warn");
             let mut server = CronoqServer {
                 proc: Proc::spawn("cronoq server", cmd, &dir.join(format!("{id}.log"))),
@@ -457,21 +470,14 @@ impl CronoqServer {
     /// Waits until this server answers as leader: true; false if it exited
     /// (its HTTP port was taken, say).
     async fn ready(&mut self, leading: bool) -> bool {
-        let http = ClientOptions::new()
-            .request_timeout(Duration::from_secs(2))
-            .http(&self.http_url())
-            .expect("a valid http url");
         let until = Instant::now() + DEADLINE;
         while Instant::now() < until {
             if self.proc.exited().is_some() {
                 return false;
             }
-            if let Ok(snap) = http.snapshot().await {
-                if snap
-                    .leader
-                    .as_ref()
-                    .is_some_and(|l| l.id == self.id || !leading)
-                {
+            // `/readyz` needs no credentials (auth may be on).
+            if let Some(health) = readyz(self.http).await {
+                if health.ready && (!leading || health.detail.starts_with("leader")) {
                     return true;
                 }
             }
@@ -515,6 +521,25 @@ impl CronoqServer {
     }
 }
 
+/// `GET /readyz` of the HTTP API at `addr` (plain HTTP/1.0 over TCP).
+pub async fn readyz(addr: SocketAddr) -> Option<cronoq::api::Health> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+        tcp.write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .ok()?;
+        let mut text = String::new();
+        tcp.read_to_string(&mut text).await.ok()?;
+        let body = text.split_once("\r\n\r\n")?.1;
+        serde_json::from_str(body).ok()
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// `cronoq worker --pool default --label … --slots N --id ID -- sh -c
 /// WORKER_SCRIPT`; killed on drop.
 pub struct CronoqWorker {
@@ -526,16 +551,34 @@ impl CronoqWorker {
     /// Starts a worker; `labels` is `k=v,k=v` (empty: unlabeled). It may
     /// not be registered yet when this returns.
     pub fn start(nats_url: &str, dir: &Path, id: &str, labels: &str, slots: u32) -> CronoqWorker {
+        CronoqWorker::start_with(nats_url, dir, id, labels, slots, &[], &[])
+    }
+
+    /// Like [`CronoqWorker::start`], with extra arguments (before `--`)
+    /// and environment: credentials, say.
+    pub fn start_with(
+        nats_url: &str,
+        dir: &Path,
+        id: &str,
+        labels: &str,
+        slots: u32,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> CronoqWorker {
         let mut cmd = command(cronoq_binary());
-        cmd.arg("worker")
-            .args(["--nats", nats_url, "--pool", "default", "--id", id])
-            .args(["--slots", &slots.to_string()])
+        cmd.arg("worker").args(["--nats", nats_url, "--id", id]);
+        if !args.contains(&"--pool") {
+            cmd.args(["--pool", "default"]);
+        }
+        cmd.args(["--slots", &slots.to_string()])
             // Long enough that a drain never ends by the clock in a test.
             .args(["--grace", "10m"]);
         for label in labels.split(',').filter(|l| !l.is_empty()) {
             cmd.args(["--label", label]);
         }
-        cmd.args(["--", "sh", "-c", WORKER_SCRIPT])
+        cmd.args(args)
+            .args(["--", "sh", "-c", WORKER_SCRIPT])
+            .envs(env.iter().copied())
             .env("TEST_DIR", dir)
             .env("TEST_WORKER", id)
             .env("CRONOQ_LOG", "info,cronoq=debug,async_nats=warn");

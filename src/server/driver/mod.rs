@@ -52,6 +52,15 @@ pub(crate) enum Responder<T> {
     Local(oneshot::Sender<Result<T, WireError>>),
 }
 
+/// What the driver keeps per live task beside the ledger's record.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TaskExtra {
+    /// The W3C trace context the submission carried.
+    pub(crate) traceparent: Option<String>,
+    /// The credential that submitted it (auth on).
+    pub(crate) owner: Option<String>,
+}
+
 /// Something the driver must react to.
 pub(crate) enum Input {
     /// A message of the submit stream, decoded (or refused) by the consumer.
@@ -80,6 +89,8 @@ pub(crate) enum Input {
     /// A cancel for a task accepted by the stream but not consumed yet.
     CancelOnArrival(TaskId),
     GetTask(TaskId, Responder<Option<TaskStatus>>),
+    /// A live task's pool and submitter (`None`: not live here).
+    Owner(TaskId, Responder<Option<(PoolName, Option<String>)>>),
     Snapshot(Responder<Snapshot>),
     /// The newest live and recently finished tasks (a checked limit).
     RecentTasks(usize, Responder<wire::TaskList>),
@@ -249,7 +260,7 @@ pub(crate) struct Driver {
     /// Payloads, attempts, outputs, keys and finished tasks: the same
     /// records as embedded keeps.
     /// (Beside each task: the trace context given at submit.)
-    ledger: Ledger<Option<String>, ()>,
+    ledger: Ledger<TaskExtra, ()>,
     cancel_on_arrival: FxHashSet<TaskId>,
     /// Tasks whose attempts changed this turn: their records are journaled
     /// before anything of the turn is announced.
@@ -511,6 +522,13 @@ impl Driver {
             Input::GetTask(id, to) => {
                 let status = self.status(id);
                 self.respond(to, Ok(status));
+            }
+            Input::Owner(id, to) => {
+                let found = self.ledger.extra(id).and_then(|x| {
+                    let pool = self.core.task(id)?.pool.clone();
+                    Some((pool, x.owner.clone()))
+                });
+                self.respond(to, Ok(found));
             }
             Input::Snapshot(to) => {
                 let mut snap = self.snapshot(now);

@@ -22,9 +22,12 @@ impl Driver {
         let spec = task.and_then(|t| {
             let payload = t.payload().clone();
             let key = t.key().map(str::to_string);
-            let traceparent = t.trace_context().map(str::to_string);
+            let extra = TaskExtra {
+                traceparent: t.trace_context().map(str::to_string),
+                owner: t.owner.clone(),
+            };
             t.to_spec(id, self.settings.max_payload_bytes)
-                .map(|spec| (spec, payload, key, traceparent))
+                .map(|spec| (spec, payload, key, extra))
                 .map_err(WireError::from)
         });
         if let Ok((_, _, Some(key), _)) = &spec {
@@ -37,7 +40,7 @@ impl Driver {
                 return;
             }
         }
-        let (spec, payload, key, traceparent) = match spec {
+        let (spec, payload, key, extra) = match spec {
             Ok(x) => x,
             Err(e) => {
                 self.refuse_submission(now, id, pool, e);
@@ -48,7 +51,7 @@ impl Driver {
         let spec_pool = spec.pool.clone();
         // Known before the core answers: a Start it returns reads the payload.
         self.ledger
-            .accept(id, &spec_pool, payload, key.as_deref(), traceparent, now);
+            .accept(id, &spec_pool, payload, key.as_deref(), extra, now);
         if let Err(e) = self.apply(now, Event::Submitted(spec)) {
             // A limit or a time too far ahead: refused like a malformed
             // submission (recorded failed, dead-lettered), never left queued.
@@ -106,7 +109,10 @@ impl Driver {
             &spec.pool,
             task.payload().clone(),
             task.key(),
-            task.trace_context().map(str::to_string),
+            TaskExtra {
+                traceparent: task.trace_context().map(str::to_string),
+                owner: task.owner.clone(),
+            },
             now,
         );
         self.ledger.restore(id, record.attempts, record.error);
@@ -321,7 +327,7 @@ impl Driver {
                     return;
                 };
                 let payload = entry.payload.clone();
-                let traceparent = entry.extra.clone();
+                let traceparent = entry.extra.traceparent.clone();
                 self.dirty.insert(task);
                 let lease = Lease {
                     v: PROTOCOL_VERSION,

@@ -59,7 +59,7 @@ fn try_register(
             pool: PoolName::new(pool).unwrap(),
             labels: Labels::parse(labels).unwrap(),
             slots,
-            credentials: None,
+            xkey: None,
             instance: instance.map(str::to_string),
             running: Vec::new(),
         },
@@ -535,7 +535,7 @@ fn register_running(
         pool: PoolName::new("p").unwrap(),
         labels: Labels::new(),
         slots,
-        credentials: None,
+        xkey: None,
         instance: Some("i".into()),
         running: running
             .iter()
@@ -692,7 +692,7 @@ fn registrations_wait_until_the_journal_is_read() {
                 pool: PoolName::new("p").unwrap(),
                 labels: Labels::new(),
                 slots: 2,
-                credentials: None,
+                xkey: None,
                 instance: Some("i".into()),
                 running: vec![RunningAttempt {
                     task_id: TaskId(5),

@@ -267,6 +267,7 @@ impl Driver {
             worker_timeout: self.settings.worker_timeout,
             lease_ttl: self.settings.lease_ttl,
             adopted: Vec::new(),
+            session: None,
         }
     }
 

@@ -1,0 +1,190 @@
+//! The leader's gate: every worker request, client request and submission
+//! passes here before it reaches the driver (the rules and the proof
+//! scheme are in [`crate::auth`]). With `[auth] required = false` it lets
+//! everything through as [`Principal::anonymous`].
+//!
+//! Per leadership: a new leader starts with no sessions and no nonces;
+//! workers register again on the new epoch and get new sessions.
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use async_nats::HeaderMap;
+
+use crate::auth::{Authenticator, Nonces, Principal, Sessions};
+use crate::core::{ErrorCode, Millis, PoolName};
+use crate::task::Task;
+use crate::wire::{self, ChallengeReply, Register, SessionGrant, Subjects, WireError};
+
+/// Credentials, nonces and sessions of one leadership.
+pub(crate) struct Guard {
+    auth: Arc<Authenticator>,
+    nonces: Mutex<Nonces>,
+    sessions: Mutex<Sessions>,
+    subjects: Subjects,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Guard {
+    /// A gate for one leadership; a worker id stays bound to its
+    /// credential while its session was used within `hold`.
+    pub(crate) fn new(auth: Arc<Authenticator>, subjects: Subjects, hold: Millis) -> Guard {
+        Guard {
+            auth,
+            nonces: Mutex::new(Nonces::default()),
+            sessions: Mutex::new(Sessions::new(hold)),
+            subjects,
+        }
+    }
+
+    /// Whether credentials are checked.
+    pub(crate) fn required(&self) -> bool {
+        self.auth.required()
+    }
+
+    /// A submission as the stream stored it (at `stored`): verified, the
+    /// pool allowed, its owner set and its idempotency key scoped to the
+    /// owner.
+    pub(crate) fn submission(
+        &self,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        body: &[u8],
+        stored: Millis,
+        pool: &PoolName,
+        mut task: Task,
+    ) -> Result<Task, WireError> {
+        if !self.required() {
+            return Ok(task);
+        }
+        let principal = self.auth.caller(subject, headers, body, stored)?;
+        principal.may_submit(pool)?;
+        task.idempotency_key = task.idempotency_key.map(|k| principal.scoped_key(&k));
+        task.owner = Some(principal.name);
+        Ok(task)
+    }
+
+    /// The submitter a stored submission's proof names, if it verifies.
+    pub(crate) fn owner_of(
+        &self,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        body: &[u8],
+        stored: Millis,
+    ) -> Option<String> {
+        self.auth
+            .caller(subject, headers, body, stored)
+            .ok()
+            .map(|p| p.name)
+    }
+
+    /// The caller of a client request (`P.api.*`), its nonce used up.
+    pub(crate) fn client(
+        &self,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        body: &[u8],
+        now: Millis,
+    ) -> Result<Principal, WireError> {
+        if !self.required() {
+            return Ok(Principal::anonymous());
+        }
+        let (principal, nonce) = self.auth.verify(subject, headers, body)?;
+        lock(&self.nonces).first_use(&nonce, now)?;
+        Ok(principal)
+    }
+
+    /// A registration nonce (any worker may ask; with auth off too, so a
+    /// worker with a credential hears that no session will come).
+    pub(crate) fn challenge(&self, now: Millis) -> Result<ChallengeReply, WireError> {
+        Ok(ChallengeReply {
+            v: wire::PROTOCOL_VERSION,
+            nonce: lock(&self.nonces).issue(now)?,
+        })
+    }
+
+    /// Checks a registration: the credential's proof over a nonce this
+    /// leader issued, its role, pool and label claims, and that the id is
+    /// not another credential's. Nothing is registered here.
+    pub(crate) fn register(
+        &self,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        body: &[u8],
+        r: &Register,
+        now: Millis,
+    ) -> Result<Option<Principal>, WireError> {
+        if !self.required() {
+            return Ok(None);
+        }
+        let (principal, nonce) = self.auth.verify(subject, headers, body)?;
+        lock(&self.nonces).redeem(&nonce, now)?;
+        principal.may_register(&r.pool, &r.labels)?;
+        if r.xkey.is_none() {
+            return Err(WireError::new(
+                ErrorCode::INVALID_ARGUMENT,
+                "a registration with a credential must carry an xkey for its session",
+            ));
+        }
+        lock(&self.sessions).may_bind(&r.worker_id, &principal, now)?;
+        Ok(Some(principal))
+    }
+
+    /// Opens the session of a registration the driver accepted.
+    pub(crate) fn open_session(
+        &self,
+        r: &Register,
+        principal: &Principal,
+        now: Millis,
+    ) -> Result<SessionGrant, WireError> {
+        let grant = lock(&self.sessions).open(
+            &r.worker_id,
+            principal,
+            r.xkey.as_deref().unwrap_or_default(),
+            now,
+        )?;
+        Ok(SessionGrant {
+            id: grant.id,
+            sealed_key: grant.sealed_key.into(),
+            server_xkey: grant.server_xkey,
+        })
+    }
+
+    /// Checks that a worker request proves `worker_id`'s session.
+    pub(crate) fn worker(
+        &self,
+        worker_id: &str,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        body: &[u8],
+        now: Millis,
+    ) -> Result<(), WireError> {
+        if !self.required() {
+            return Ok(());
+        }
+        lock(&self.sessions).verify(worker_id, subject, headers, body, now)
+    }
+
+    /// Forgets a worker's session (it deregistered).
+    pub(crate) fn close(&self, worker_id: &str) {
+        if self.required() {
+            lock(&self.sessions).close(worker_id);
+        }
+    }
+
+    /// The headers of a message to a worker (`P.worker.<id>.…`): signed
+    /// with its session when auth is on; `None` otherwise.
+    pub(crate) fn sign_to_worker(&self, subject: &str, body: &[u8]) -> Option<HeaderMap> {
+        if !self.required() {
+            return None;
+        }
+        let worker_id = self.subjects.worker_of(subject)?;
+        let mut headers = HeaderMap::new();
+        lock(&self.sessions)
+            .sign(worker_id, subject, &mut headers, body, SystemTime::now())
+            .then_some(headers)
+    }
+}
