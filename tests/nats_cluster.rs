@@ -334,13 +334,31 @@ async fn registered(client: &Client, id: &str) {
 fn deploy_nats_configs_are_valid() {
     let binary = nats_server_binary();
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/nats");
-    for n in 1..=3 {
-        let conf = deploy.join(format!("nats-{n}.conf"));
+    // auth.conf takes its users' public keys from the environment.
+    let keys: Vec<(&str, String)> = [
+        "CRONOQ_NATS_SERVER_NKEY",
+        "CRONOQ_NATS_SUBMITTER_NKEY",
+        "CRONOQ_NATS_READER_NKEY",
+        "CRONOQ_NATS_WORKER_GPU_A100_1_NKEY",
+        "CRONOQ_NATS_WORKER_CPU_1_NKEY",
+    ]
+    .into_iter()
+    .map(|var| (var, nkeys::KeyPair::new_user().public_key()))
+    .collect();
+    for name in [
+        "nats-1.conf",
+        "nats-2.conf",
+        "nats-3.conf",
+        "nats-single.conf",
+        "auth.conf",
+    ] {
+        let conf = deploy.join(name);
         assert!(conf.is_file(), "{} is missing", conf.display());
         let out = Command::new(&binary)
             .arg("-t")
             .arg("-c")
             .arg(&conf)
+            .envs(keys.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("running nats-server -t");
         assert!(
@@ -351,8 +369,34 @@ fn deploy_nats_configs_are_valid() {
             String::from_utf8_lossy(&out.stderr)
         );
         let text = std::fs::read_to_string(&conf).expect("reading the config");
-        for needle in ["jetstream", "cluster", "name: cronoq", "routes"] {
+        let needles: &[&str] = match name {
+            "auth.conf" => &["accounts", "jetstream: enabled", "permissions"],
+            "nats-single.conf" => &["jetstream", "include ./auth.conf"],
+            _ => &[
+                "jetstream",
+                "cluster",
+                "name: cronoq",
+                "routes",
+                "include ./auth.conf",
+            ],
+        };
+        for needle in needles {
             assert!(text.contains(needle), "{} lacks {needle:?}", conf.display());
+        }
+        // Without its public keys a node does not start.
+        if name != "auth.conf" {
+            let out = Command::new(&binary)
+                .arg("-t")
+                .arg("-c")
+                .arg(&conf)
+                .env_remove("CRONOQ_NATS_SERVER_NKEY")
+                .envs(keys.iter().skip(1).map(|(k, v)| (k, v)))
+                .output()
+                .expect("running nats-server -t");
+            assert!(
+                !out.status.success(),
+                "{name} started without its users' keys"
+            );
         }
     }
     // The check above means something: `-t` refuses a broken file.

@@ -100,9 +100,10 @@ pub struct CancelArgs {
 }
 
 /// A connected client: NATS when `--nats` is given, else the HTTP API.
+/// Boxed: both are large and there is one per command.
 enum Remote {
     Nats(Box<client::Client>),
-    Http(HttpClient),
+    Http(Box<HttpClient>),
 }
 
 /// Client errors become [`WireError`]s, so `cli::error_code` finds the code.
@@ -143,7 +144,9 @@ fn credential_of(connect: &Connect) -> Result<Option<Credential>, WireError> {
 
 impl Remote {
     async fn connect(connect: &Connect) -> anyhow::Result<Remote> {
-        let mut options = ClientOptions::new().prefix(connect.prefix.clone());
+        let mut options = ClientOptions::new()
+            .prefix(connect.prefix.clone())
+            .nats_login(connect.login.login());
         if let Some(credential) = credential_of(connect)? {
             options = options.credential(credential);
         }
@@ -155,7 +158,7 @@ impl Remote {
                 .map_err(wire),
             (None, url) => options
                 .http(url.as_deref().unwrap_or(DEFAULT_HTTP_URL))
-                .map(Remote::Http)
+                .map(|c| Remote::Http(Box::new(c)))
                 .map_err(wire),
         }
     }

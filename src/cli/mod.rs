@@ -83,6 +83,37 @@ pub struct Connect {
     /// credential; NATS only).
     #[arg(long, env = "CRONOQ_NKEY_SEED", value_name = "FILE")]
     pub nkey_seed: Option<std::path::PathBuf>,
+    /// NATS credentials and inbox prefix.
+    #[command(flatten)]
+    pub login: NatsLoginArgs,
+}
+
+/// How a command logs in to NATS (`deploy/nats/auth.conf`): the same two
+/// flags on `server`, `worker` and the client commands.
+#[derive(Debug, Clone, Default, Args)]
+pub struct NatsLoginArgs {
+    /// NATS credentials: a .creds file (user JWT and seed) or a file
+    /// holding an nkey user seed (SU…, `cronoq keygen --seed-file`).
+    #[arg(long, env = "CRONOQ_NATS_CREDS", value_name = "FILE")]
+    pub nats_creds: Option<std::path::PathBuf>,
+    /// Inbox prefix for NATS replies (replaces _INBOX), e.g.
+    /// _INBOX.submitter: the one the NATS user may subscribe to.
+    #[arg(long, env = "CRONOQ_NATS_INBOX_PREFIX", value_name = "PREFIX")]
+    pub nats_inbox_prefix: Option<String>,
+}
+
+impl NatsLoginArgs {
+    /// The login these flags describe (checked when it is loaded).
+    pub fn login(&self) -> crate::wire::NatsLogin {
+        let mut login = crate::wire::NatsLogin::new();
+        if let Some(path) = &self.nats_creds {
+            login = login.creds(path);
+        }
+        if let Some(prefix) = &self.nats_inbox_prefix {
+            login = login.inbox_prefix(prefix);
+        }
+        login
+    }
 }
 
 /// Runs the parsed command.

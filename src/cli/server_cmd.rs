@@ -26,6 +26,10 @@ pub struct ServerArgs {
     /// Subject prefix (over `server.subject_prefix`).
     #[arg(long, env = "CRONOQ_PREFIX")]
     pub prefix: Option<String>,
+    /// NATS credentials and inbox prefix (over `server.nats_creds` and
+    /// `server.nats_inbox_prefix`).
+    #[command(flatten)]
+    pub login: super::NatsLoginArgs,
     /// Only check the configuration (the file with env vars and flags over
     /// it), print a summary and exit: 0 when the server would start with
     /// it, 2 with the error and its code otherwise. Connects to nothing.
@@ -45,6 +49,12 @@ pub fn load_config(args: &ServerArgs) -> anyhow::Result<ServerConfig> {
         args.id.clone(),
         args.prefix.clone(),
     );
+    if let Some(path) = &args.login.nats_creds {
+        config.server.nats_creds = Some(path.clone());
+    }
+    if let Some(prefix) = &args.login.nats_inbox_prefix {
+        config.server.nats_inbox_prefix = Some(prefix.clone());
+    }
     config.check()?;
     Ok(config)
 }
@@ -75,6 +85,10 @@ fn check_startable(config: &ServerConfig) -> Result<(), WireError> {
             crate::core::excerpt(&s.http_addr)
         )));
     }
+    // The credentials file is read and checked, as the server would.
+    s.nats_login()
+        .load()
+        .map_err(|e| WireError::new(e.code(), format!("config: {e}")))?;
     let auth = config
         .authenticator()
         .map_err(|e| WireError::new(e.code, format!("config: [auth]: {}", e.message)))?;

@@ -38,6 +38,9 @@ pub struct WorkerArgs {
     /// File holding this worker's nkey seed.
     #[arg(long, env = "CRONOQ_NKEY_SEED")]
     pub nkey_seed: Option<std::path::PathBuf>,
+    /// NATS credentials and inbox prefix.
+    #[command(flatten)]
+    pub login: super::NatsLoginArgs,
     /// On SIGTERM/SIGINT, how long running attempts may take to finish.
     #[arg(long, env = "CRONOQ_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub grace: std::time::Duration,
@@ -67,6 +70,12 @@ fn options(args: &WorkerArgs) -> Result<WorkerOptions, WireError> {
         .slots(args.slots)
         .prefix(&args.prefix)
         .grace(args.grace);
+    if let Some(path) = &args.login.nats_creds {
+        options = options.nats_creds(path);
+    }
+    if let Some(prefix) = &args.login.nats_inbox_prefix {
+        options = options.nats_inbox_prefix(prefix);
+    }
     for label in &args.labels {
         options = options.label_text(label);
     }

@@ -38,6 +38,10 @@
 //! and returns the leader's refusal (`UNAUTHENTICATED`,
 //! `PERMISSION_DENIED`) if there is one. Secrets are never logged: the
 //! `Debug` of options, clients and credentials shows none.
+//!
+//! NATS credentials ([`ClientOptions::nats_creds`]: a `.creds` file or an
+//! nkey user seed) and a private inbox prefix ([`ClientOptions::inbox_prefix`])
+//! log in to a nats-server that restricts its users (`deploy/nats/auth.conf`).
 
 use std::fmt;
 use std::future::Future;
@@ -79,7 +83,8 @@ pub enum Error {
     /// The server refused or failed the request, with its code.
     #[error(transparent)]
     Refused(#[from] WireError),
-    /// Could not connect to NATS (`UNAVAILABLE`).
+    /// Could not connect to NATS (`UNAVAILABLE`; `UNAUTHENTICATED` when
+    /// NATS refused the login).
     #[error("connecting to {url}")]
     Connect {
         /// The URL tried.
@@ -117,6 +122,11 @@ impl Error {
         match self {
             Error::Invalid(r) => r.code(),
             Error::Refused(e) => e.code.clone(),
+            Error::Connect { source, .. }
+                if source.kind() == async_nats::ConnectErrorKind::AuthorizationViolation =>
+            {
+                ErrorCode::UNAUTHENTICATED
+            }
             Error::Connect { .. } | Error::Unavailable { .. } => ErrorCode::UNAVAILABLE,
             Error::Protocol(_) => ErrorCode::INTERNAL,
         }
@@ -173,6 +183,7 @@ pub struct ClientOptions {
     request_timeout: Duration,
     max_payload_bytes: usize,
     wait_poll_interval: Option<Duration>,
+    login: wire::NatsLogin,
 }
 
 impl fmt::Debug for ClientOptions {
@@ -187,6 +198,7 @@ impl fmt::Debug for ClientOptions {
             .field("request_timeout", &self.request_timeout)
             .field("max_payload_bytes", &self.max_payload_bytes)
             .field("wait_poll_interval", &self.wait_poll_interval)
+            .field("login", &self.login)
             .finish()
     }
 }
@@ -200,6 +212,7 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(5),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             wait_poll_interval: None,
+            login: wire::NatsLogin::new(),
         }
     }
 }
@@ -277,6 +290,30 @@ impl ClientOptions {
         self
     }
 
+    /// NATS credentials: a `.creds` file (user JWT and seed) or a file
+    /// holding an nkey user seed (`SU…`). Read when connecting; a missing
+    /// or malformed file is `INVALID_ARGUMENT`, a login NATS refuses
+    /// `UNAUTHENTICATED`. Over HTTP it is not used.
+    pub fn nats_creds(mut self, path: impl Into<std::path::PathBuf>) -> ClientOptions {
+        self.login = self.login.creds(path);
+        self
+    }
+
+    /// The inbox prefix of the NATS connection (replaces `_INBOX`), where
+    /// replies to this client arrive: with per-user inboxes
+    /// (`deploy/nats/auth.conf`), the prefix this user may subscribe to,
+    /// e.g. `_INBOX.submitter`.
+    pub fn inbox_prefix(mut self, prefix: impl Into<String>) -> ClientOptions {
+        self.login = self.login.inbox_prefix(prefix);
+        self
+    }
+
+    /// Credentials and inbox prefix at once (replacing both).
+    pub fn nats_login(mut self, login: wire::NatsLogin) -> ClientOptions {
+        self.login = login;
+        self
+    }
+
     /// How long to wait for an answer (and for a connection).
     pub fn request_timeout(mut self, timeout: Duration) -> ClientOptions {
         self.request_timeout = timeout;
@@ -299,8 +336,22 @@ impl ClientOptions {
     /// Connects to NATS at `url`.
     pub async fn connect(self, url: &str) -> Result<Client, Error> {
         let subjects = Subjects::new(&self.prefix)?;
-        let mut options = async_nats::ConnectOptions::new()
+        let refusals = Refusals::default();
+        let recorder = refusals.clone();
+        let mut options = self
+            .login
+            .load()?
+            .options()
             .name("cronoq-client")
+            .event_callback(move |event| {
+                let recorder = recorder.clone();
+                async move {
+                    if let async_nats::Event::ServerError(e) = event {
+                        tracing::warn!(error = %e, "nats-server reported an error on this connection");
+                        recorder.record(e.to_string());
+                    }
+                }
+            })
             .connection_timeout(self.request_timeout)
             .request_timeout(Some(self.request_timeout));
         if let Some(token) = &self.nats_token {
@@ -324,6 +375,8 @@ impl ClientOptions {
             request_timeout: self.request_timeout,
             max_payload_bytes: self.max_payload_bytes,
             wait_poll_interval: self.wait_poll_interval.unwrap_or(Duration::from_secs(2)),
+            inbox_prefix: self.login.inbox().unwrap_or("_INBOX").to_string(),
+            refusals,
         })
     }
 
@@ -355,6 +408,39 @@ pub struct Client {
     request_timeout: Duration,
     max_payload_bytes: usize,
     wait_poll_interval: Duration,
+    inbox_prefix: String,
+    refusals: Refusals,
+}
+
+/// What nats-server refused on a client's connection (permission
+/// violations), the newest [`Refusals::CAP`]. A refused publish or reply
+/// subscription shows only as a request that times out; this tells why.
+#[derive(Clone, Debug, Default)]
+struct Refusals(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>);
+
+impl Refusals {
+    const CAP: usize = 16;
+
+    fn record(&self, error: String) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.push_back(error.trim_start_matches("nats: ").to_string());
+        if list.len() > Self::CAP {
+            list.pop_front();
+        }
+    }
+
+    /// The refusal of a publish to `subject` or of a subscription under
+    /// `inbox` (the replies' prefix), taken from the list.
+    fn take(&self, subject: &str, inbox: &str) -> Option<String> {
+        let publish = format!("publish to \"{subject}\"").to_lowercase();
+        let replies = format!("subscription to \"{inbox}.").to_lowercase();
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let at = list.iter().position(|e| {
+            let e = e.to_lowercase();
+            e.contains(&publish) || e.contains(&replies)
+        })?;
+        list.remove(at)
+    }
 }
 
 /// A credential that cannot be used: `INVALID_ARGUMENT`, nothing sent.
@@ -378,6 +464,26 @@ impl Client {
     /// Connects with the default options.
     pub async fn connect(url: &str) -> Result<Client, Error> {
         ClientOptions::new().connect(url).await
+    }
+
+    /// `PERMISSION_DENIED` when nats-server refused publishing to
+    /// `subject` or this client's reply subscription (its NATS user may not
+    /// do this, or the inbox prefix is not the user's).
+    fn refused(&self, subject: &str) -> Option<Error> {
+        let violation = self.refusals.take(subject, &self.inbox_prefix)?;
+        let why = if violation.to_lowercase().contains("subscription") {
+            format!(
+                "replies to this client arrive under {}, which its NATS user may not subscribe \
+                 to: set the inbox prefix the user is given (--nats-inbox-prefix)",
+                self.inbox_prefix
+            )
+        } else {
+            "its NATS user may not publish there".to_string()
+        };
+        Some(Error::Refused(WireError::new(
+            ErrorCode::PERMISSION_DENIED,
+            format!("{subject}: nats-server refused it ({violation}): {why}"),
+        )))
     }
 
     /// The subjects this client uses.
@@ -525,10 +631,15 @@ impl Client {
                      so no cronoq server has created it (start `cronoq server` against {})",
                     self.url
                 ),
-                Kind::TimedOut => format!(
-                    "no acknowledgement for {subject} within {:?} (is JetStream up on {}?)",
-                    self.request_timeout, self.url
-                ),
+                Kind::TimedOut => {
+                    if let Some(refused) = self.refused(&subject) {
+                        return refused;
+                    }
+                    format!(
+                        "no acknowledgement for {subject} within {:?} (is JetStream up on {}?)",
+                        self.request_timeout, self.url
+                    )
+                }
                 _ => format!("publishing to {subject}"),
             };
             Error::unavailable(message, e)
@@ -581,7 +692,9 @@ impl Client {
                         message: nobody,
                         source: None,
                     },
-                    Kind::TimedOut => Error::unavailable(nobody, e),
+                    Kind::TimedOut => self
+                        .refused(&subject)
+                        .unwrap_or_else(|| Error::unavailable(nobody, e)),
                     Kind::Other => Error::unavailable(format!("requesting {subject}"), e),
                 }
             })?;

@@ -99,6 +99,14 @@ pub struct ServerSection {
     /// HTTP: connections open at once; more are answered 503 and closed.
     #[serde(default = "default_http_max_connections")]
     pub http_max_connections: usize,
+    /// NATS credentials: a `.creds` file (user JWT and seed) or a file
+    /// holding an nkey user seed (`SU…`); none: no credentials.
+    #[serde(default)]
+    pub nats_creds: Option<std::path::PathBuf>,
+    /// The inbox prefix of this server's NATS connections (replaces
+    /// `_INBOX`; `deploy/nats/auth.conf` gives the server `_INBOX.server`).
+    #[serde(default)]
+    pub nats_inbox_prefix: Option<String>,
 }
 
 fn default_replicas() -> usize {
@@ -171,6 +179,8 @@ impl Default for ServerSection {
             http_header_timeout: default_http_header_timeout(),
             http_idle_timeout: default_http_idle_timeout(),
             http_max_connections: default_http_max_connections(),
+            nats_creds: None,
+            nats_inbox_prefix: None,
         }
     }
 }
@@ -321,6 +331,18 @@ pub struct NkeySection {
 }
 
 impl ServerSection {
+    /// How this server logs in to NATS (`nats_creds`, `nats_inbox_prefix`).
+    pub fn nats_login(&self) -> crate::wire::NatsLogin {
+        let mut login = crate::wire::NatsLogin::new();
+        if let Some(path) = &self.nats_creds {
+            login = login.creds(path);
+        }
+        if let Some(prefix) = &self.nats_inbox_prefix {
+            login = login.inbox_prefix(prefix);
+        }
+        login
+    }
+
     /// The core's limits from these settings.
     pub fn limits(&self) -> crate::core::Limits {
         crate::core::Limits {
@@ -379,6 +401,11 @@ impl ServerConfig {
     /// Checks what serde cannot.
     pub fn check(&self) -> Result<(), Rejection> {
         crate::wire::Subjects::new(&self.server.subject_prefix)?;
+        if let Some(prefix) = &self.server.nats_inbox_prefix {
+            crate::wire::check_inbox_prefix(prefix).map_err(|e| {
+                Rejection::InvalidArgument(format!("config: nats_inbox_prefix: {e}"))
+            })?;
+        }
         let mut seen = std::collections::BTreeSet::new();
         for pool in &self.pools {
             let (name, _) = pool.to_core()?;

@@ -85,6 +85,9 @@ pub enum Error {
     /// `[auth]` is not usable (an unset token variable, an inline secret, …).
     #[error("[auth]: {}", .0.message)]
     Auth(WireError),
+    /// NATS refused the login (`UNAUTHENTICATED`).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl Error {
@@ -95,6 +98,7 @@ impl Error {
             Error::Nats { .. } => ErrorCode::UNAVAILABLE,
             Error::Http { .. } => ErrorCode::UNAVAILABLE,
             Error::Auth(e) => e.code.clone(),
+            Error::Refused(_) => ErrorCode::UNAUTHENTICATED,
         }
     }
 }
@@ -451,21 +455,41 @@ impl Api for LeaderApi {
 }
 
 /// Connects to NATS, retrying every second until it works or `give_up`.
+///
+/// `login` is read first: a bad credentials file or inbox prefix fails at
+/// once (`INVALID_ARGUMENT`), and so does a login NATS refuses
+/// (`UNAUTHENTICATED`: the credentials are wrong, waiting will not help).
+/// Permission violations NATS reports later are logged as warnings.
 pub async fn connect_nats(
     url: &str,
     name: &str,
+    login: &crate::wire::NatsLogin,
     give_up: Option<Duration>,
 ) -> Result<async_nats::Client, Error> {
+    let login = login.load()?;
     let started = tokio::time::Instant::now();
     let mut logged = false;
     loop {
-        match async_nats::ConnectOptions::new()
+        match login
+            .options()
             .name(name)
             .max_reconnects(None)
+            .event_callback(|event| async move { log_server_error(&event) })
             .connect(wire::server_list(url))
             .await
         {
             Ok(client) => return Ok(client),
+            Err(e) if e.kind() == async_nats::ConnectErrorKind::AuthorizationViolation => {
+                return Err(Error::Refused(format!(
+                    "connecting to {url}: NATS refused the login ({}): check nats_creds / \
+                     --nats-creds against the nats-server's users",
+                    if login.has_credentials() {
+                        "wrong or unknown credentials"
+                    } else {
+                        "it requires credentials and none were given"
+                    }
+                )));
+            }
             Err(e) => {
                 if give_up.is_some_and(|g| started.elapsed() >= g) {
                     return Err(nats_err(format!("connecting to {url}"))(e));
@@ -477,6 +501,14 @@ pub async fn connect_nats(
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
+    }
+}
+
+/// Logs what NATS reports as an error on a connection (a permission
+/// violation: the nats-server's users do not allow a subject cronoq uses).
+pub(crate) fn log_server_error(event: &async_nats::Event) {
+    if let async_nats::Event::ServerError(e) = event {
+        tracing::warn!(error = %e, "nats-server reported an error on this connection");
     }
 }
 
@@ -514,7 +546,14 @@ pub async fn serve(
         .map(PoolSection::to_core)
         .collect::<Result<Vec<_>, _>>()?;
 
-    let client = connect_nats(&s.nats_url, &format!("cronoq-server {server_id}"), None).await?;
+    let login = s.nats_login();
+    let client = connect_nats(
+        &s.nats_url,
+        &format!("cronoq-server {server_id}"),
+        &login,
+        None,
+    )
+    .await?;
     tracing::info!(url = %s.nats_url, server_id = %server_id, "connected to nats");
     let nats_max_payload = client.server_info().max_payload;
     let max_payload_bytes = effective_payload_limit(s.max_payload_bytes, nats_max_payload);
@@ -596,6 +635,7 @@ pub async fn serve(
     );
     let remote = crate::client::ClientOptions::new()
         .prefix(subjects.prefix())
+        .nats_login(login)
         .connect(&s.nats_url)
         .await
         .map_err(nats_err("connecting the follower's client"))?;

@@ -12,12 +12,14 @@
 //! `UPDATE_SCHEMAS=1 cargo test --test proto_schemas`).
 
 mod headers;
+mod login;
 mod messages;
 mod schema;
 pub mod schemas;
 mod subjects;
 
 pub use headers::*;
+pub use login::{check_inbox_prefix, LoadedLogin, NatsLogin};
 pub use messages::*;
 pub use subjects::*;
 

@@ -159,6 +159,7 @@ pub struct WorkerOptions {
     nkey_seed: Option<String>,
     grace: Duration,
     request_timeout: Duration,
+    login: wire::NatsLogin,
 }
 
 impl fmt::Debug for WorkerOptions {
@@ -175,6 +176,7 @@ impl fmt::Debug for WorkerOptions {
             .field("nkey_seed", &self.nkey_seed.as_ref().map(|_| "<redacted>"))
             .field("grace", &self.grace)
             .field("request_timeout", &self.request_timeout)
+            .field("login", &self.login)
             .finish()
     }
 }
@@ -195,6 +197,7 @@ impl WorkerOptions {
             nkey_seed: None,
             grace: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
+            login: wire::NatsLogin::new(),
         }
     }
 
@@ -258,6 +261,21 @@ impl WorkerOptions {
         self
     }
 
+    /// NATS credentials: a `.creds` file or a file holding an nkey user
+    /// seed (`SU…`; the same file as [`WorkerOptions::nkey_seed`]'s seed
+    /// works). Read before connecting: a bad file is `INVALID_ARGUMENT`.
+    pub fn nats_creds(mut self, path: impl Into<std::path::PathBuf>) -> WorkerOptions {
+        self.login = self.login.creds(path);
+        self
+    }
+
+    /// The inbox prefix of the NATS connection (replaces `_INBOX`), e.g.
+    /// `_INBOX.worker.<id>` with `deploy/nats/auth.conf`.
+    pub fn nats_inbox_prefix(mut self, prefix: impl Into<String>) -> WorkerOptions {
+        self.login = self.login.inbox_prefix(prefix);
+        self
+    }
+
     /// On shutdown, how long running attempts may take to finish before
     /// they are aborted (default 30 s).
     pub fn grace(mut self, grace: Duration) -> WorkerOptions {
@@ -314,6 +332,7 @@ impl WorkerOptions {
             pool,
             subjects,
             credential,
+            login: self.login.load()?,
         })
     }
 }
@@ -323,6 +342,7 @@ struct Validated {
     pool: PoolName,
     subjects: Subjects,
     credential: Option<Credential>,
+    login: wire::LoadedLogin,
 }
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<Bytes, TaskError>> + Send>>;

@@ -348,8 +348,9 @@ pub(super) async fn run(
         pool,
         subjects,
         credential,
+        login,
     } = validated;
-    let client = connect(&options, &worker_id).await?;
+    let client = connect(&options, &login, &worker_id).await?;
     let own = subjects.worker_all(&worker_id);
     let mut inbox = client
         .subscribe(own.clone())
@@ -499,9 +500,14 @@ async fn next_record(records: &mut Option<async_nats::Subscriber>) -> Option<asy
     }
 }
 
-async fn connect(options: &WorkerOptions, worker_id: &str) -> Result<async_nats::Client, Error> {
+async fn connect(
+    options: &WorkerOptions,
+    login: &wire::LoadedLogin,
+    worker_id: &str,
+) -> Result<async_nats::Client, Error> {
     let id = worker_id.to_string();
-    async_nats::ConnectOptions::new()
+    login
+        .options()
         .name(format!("cronoq-worker {worker_id}"))
         .retry_on_initial_connect()
         .max_reconnects(None)
@@ -515,6 +521,10 @@ async fn connect(options: &WorkerOptions, worker_id: &str) -> Result<async_nats:
                     }
                     async_nats::Event::Disconnected => {
                         tracing::warn!(worker_id = %id, "disconnected from nats")
+                    }
+                    // A refused login, a permission violation.
+                    async_nats::Event::ServerError(e) => {
+                        tracing::warn!(worker_id = %id, error = %e, "nats-server reported an error")
                     }
                     other => tracing::debug!(worker_id = %id, event = %other, "nats event"),
                 }
