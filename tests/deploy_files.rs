@@ -79,7 +79,7 @@ name = "batch"
 #[test]
 fn check_config_refuses_each_bad_config_with_its_code() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &[&str], &str, &str); 10] = [
+    let cases: [(&str, &[&str], &str, &str); 12] = [
         (
             "[[pools]]\nname = \"p\"\nfleets = [{ labels = { gpu = \"a100\" }, min = 9, max = 8 }]",
             &[],
@@ -127,8 +127,20 @@ fn check_config_refuses_each_bad_config_with_its_code() {
         (
             "[auth]\nrequired = true",
             &[],
-            "FAILED_PRECONDITION",
-            "auth.required",
+            "INVALID_ARGUMENT",
+            "nobody could use the server",
+        ),
+        (
+            "[auth]\nrequired = true\n[[auth.tokens]]\ntoken_env = \"CRONOQ_TEST_UNSET_TOKEN\"\nrole = \"admin\"",
+            &[],
+            "INVALID_ARGUMENT",
+            "CRONOQ_TEST_UNSET_TOKEN is not set",
+        ),
+        (
+            "[auth]\nrequired = true\n[[auth.tokens]]\ntoken_env = \"X\"\ntoken = \"inline-secret-0123456789\"\nrole = \"admin\"",
+            &[],
+            "INVALID_ARGUMENT",
+            "inline token",
         ),
     ];
     for (i, (config, flags, code, why)) in cases.iter().enumerate() {
@@ -145,6 +157,7 @@ fn check_config_refuses_each_bad_config_with_its_code() {
             "{config}: {stderr}"
         );
         assert!(stderr.contains(why), "{config}: {stderr}");
+        assert!(!stderr.contains("inline-secret"), "a secret in: {stderr}");
     }
     let missing = dir.path().join("missing.toml").display().to_string();
     let out = check_config(&["--config", &missing], &[]);

@@ -1,3 +1,5 @@
+//! Unit tests of credentials, proofs, nonces and sessions.
+
 use super::*;
 use crate::server::ServerConfig;
 
