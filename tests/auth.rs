@@ -832,6 +832,14 @@ async fn workers_get_new_sessions_from_a_new_leader() {
     s.until(held, "running", |t| t.state == TaskState::Running)
         .await;
 
+    // Open routes stay open; a follower's /metrics works without a
+    // credential to ask the leader with (its health alone).
+    for server in [&s._server, &standby] {
+        let (status, body) = procs::http_get(&format!("{}/metrics", server.http_url())).await;
+        assert_eq!(status, 200, "{body}");
+        let (status, _) = procs::http_get(&format!("{}/v1/snapshot", server.http_url())).await;
+        assert_eq!(status, 401);
+    }
     s._server.kill9();
     let standby_id = standby.id().to_string();
     eventually("the standby to lead, with the worker registered", || {

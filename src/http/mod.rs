@@ -762,7 +762,18 @@ async fn autoscale(Caller(api): Caller, uri: Uri) -> Result<Json<AutoscaleAnswer
 }
 
 async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {
-    let snapshot = api.snapshot().await?;
+    // A follower asks the leader for the snapshot; with `[auth] required`
+    // it has no credential of its own to ask with, and exports its health
+    // alone (the leader exports the pools).
+    let snapshot = match api.snapshot().await {
+        Ok(snapshot) => snapshot,
+        Err(e)
+            if e.code == ErrorCode::UNAUTHENTICATED || e.code == ErrorCode::PERMISSION_DENIED =>
+        {
+            Snapshot::default()
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut text = metrics_text(&snapshot, &api.health());
     // A remote client's Api has no counters: the gauges alone then.
     if let Ok(counted) = api.metrics().await {

@@ -521,7 +521,8 @@ impl CronoqServer {
     }
 }
 
-/// `GET /readyz` of the HTTP API at `addr` (plain HTTP/1.0 over TCP).
+/// `GET /readyz` of the HTTP API at `addr`.
+/// Never panics: `None` while nothing listens yet.
 pub async fn readyz(addr: SocketAddr) -> Option<cronoq::api::Health> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
