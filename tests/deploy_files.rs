@@ -199,8 +199,38 @@ fn the_shipped_server_configs_pass_check_config() {
         .display()
         .to_string();
     for (path, fleets) in [(kubernetes, 2), (systemd, 2)] {
+        // Both run with auth on: every token variable their [auth] names
+        // gets a stand-in (the Secrets, or server.env, in production).
+        let config = std::fs::read_to_string(&path).unwrap();
+        let tokens: Vec<(String, String)> = config
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("token_env = \""))
+            .filter_map(|rest| rest.split('"').next())
+            .map(|var| (var.to_string(), format!("a-stand-in-token-for-{var}")))
+            .collect();
+        assert!(tokens.len() >= 3, "{path}: auth with a token per role");
+        let env: Vec<(&str, &str)> = tokens
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         let out = check_config(&["--config", &path], &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{path}: unset tokens must be refused"
+        );
+        assert!(
+            text(&out.stderr).contains("is not set"),
+            "{}",
+            text(&out.stderr)
+        );
+        let out = check_config(&["--config", &path], &env);
         assert_eq!(out.status.code(), Some(0), "{path}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("auth required"),
+            "{}",
+            text(&out.stdout)
+        );
         assert!(
             text(&out.stdout).contains(&format!("1 pools, {fleets} fleets")),
             "{path}: {}",
