@@ -634,7 +634,7 @@ impl Authenticator {
     ) -> Result<(Principal, String), WireError> {
         let proof = Proof::of(headers)?.ok_or_else(|| {
             unauthenticated(format!(
-                "credentials required: no {AUTH_HEADER} header (pass a token or an nkey)"
+                "credentials required: this server has [auth] required = true (CLI: --token-env VAR or --nkey-seed FILE; HTTP: Authorization: Bearer <token>; no {AUTH_HEADER} header came)"
             ))
         })?;
         let input = signing_input(
