@@ -49,7 +49,8 @@
 //! `CRONOQ_BENCH_LATENCY_TASKS` for the paced run, `CRONOQ_BENCH_ONLY=cronoq`
 //! (or `ceiling`) to run one side under a profiler,
 //! `CRONOQ_BENCH_RATE=<tasks/s>` to pace that side, `CRONOQ_BENCH_DUMP=<dir>`
-//! to write each round's per-task stamps as CSV.
+//! to write each round's per-task stamps as CSV, `CRONOQ_BENCH_JOURNAL_BATCHES=1`
+//! to write the journal in atomic batches (`[server] journal_batches`).
 
 mod common;
 
@@ -412,6 +413,10 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
         Some(format!("{prefix}-server")),
         Some(prefix.clone()),
     );
+    // `CRONOQ_BENCH_JOURNAL_BATCHES=1`: the journal in atomic batches, to
+    // compare with one fenced write per record in the same conditions.
+    config.server.journal_batches =
+        std::env::var("CRONOQ_BENCH_JOURNAL_BATCHES").as_deref() == Ok("1");
     let (server_stop, server_stop_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = oneshot::channel();
     let server = tokio::spawn(cronoq::server::serve(
@@ -730,6 +735,13 @@ fn profile_one(
 }
 
 fn main() {
+    // `RUST_LOG=cronoq=debug` shows the server's logs on stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let n = env_count("CRONOQ_BENCH_TASKS", 100_000);
     let rounds = env_count("CRONOQ_BENCH_ROUNDS", 3);
     let Some(nats) = NatsServer::start() else {

@@ -35,6 +35,7 @@ mod config;
 pub(crate) mod driver;
 pub mod election;
 mod guard;
+mod journal;
 #[cfg(test)]
 mod sim;
 mod warm;
@@ -42,7 +43,7 @@ mod warm;
 pub use config::*;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -615,6 +616,30 @@ pub async fn serve(
             .await
             .map_err(nats_err("creating the results bucket"))?,
     };
+    // One fence check per group commit instead of one per record.
+    let atomic_batches = s.journal_batches
+        && match journal::enable_atomic(
+            &js,
+            &client.server_info().version,
+            &format!("KV_{}", subjects.results_bucket()),
+        )
+        .await
+        {
+            Ok(on) => on,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot allow atomic batches on the results stream");
+                false
+            }
+        };
+    tracing::info!(
+        atomic_batches,
+        "journal writes: {}",
+        if atomic_batches {
+            "atomic batches, one fence check each"
+        } else {
+            "one fenced write per record"
+        }
+    );
 
     let listener = tokio::net::TcpListener::bind(&s.http_addr)
         .await
@@ -691,6 +716,7 @@ pub async fn serve(
         results,
         max_payload_bytes,
         nats_max_payload,
+        atomic_batches,
         takeovers: Arc::default(),
         auth,
         warm: warm::WarmJournal::default(),
@@ -771,6 +797,8 @@ struct Base {
     results: kv::Store,
     max_payload_bytes: usize,
     nats_max_payload: usize,
+    /// The results stream takes atomic batches ([`journal`]).
+    atomic_batches: bool,
     /// Times this process took the lead.
     takeovers: Arc<AtomicU64>,
     /// The credentials `[auth]` allows.
@@ -919,6 +947,10 @@ async fn lead(
                 election: election.clone(),
                 epoch,
                 pending_records: journal_pending,
+                atomic: AtomicBool::new(base.atomic_batches),
+                batch_max: AtomicUsize::new(journal::MAX_BATCH),
+                batches: AtomicU64::new(0),
+                client: base.client.clone(),
             },
             pending: pending.clone(),
             js: base.js.clone(),
@@ -979,6 +1011,15 @@ struct Fenced {
     /// Records being written, not yet acknowledged (the
     /// `cronoq_journal_pending_records` gauge).
     pending_records: Arc<AtomicU64>,
+    /// Atomic batches ([`journal`]): the stream allows them. Turned off if
+    /// the stream stops allowing them.
+    atomic: AtomicBool,
+    /// The most records per atomic batch (lowered if NATS refuses ours).
+    batch_max: AtomicUsize,
+    /// Atomic batches started, for their ids.
+    batches: AtomicU64,
+    /// For the staged (unacknowledged) messages of a batch.
+    client: async_nats::Client,
 }
 
 impl Fenced {
@@ -1008,24 +1049,34 @@ impl Fenced {
                     if e.kind()
                         == async_nats::jetstream::context::PublishErrorKind::WrongLastSequence =>
                 {
-                    // A renewal moved the fence meanwhile: try again with
-                    // the new one. Unchanged: someone else wrote it.
-                    if self.fence.load(Ordering::SeqCst) != expected {
+                    if self.refused(expected).await {
                         continue;
                     }
-                    // Our own renewal, stored before its acknowledgement
-                    // reached the renewal loop: still ours.
-                    if self.election.reclaim_fence(self.epoch, expected).await {
-                        continue;
-                    }
-                    let _ = self.lost.send(Some(
-                        "a result write was fenced out: another server leads".into(),
-                    ));
                     return Ok(false);
                 }
                 Err(e) => return Err(e.to_string()),
             }
         }
+    }
+
+    /// A write expecting `expected` on the leader subject was refused:
+    /// `true` if it is still ours to retry (with the fence as it is now),
+    /// `false` if someone else wrote the subject (and `lost` is set).
+    async fn refused(&self, expected: u64) -> bool {
+        // A renewal moved the fence meanwhile: try again with the new one.
+        // Unchanged: someone else wrote it.
+        if self.fence.load(Ordering::SeqCst) != expected {
+            return true;
+        }
+        // Our own renewal, stored before its acknowledgement reached the
+        // renewal loop: still ours.
+        if self.election.reclaim_fence(self.epoch, expected).await {
+            return true;
+        }
+        let _ = self.lost.send(Some(
+            "a result write was fenced out: another server leads".into(),
+        ));
+        false
     }
 }
 
@@ -1889,6 +1940,13 @@ struct Turn {
 /// behind them.
 const MAX_IN_FLIGHT: usize = 4096;
 
+/// The most atomic batches being written at once. While one is under way
+/// the driver's turns queue up, and the next batch takes every queued
+/// record (group commit): the busier the journal, the larger its batches.
+/// One: a replicated stream admits one fenced write per subject at a time
+/// (10164) anyway.
+const MAX_BATCHES_IN_FLIGHT: usize = 1;
+
 /// Where the committer stores and announces: shared by its two stages and
 /// every write.
 struct CommitCtx {
@@ -1907,11 +1965,56 @@ struct CommitCtx {
 /// One record's write: done with `true` once stored, `false` if fenced out.
 type Stored = futures_util::future::Shared<oneshot::Receiver<bool>>;
 
+/// A new write's completion: the sender to finish it, the future to wait on.
+fn stored() -> (oneshot::Sender<bool>, Stored) {
+    let (done_tx, done_rx) = oneshot::channel();
+    (done_tx, futures_util::FutureExt::shared(done_rx))
+}
+
+/// An atomic batch being gathered by the committer.
+struct Gathered {
+    records: Vec<(u64, Bytes)>,
+    /// The earlier writes of its tasks, to wait for first.
+    before: Vec<Stored>,
+    done_tx: oneshot::Sender<bool>,
+    done: Stored,
+}
+
+impl Gathered {
+    fn new() -> Gathered {
+        let (done_tx, done) = stored();
+        Gathered {
+            records: Vec::new(),
+            before: Vec::new(),
+            done_tx,
+            done,
+        }
+    }
+
+    /// Writes the batch (once the earlier writes of its tasks are stored).
+    fn spawn(self, ctx: &Arc<CommitCtx>, permit: tokio::sync::OwnedSemaphorePermit) {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            for before in self.before {
+                if !matches!(before.await, Ok(true)) {
+                    return; // fenced out: done_tx drops, nothing more stored
+                }
+            }
+            let ok = store_batch(&ctx, self.records).await;
+            drop(permit);
+            let _ = self.done_tx.send(ok);
+        });
+    }
+}
+
 /// The journal's group commit, pipelined. Stage one takes the driver's
 /// turns in order, as many as are queued at once, and starts writing their
 /// records at once (fenced on the leader subject; the latest record per
 /// task only; a record waits for the previous write of its task, so one
-/// task's records land in the order they were made). Stage two waits, turn
+/// task's records land in the order they were made): in atomic batches of
+/// up to [`journal::MAX_BATCH`] records, one fence check each, at most
+/// [`MAX_BATCHES_IN_FLIGHT`] at once; or, where NATS cannot, one fenced
+/// write per record, up to [`MAX_IN_FLIGHT`]. Stage two waits, turn
 /// after turn, until every record of a turn — and of the turns before it —
 /// is stored, and only then announces what the turn produced, in order:
 /// leases, revokes, events, replies. So a worker never holds a lease whose
@@ -1925,12 +2028,23 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
     let (staged_tx, mut staged_rx) =
         mpsc::unbounded_channel::<(Vec<(u64, bool, Stored)>, Vec<Output>)>();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    let batch_slots = Arc::new(tokio::sync::Semaphore::new(MAX_BATCHES_IN_FLIGHT));
     let launcher = {
         let ctx = ctx.clone();
         let slots = slots.clone();
         async move {
             let mut last_write: rustc_hash::FxHashMap<u64, Stored> = Default::default();
             while let Some(first) = turns.recv().await {
+                let atomic = ctx.results.atomic.load(Ordering::Relaxed);
+                // Waiting here for a batch to finish lets the turns queue.
+                let mut batch_slot = if atomic {
+                    match batch_slots.clone().acquire_owned().await {
+                        Ok(permit) => Some(permit),
+                        Err(_) => return,
+                    }
+                } else {
+                    None
+                };
                 let (mut writes, mut announce) = (first.writes, first.announce);
                 while writes.len() < MAX_IN_FLIGHT {
                     match turns.try_recv() {
@@ -1947,19 +2061,38 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     latest.insert(w.seq, i);
                 }
                 last_write.retain(|_, w| w.peek().is_none());
-                let mut stored = Vec::with_capacity(latest.len());
+                let mut stored_now = Vec::with_capacity(latest.len());
+                let mut batch = Gathered::new();
                 for (i, write) in writes.into_iter().enumerate() {
                     if latest.get(&write.seq) != Some(&i) && write.dead_letter.is_none() {
+                        continue;
+                    }
+                    let terminal = write.record.state.is_terminal();
+                    if atomic && write.dead_letter.is_none() {
+                        if batch.records.len() == journal::MAX_BATCH {
+                            let Some(permit) = batch_slot.take() else {
+                                return;
+                            };
+                            std::mem::replace(&mut batch, Gathered::new()).spawn(&ctx, permit);
+                            batch_slot = match batch_slots.clone().acquire_owned().await {
+                                Ok(permit) => Some(permit),
+                                Err(_) => return,
+                            };
+                        }
+                        if let Some(before) = last_write.insert(write.seq, batch.done.clone()) {
+                            batch.before.push(before);
+                        }
+                        stored_now.push((write.seq, terminal, batch.done.clone()));
+                        let body: Bytes = wire::encode(&write.record).into();
+                        batch.records.push((write.seq, body));
                         continue;
                     }
                     let Ok(permit) = slots.clone().acquire_owned().await else {
                         return;
                     };
-                    let (done_tx, done_rx) = oneshot::channel();
-                    let done = futures_util::FutureExt::shared(done_rx);
+                    let (done_tx, done) = stored();
                     let before = last_write.insert(write.seq, done.clone());
-                    let terminal = write.record.state.is_terminal();
-                    stored.push((write.seq, terminal, done));
+                    stored_now.push((write.seq, terminal, done));
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
                         if let Some(before) = before {
@@ -1972,7 +2105,15 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                         let _ = done_tx.send(ok);
                     });
                 }
-                if staged_tx.send((stored, announce)).is_err() {
+                if let Some(permit) = batch_slot {
+                    if batch.records.is_empty() {
+                        // Nobody waits on an empty batch's `done`.
+                        drop(permit);
+                    } else {
+                        batch.spawn(&ctx, permit);
+                    }
+                }
+                if staged_tx.send((stored_now, announce)).is_err() {
                     return;
                 }
             }
@@ -2051,7 +2192,9 @@ async fn store_record(ctx: &CommitCtx, write: Persisted) -> bool {
     } = write;
     if let Some(reason) = dead_letter {
         let max_payload = ctx.client.server_info().max_payload;
-        dead_letter_copy(
+        // Boxed: the rare path would otherwise make every record's write
+        // future (moved into its own task) as large as its own.
+        Box::pin(dead_letter_copy(
             &ctx.js,
             &ctx.submit_stream,
             &ctx.subjects,
@@ -2059,19 +2202,59 @@ async fn store_record(ctx: &CommitCtx, write: Persisted) -> bool {
             &record.pool,
             &reason,
             max_payload,
-        )
+        ))
         .await;
     }
     let body: Bytes = wire::encode(&record).into();
-    let mut delay = Duration::from_millis(100);
     let in_flight = &ctx.results.pending_records;
     in_flight.fetch_add(1, Ordering::Relaxed);
+    let stored = put_retrying(ctx, seq, &body).await;
+    in_flight.fetch_sub(1, Ordering::Relaxed);
+    stored
+}
+
+/// Stores a batch of records (none with a dead letter), retrying while
+/// NATS is away; `false` if fenced out. Should the stream stop allowing
+/// atomic batches, one record after another.
+async fn store_batch(ctx: &CommitCtx, records: Vec<(u64, Bytes)>) -> bool {
+    let mut delay = Duration::from_millis(100);
+    let in_flight = &ctx.results.pending_records;
+    let n = records.len() as u64;
+    in_flight.fetch_add(n, Ordering::Relaxed);
+    let stored = loop {
+        match ctx.results.put_batch(&records).await {
+            Ok(stored) => break stored,
+            Err(journal::BatchError::Disabled) => {
+                tracing::warn!(
+                    "the results stream no longer allows atomic batches; writing record by record"
+                );
+                let mut stored = true;
+                for (seq, body) in &records {
+                    if !put_retrying(ctx, *seq, body).await {
+                        stored = false;
+                        break;
+                    }
+                }
+                break stored;
+            }
+            Err(journal::BatchError::Failed(e)) => {
+                tracing::warn!(records = n, error = %e, "storing a batch of task records failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    };
+    in_flight.fetch_sub(n, Ordering::Relaxed);
+    stored
+}
+
+/// One fenced record write, retried while NATS is away; `false` if fenced
+/// out.
+async fn put_retrying(ctx: &CommitCtx, seq: u64, body: &Bytes) -> bool {
+    let mut delay = Duration::from_millis(100);
     loop {
         match ctx.results.put(&seq.to_string(), body.clone()).await {
-            Ok(stored) => {
-                in_flight.fetch_sub(1, Ordering::Relaxed);
-                return stored;
-            }
+            Ok(stored) => return stored,
             Err(e) => {
                 tracing::warn!(task_id = seq, error = %e, "storing a task record failed; retrying");
                 tokio::time::sleep(delay).await;
