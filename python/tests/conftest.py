@@ -179,6 +179,51 @@ class Cluster:
 async def cluster():
     """nats-server with JetStream on a free loopback port (its own store
     dir) and a ``cronoq server`` answering as leader over HTTP."""
+    async for c in _cluster(SERVER_CONFIG, {}, None):
+        yield c
+
+
+# Credentials of :data:`AUTH_CONFIG` (test values, at least 16 characters).
+TOKENS = {
+    "CRONOQ_PY_SUBMITTER_A": "py-submitter-a-0123456789",
+    "CRONOQ_PY_SUBMITTER_B": "py-submitter-b-0123456789",
+    "CRONOQ_PY_READER": "py-reader-token-0123456789",
+    "CRONOQ_PY_ADMIN": "py-admin-token-0123456789",
+}
+
+AUTH_CONFIG = SERVER_CONFIG + """
+[auth]
+required = true
+
+[[auth.tokens]]
+token_env = "CRONOQ_PY_SUBMITTER_A"
+role = "submitter"
+pools = ["default"]
+
+[[auth.tokens]]
+token_env = "CRONOQ_PY_SUBMITTER_B"
+role = "submitter"
+pools = ["default"]
+
+[[auth.tokens]]
+token_env = "CRONOQ_PY_READER"
+role = "reader"
+
+[[auth.tokens]]
+token_env = "CRONOQ_PY_ADMIN"
+role = "admin"
+"""
+
+
+@pytest.fixture
+async def auth_cluster():
+    """Like :func:`cluster`, with ``[auth] required = true`` and the tokens
+    of :data:`TOKENS`."""
+    async for c in _cluster(AUTH_CONFIG, TOKENS, TOKENS["CRONOQ_PY_ADMIN"]):
+        yield c
+
+
+async def _cluster(config: str, env: Dict[str, str], token: Optional[str]):
     nats_server = shutil.which("nats-server")
     if nats_server is None:
         pytest.fail(f"nats-server is not on PATH; install it with: {INSTALL_NATS}")
@@ -202,7 +247,7 @@ async def cluster():
             else:
                 pytest.fail("nats-server did not start")
             nats_url = f"nats://127.0.0.1:{port}"
-            (dir / "cronoq.toml").write_text(SERVER_CONFIG)
+            (dir / "cronoq.toml").write_text(config)
             for _ in range(5):
                 http_port = free_port()
                 server = Proc(
@@ -210,11 +255,11 @@ async def cluster():
                     [binary, "server", "--config", str(dir / "cronoq.toml"),
                      "--nats", nats_url, "--http", f"127.0.0.1:{http_port}"],
                     dir / "server.log",
-                    env={"CRONOQ_LOG": "info,cronoq=debug,async_nats=warn"},
+                    env={"CRONOQ_LOG": "info,cronoq=debug,async_nats=warn", **env},
                 )
                 procs.append(server)
                 http_url = f"http://127.0.0.1:{http_port}"
-                if await _leading(http_url, server):
+                if await _leading(http_url, server, token):
                     break
             else:
                 pytest.fail("cronoq server did not start:\n" + server.tail())
@@ -238,8 +283,8 @@ async def _port_open(port: int, proc: Proc) -> bool:
     return False
 
 
-async def _leading(http_url: str, proc: Proc) -> bool:
-    client = cronoq.Client(http_url, request_timeout=2)
+async def _leading(http_url: str, proc: Proc, token: Optional[str] = None) -> bool:
+    client = cronoq.Client(http_url, request_timeout=2, token=token)
     until = time.monotonic() + DEADLINE
     while time.monotonic() < until:
         if not proc.alive():
