@@ -797,6 +797,8 @@ struct Session {
 pub struct Sessions {
     by_id: HashMap<String, Session>,
     by_worker: HashMap<String, String>,
+    /// The session an unsettled registration replaced, by worker id.
+    replaced: HashMap<String, String>,
     xkey: XKey,
     /// A worker id stays bound to its credential while its session was
     /// used within this (the worker timeout).
@@ -817,6 +819,7 @@ impl Sessions {
         Sessions {
             by_id: HashMap::new(),
             by_worker: HashMap::new(),
+            replaced: HashMap::new(),
             xkey: XKey::new(),
             hold,
         }
@@ -879,8 +882,13 @@ impl Sessions {
             .seal(&key, &recipient)
             .map_err(|e| invalid(format!("sealing the session key: {e}")))?;
         let id = format!("s{}", hex(&random_bytes::<12>()));
+        // The session it replaces stays valid until the registration is
+        // settled (see `settle`): a refused registration must not cut off
+        // the worker that holds the id.
         if let Some(old) = self.by_worker.insert(worker_id.to_string(), id.clone()) {
-            self.by_id.remove(&old);
+            if let Some(stale) = self.replaced.insert(worker_id.to_string(), old) {
+                self.by_id.remove(&stale);
+            }
         }
         self.by_id.insert(
             id.clone(),
@@ -958,6 +966,33 @@ impl Sessions {
     pub fn close(&mut self, worker_id: &str) {
         if let Some(id) = self.by_worker.remove(worker_id) {
             self.by_id.remove(&id);
+        }
+        if let Some(id) = self.replaced.remove(worker_id) {
+            self.by_id.remove(&id);
+        }
+    }
+
+    /// Settles the registration that opened `session_id`: accepted, the
+    /// session it replaced ends; refused, `session_id` ends and the one it
+    /// replaced (if any) is `worker_id`'s again.
+    pub fn settle(&mut self, worker_id: &str, session_id: &str, accepted: bool) {
+        let replaced = self.replaced.remove(worker_id);
+        if accepted {
+            if let Some(old) = replaced {
+                self.by_id.remove(&old);
+            }
+            return;
+        }
+        self.by_id.remove(session_id);
+        if self.by_worker.get(worker_id).map(String::as_str) == Some(session_id) {
+            match replaced.filter(|old| self.by_id.contains_key(old)) {
+                Some(old) => {
+                    self.by_worker.insert(worker_id.to_string(), old);
+                }
+                None => {
+                    self.by_worker.remove(worker_id);
+                }
+            }
         }
     }
 

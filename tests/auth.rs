@@ -379,6 +379,11 @@ fn labelled(payload: &str, labels: &str) -> Task {
 async fn workers_register_with_a_token_or_an_nkey_and_claim_only_their_labels() {
     let mut s = Setup::start().await;
     let sub = Credential::token(SUB_A);
+    // Waiting before any worker registers: leased in the very turn that
+    // registers the worker, so the lease must already carry the session.
+    let early = s.submit(Some(&sub), &labelled("early", "gpu=a100")).await;
+    s.until(early, "queued", |t| t.state == TaskState::Queued)
+        .await;
     s.token_worker("gpu-a100", "gpu=a100,zone=eu");
     s.nkey_worker("gpu-h100", "gpu=h100");
     s.worker_registered("gpu-a100").await;
@@ -399,6 +404,15 @@ async fn workers_register_with_a_token_or_an_nkey_and_claim_only_their_labels() 
     assert_eq!(
         h.output.as_deref(),
         Some("on-h100 on [gpu=h100] by gpu-h100")
+    );
+    let early = s
+        .until(early, "succeeded", |t| t.state == TaskState::Succeeded)
+        .await;
+    assert_eq!(early.attempts.len(), 1, "{:?}", early.attempts);
+    let log = s.workers[0].log_tail(200);
+    assert!(
+        !log.contains("without this session's proof ignored"),
+        "{log}"
     );
 
     // A claim outside the credential: refused PERMISSION_DENIED, the

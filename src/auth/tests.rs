@@ -318,9 +318,10 @@ fn a_session_binds_a_worker_id_to_its_credential() {
     assert!(WorkerKeys::new().open(&grant).is_err());
     // Once idle past the hold, the id is free again; the old session is gone.
     let later = now.plus(Millis(5_001));
-    sessions
+    let taken = sessions
         .open("w1", &other, &WorkerKeys::new().public_key(), later)
         .unwrap();
+    sessions.settle("w1", &taken.id, true);
     assert!(sessions
         .verify("w1", "cronoq.w.w1.heartbeat", Some(&h), b"hb", later)
         .is_err());
@@ -337,4 +338,46 @@ fn a_key_scoped_msg_id_depends_on_the_credential() {
     assert_ne!(a.msg_id("k"), a.msg_id("j"));
     let n = Credential::Nkey(Arc::new(KeyPair::new_user()));
     assert_eq!(n.msg_id("k"), n.msg_id("k"));
+}
+
+#[test]
+fn a_refused_registration_leaves_the_holders_session_alone() {
+    let nkey = KeyPair::new_user();
+    let auth = authenticator(&nkey);
+    let h = signed(
+        &Credential::token(GPU_TOKEN),
+        &client_nonce(SystemTime::now()),
+        "s",
+        b"",
+    );
+    let gpu = auth.caller("s", Some(&h), b"", now_ms()).unwrap();
+    let now = now_ms();
+    let mut sessions = Sessions::new(Millis(5_000));
+    let open = |sessions: &mut Sessions| {
+        let keys = WorkerKeys::new();
+        let grant = sessions.open("w1", &gpu, &keys.public_key(), now).unwrap();
+        (keys.open(&grant).unwrap(), grant.id)
+    };
+    let proves = |sessions: &mut Sessions, s: &WorkerSession| {
+        let mut h = HeaderMap::new();
+        s.sign("hb", &mut h, b"");
+        sessions.verify("w1", "hb", Some(&h), b"", now).is_ok()
+    };
+    let (first, first_id) = open(&mut sessions);
+    sessions.settle("w1", &first_id, true);
+    // A second process registers the same id; the driver refuses it.
+    let (second, second_id) = open(&mut sessions);
+    assert!(proves(&mut sessions, &first) && proves(&mut sessions, &second));
+    sessions.settle("w1", &second_id, false);
+    assert!(proves(&mut sessions, &first));
+    assert!(!proves(&mut sessions, &second));
+    let mut lease = HeaderMap::new();
+    assert!(sessions.sign("w1", "l", &mut lease, b"", SystemTime::now()));
+    assert!(first.verify("l", Some(&lease), b""));
+    // Registering again, accepted: the new session replaces the first.
+    let (third, third_id) = open(&mut sessions);
+    sessions.settle("w1", &third_id, true);
+    assert!(proves(&mut sessions, &third));
+    assert!(!proves(&mut sessions, &first));
+    assert_eq!(sessions.len(), 1);
 }

@@ -168,6 +168,12 @@ impl Guard {
         lock(&self.sessions).verify(worker_id, subject, headers, body, now)
     }
 
+    /// Settles the registration that opened `session_id` (see
+    /// [`Sessions::settle`]).
+    pub(crate) fn settle_session(&self, worker_id: &str, session_id: &str, accepted: bool) {
+        lock(&self.sessions).settle(worker_id, session_id, accepted);
+    }
+
     /// Forgets a worker's session (it deregistered).
     pub(crate) fn close(&self, worker_id: &str) {
         if self.required() {

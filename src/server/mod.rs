@@ -1641,17 +1641,24 @@ fn worker_request(
             let Some(principal) = guard.register(subject, headers, body, &r, now)? else {
                 return Ok(Some(Input::Register(r, reply!())));
             };
-            // The session opens once the driver accepted the registration.
+            // The session opens before the driver sees the registration:
+            // the turn that registers the worker may lease to it at once,
+            // and that lease must already carry the session's proof. A
+            // registration the driver refuses closes it again.
+            let grant = guard.open_session(&r, &principal, now)?;
             let (tx, rx) = oneshot::channel();
             let guard = guard.clone();
-            let register = r.clone();
+            let worker_id = r.worker_id.clone();
             answer_later(client, msg, async move {
-                let mut reply = rx
+                let result = rx
                     .await
-                    .map_err(|_| unavailable("the server is shutting down"))??;
-                let reply_ref: &mut wire::RegisterReply = &mut reply;
-                reply_ref.session = Some(guard.open_session(&register, &principal, wall_now())?);
-                Ok::<_, WireError>(reply)
+                    .map_err(|_| unavailable("the server is shutting down"))
+                    .and_then(|r: Result<wire::RegisterReply, WireError>| r);
+                guard.settle_session(&worker_id, &grant.id, result.is_ok());
+                result.map(|mut reply| {
+                    reply.session = Some(grant);
+                    reply
+                })
             });
             Ok(Some(Input::Register(r, Responder::Local(tx))))
         }
