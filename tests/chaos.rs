@@ -164,18 +164,50 @@ where
     }
 }
 
+/// With credentials: the servers' `[auth]`, its tokens, and who uses
+/// which (workers a worker token, the test an admin token).
+const AUTH_SECTION: &str = r#"
+[auth]
+required = true
+
+[[auth.tokens]]
+token_env = "CHAOS_WORKER_TOKEN"
+role = "worker"
+pools = ["default"]
+labels = ["gpu=a100"]
+
+[[auth.tokens]]
+token_env = "CHAOS_ADMIN_TOKEN"
+role = "admin"
+"#;
+const WORKER_TOKEN: &str = "chaos-worker-token-0123456789";
+const ADMIN_TOKEN: &str = "chaos-admin-token-0123456789";
+const TOKENS: [(&str, &str); 2] = [
+    ("CHAOS_WORKER_TOKEN", WORKER_TOKEN),
+    ("CHAOS_ADMIN_TOKEN", ADMIN_TOKEN),
+];
+
+/// Client options, with the admin token when `auth`.
+fn client_options(auth: bool) -> ClientOptions {
+    let options = ClientOptions::new().request_timeout(Duration::from_secs(2));
+    if auth {
+        options.token(ADMIN_TOKEN)
+    } else {
+        options
+    }
+}
+
 /// The snapshot a server answers over its own HTTP API.
-async fn snapshot_of(server: &CronoqServer) -> Result<Snapshot, String> {
-    let http = ClientOptions::new()
-        .request_timeout(Duration::from_secs(2))
+async fn snapshot_of(server: &CronoqServer, auth: bool) -> Result<Snapshot, String> {
+    let http = client_options(auth)
         .http(&server.http_url())
         .map_err(|e| e.to_string())?;
     http.snapshot().await.map_err(|e| e.to_string())
 }
 
 /// (leader id, epoch) as `server` reports it.
-async fn leader_seen_by(server: &CronoqServer) -> Result<(String, u64), String> {
-    let snap = snapshot_of(server).await?;
+async fn leader_seen_by(server: &CronoqServer, auth: bool) -> Result<(String, u64), String> {
+    let snap = snapshot_of(server, auth).await?;
     let leader = snap.leader.ok_or("no leader in the snapshot")?;
     Ok((leader.id, leader.epoch))
 }
@@ -191,6 +223,8 @@ struct Chaos {
     client: Client,
     nats: NatsServer,
     dir: KeptOnFailure,
+    /// Servers require credentials (`AUTH_SECTION`).
+    auth: bool,
 }
 
 /// A temp dir that stays (and says where) when the test fails, or when
@@ -214,15 +248,14 @@ impl Drop for KeptOnFailure {
 }
 
 impl Chaos {
-    async fn start(servers: usize, workers: &[(&str, &str, u32)]) -> Chaos {
+    async fn start(servers: usize, workers: &[(&str, &str, u32)], auth: bool) -> Chaos {
         let dir = tempfile::Builder::new()
             .prefix("cronoq-chaos-")
             .tempdir()
             .expect("a temp dir");
         let nats = NatsServer::start();
-        let first = CronoqServer::start(&nats, dir.path()).await;
-        let client = ClientOptions::new()
-            .request_timeout(Duration::from_secs(2))
+        let first = Chaos::server_process(&nats, dir.path(), auth, true).await;
+        let client = client_options(auth)
             .connect(&nats.url())
             .await
             .expect("connecting the test client");
@@ -233,6 +266,7 @@ impl Chaos {
             client,
             nats,
             dir: KeptOnFailure(Some(dir)),
+            auth,
         };
         for _ in 1..servers {
             chaos.add_server().await;
@@ -243,8 +277,24 @@ impl Chaos {
         chaos
     }
 
+    async fn server_process(
+        nats: &NatsServer,
+        dir: &Path,
+        auth: bool,
+        leading: bool,
+    ) -> CronoqServer {
+        match (auth, leading) {
+            (false, true) => CronoqServer::start(nats, dir).await,
+            (false, false) => CronoqServer::start_follower(nats, dir).await,
+            (true, _) => {
+                let config = format!("{}{AUTH_SECTION}", procs::SERVER_CONFIG);
+                CronoqServer::start_configured(nats, dir, &config, &TOKENS, leading).await
+            }
+        }
+    }
+
     async fn add_server(&mut self) {
-        let server = CronoqServer::start_follower(&self.nats, self.dir.path()).await;
+        let server = Chaos::server_process(&self.nats, self.dir.path(), self.auth, false).await;
         self.live.insert(server.id().to_string());
         self.servers.push(server);
     }
@@ -266,7 +316,19 @@ impl Chaos {
     }
 
     async fn add_worker(&mut self, id: &str, labels: &str, slots: u32) {
-        let worker = CronoqWorker::start(&self.nats.url(), self.dir.path(), id, labels, slots);
+        let worker = if self.auth {
+            CronoqWorker::start_with(
+                &self.nats.url(),
+                self.dir.path(),
+                id,
+                labels,
+                slots,
+                &["--token-env", "CHAOS_WORKER_TOKEN"],
+                &[("CHAOS_WORKER_TOKEN", WORKER_TOKEN)],
+            )
+        } else {
+            CronoqWorker::start(&self.nats.url(), self.dir.path(), id, labels, slots)
+        };
         self.workers.insert(id.to_string(), worker);
         let client = self.client.clone();
         within(STEP, &format!("worker {id} to register"), || {
@@ -298,7 +360,7 @@ impl Chaos {
             async move {
                 let mut seen = BTreeSet::new();
                 for server in servers {
-                    seen.insert(leader_seen_by(server).await?);
+                    seen.insert(leader_seen_by(server, self.auth).await?);
                 }
                 match seen.iter().next() {
                     Some((id, epoch)) if seen.len() == 1 && *epoch > after && live.contains(id) => {
@@ -421,6 +483,18 @@ const KILLED: &str = "cpu-1";
 
 #[tokio::test]
 async fn chaos_every_task_succeeds_and_none_runs_again_after_success() {
+    chaos(false).await;
+}
+
+/// The same with `[auth] required = true`: sessions are per leadership,
+/// so every takeover makes every worker register again over a fresh
+/// challenge; leases are signed; the client signs what it sends.
+#[tokio::test]
+async fn chaos_with_credentials_every_task_succeeds_and_none_runs_again_after_success() {
+    chaos(true).await;
+}
+
+async fn chaos(auth: bool) {
     let started = Instant::now();
     let wave_size: usize = std::env::var("CHAOS_WAVE")
         .ok()
@@ -434,6 +508,7 @@ async fn chaos_every_task_succeeds_and_none_runs_again_after_success() {
             ("gpu-1", "gpu=a100", 3),
             ("gpu-2", "gpu=a100", 3),
         ],
+        auth,
     )
     .await;
     let accepted: Accepted = Arc::default();
