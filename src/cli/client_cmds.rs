@@ -276,6 +276,18 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let task = task_of(&args, payload, SystemTime::now())?;
     let remote = Remote::connect(&args.connect).await?;
     let id = remote.submit(task).await?;
+    if matches!(remote, Remote::Nats(_)) && credential_of(&args.connect)?.is_none() {
+        // No credential: the client does not confirm, so a server with
+        // `[auth] required = true` would refuse the task after the stream
+        // took it, silently. One lookup tells: it refuses us too.
+        if let Err(e) = remote.get(id).await {
+            if crate::cli::error_code(&e) == Some(ErrorCode::UNAUTHENTICATED) {
+                return Err(e.context(format!(
+                    "task {id} is refused: the server requires credentials"
+                )));
+            }
+        }
+    }
     if !args.wait {
         println!("{id}");
         return Ok(ExitCode::SUCCESS);
