@@ -552,6 +552,25 @@ async fn deploy_nats_permissions_hold_end_to_end() {
     let (code, _, stderr) = cli(&["snapshot", "--nats", &url], &[]).await;
     assert_eq!(code, Some(2));
     assert!(stderr.contains("[UNAUTHENTICATED]"), "{stderr}");
+    // A worker whose key NATS does not know exits the same way (it does
+    // not retry forever).
+    let (code, _, stderr) = cli(
+        &[
+            "worker",
+            "--nats",
+            &url,
+            "--id",
+            CPU,
+            "--nats-creds",
+            stranger.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("[UNAUTHENTICATED]"), "{stderr}");
 
     // A credentials file that is missing or not one: refused before
     // connecting, with its code.

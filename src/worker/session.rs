@@ -505,32 +505,55 @@ async fn connect(
     login: &wire::LoadedLogin,
     worker_id: &str,
 ) -> Result<async_nats::Client, Error> {
-    let id = worker_id.to_string();
-    login
-        .options()
-        .name(format!("cronoq-worker {worker_id}"))
-        .retry_on_initial_connect()
-        .max_reconnects(None)
-        .request_timeout(Some(options.request_timeout))
-        .event_callback(move |event| {
-            let id = id.clone();
-            async move {
-                match event {
-                    async_nats::Event::Connected => {
-                        tracing::info!(worker_id = %id, "connected to nats")
+    let build = |retry: bool| {
+        let id = worker_id.to_string();
+        let mut o = login
+            .options()
+            .name(format!("cronoq-worker {worker_id}"))
+            .max_reconnects(None)
+            .request_timeout(Some(options.request_timeout))
+            .event_callback(move |event| {
+                let id = id.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            tracing::info!(worker_id = %id, "connected to nats")
+                        }
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!(worker_id = %id, "disconnected from nats")
+                        }
+                        // A refused login, a permission violation.
+                        async_nats::Event::ServerError(e) => {
+                            tracing::warn!(worker_id = %id, error = %e, "nats-server reported an error")
+                        }
+                        other => tracing::debug!(worker_id = %id, event = %other, "nats event"),
                     }
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!(worker_id = %id, "disconnected from nats")
-                    }
-                    // A refused login, a permission violation.
-                    async_nats::Event::ServerError(e) => {
-                        tracing::warn!(worker_id = %id, error = %e, "nats-server reported an error")
-                    }
-                    other => tracing::debug!(worker_id = %id, event = %other, "nats event"),
                 }
-            }
-        })
-        .connect(wire::server_list(&options.url))
+            });
+        if retry {
+            o = o.retry_on_initial_connect();
+        }
+        o
+    };
+    let servers = wire::server_list(&options.url);
+    // One plain attempt first: a login NATS refuses is final (the
+    // credentials are wrong; waiting will not help), as for the server.
+    // Anything else (NATS not up yet) is retried until it works.
+    match build(false).connect(servers.clone()).await {
+        Ok(client) => return Ok(client),
+        Err(e) if e.kind() == async_nats::ConnectErrorKind::AuthorizationViolation => {
+            return Err(Error::Refused(WireError::new(
+                ErrorCode::UNAUTHENTICATED,
+                format!(
+                    "NATS at {} refused the login: check --nats-creds against the nats-server's users",
+                    options.url
+                ),
+            )));
+        }
+        Err(e) => tracing::info!(worker_id, error = %e, "nats not reachable yet; retrying"),
+    }
+    build(true)
+        .connect(servers)
         .await
         .map_err(|source| Error::Connect {
             url: options.url.clone(),
