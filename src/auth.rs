@@ -827,7 +827,7 @@ impl Sessions {
 
     /// Refuses `PERMISSION_DENIED` when `worker_id` is bound to another
     /// credential's session, used within the hold.
-    pub fn may_bind(
+    fn may_bind(
         &self,
         worker_id: &str,
         principal: &Principal,
@@ -863,19 +863,7 @@ impl Sessions {
     ) -> Result<Grant, WireError> {
         let recipient = XKey::from_public_key(worker_xkey)
             .map_err(|e| invalid(format!("the registration's xkey: {e}")))?;
-        if let Some(old) = self
-            .by_worker
-            .get(worker_id)
-            .and_then(|s| self.by_id.get(s))
-        {
-            if old.principal != principal.name
-                && now.0 < old.last_used.0.saturating_add(self.hold.0)
-            {
-                return Err(denied(format!(
-                    "worker id {worker_id} is in use by another credential"
-                )));
-            }
-        }
+        self.may_bind(worker_id, principal, now)?;
         let key = random_bytes::<32>();
         let sealed_key = self
             .xkey

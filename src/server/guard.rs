@@ -106,9 +106,13 @@ impl Guard {
         })
     }
 
-    /// Checks a registration: the credential's proof over a nonce this
+    /// Checks a registration — the credential's proof over a nonce this
     /// leader issued, its role, pool and label claims, and that the id is
-    /// not another credential's. Nothing is registered here.
+    /// not another credential's — and opens its session (`None`: auth
+    /// off). The session opens before the driver sees the registration:
+    /// the turn that registers the worker may lease to it at once, and
+    /// that lease must already carry the session's proof; settle it with
+    /// the driver's answer ([`Guard::settle_session`]).
     pub(crate) fn register(
         &self,
         subject: &str,
@@ -116,7 +120,7 @@ impl Guard {
         body: &[u8],
         r: &Register,
         now: Millis,
-    ) -> Result<Option<Principal>, WireError> {
+    ) -> Result<Option<SessionGrant>, WireError> {
         if !self.required() {
             return Ok(None);
         }
@@ -129,28 +133,17 @@ impl Guard {
                 "a registration with a credential must carry an xkey for its session",
             ));
         }
-        lock(&self.sessions).may_bind(&r.worker_id, &principal, now)?;
-        Ok(Some(principal))
-    }
-
-    /// Opens the session of a registration the driver accepted.
-    pub(crate) fn open_session(
-        &self,
-        r: &Register,
-        principal: &Principal,
-        now: Millis,
-    ) -> Result<SessionGrant, WireError> {
         let grant = lock(&self.sessions).open(
             &r.worker_id,
-            principal,
+            &principal,
             r.xkey.as_deref().unwrap_or_default(),
             now,
         )?;
-        Ok(SessionGrant {
+        Ok(Some(SessionGrant {
             id: grant.id,
             sealed_key: grant.sealed_key.into(),
             server_xkey: grant.server_xkey,
-        })
+        }))
     }
 
     /// Checks that a worker request proves `worker_id`'s session.

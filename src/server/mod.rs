@@ -1350,21 +1350,6 @@ async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
     }
 }
 
-/// A stand-in terminal record: the warm copy knows only that `seq`
-/// finished, and a finished submission is skipped.
-fn finished_mark(seq: u64) -> wire::TaskRecord {
-    wire::TaskRecord {
-        v: wire::PROTOCOL_VERSION,
-        id: TaskId(seq),
-        pool: PoolName::default(),
-        state: TaskState::Succeeded,
-        attempts: Vec::new(),
-        output: None,
-        error: None,
-        deadline_missed: false,
-    }
-}
-
 /// The journal record of submission `seq`, if any. Retries while NATS
 /// does not answer (a missing answer must not pass for "no record": the
 /// task may have run, or finished); gives up after about 10 s.
@@ -1472,15 +1457,10 @@ async fn consume(
                         .map(|i| i.stream_sequence);
                     let record = match seq {
                         Some(seq) if seq <= startup_last => match &warm {
-                            Some(warm) => Ok(match warm.known(seq) {
-                                warm::Known::None => None,
-                                warm::Known::Live(record) => Some(*record),
-                                // Any terminal record: skipped below.
-                                warm::Known::Finished => Some(finished_mark(seq)),
-                            }),
-                            None => journal_record(&results, seq).await,
+                            Some(warm) => Ok(warm.known(seq)),
+                            None => journal_record(&results, seq).await.map(warm::Known::of),
                         },
-                        _ => Ok(None),
+                        _ => Ok(warm::Known::None),
                     };
                     (message, record)
                 }
@@ -1525,18 +1505,22 @@ async fn consume(
             };
             next_seq = seq + 1;
             // Its journal record, if an earlier leadership wrote one.
-            let input = match record {
+            let journaled = match record {
                 // Finished before, not yet purged: skip it.
-                Some(record) if record.state.is_terminal() => None,
-                journaled => Some(submission_input(
+                warm::Known::Finished => None,
+                warm::Known::Live(record) => Some(Some(*record)),
+                warm::Known::None => Some(None),
+            };
+            let input = journaled.map(|journaled| {
+                submission_input(
                     &subjects,
                     &api.inner.guard,
                     &message.message,
                     seq,
                     published,
                     journaled,
-                )),
-            };
+                )
+            });
             if let Some(input) = input {
                 if inputs.send(input).await.is_err() {
                     return;
@@ -1638,14 +1622,11 @@ fn worker_request(
         "register" => {
             let r: wire::Register = wire::decode_request(body)?;
             same_id(&r.worker_id)?;
-            let Some(principal) = guard.register(subject, headers, body, &r, now)? else {
+            // Auth on: the session is open already (see `Guard::register`);
+            // a registration the driver refuses settles it back.
+            let Some(grant) = guard.register(subject, headers, body, &r, now)? else {
                 return Ok(Some(Input::Register(r, reply!())));
             };
-            // The session opens before the driver sees the registration:
-            // the turn that registers the worker may lease to it at once,
-            // and that lease must already carry the session's proof. A
-            // registration the driver refuses closes it again.
-            let grant = guard.open_session(&r, &principal, now)?;
             let (tx, rx) = oneshot::channel();
             let guard = guard.clone();
             let worker_id = r.worker_id.clone();

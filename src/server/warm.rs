@@ -32,7 +32,7 @@ struct Copy {
     seen: u64,
 }
 
-/// What the warm copy knows of a submission's record.
+/// What the journal says of a submission (the warm copy, or a lookup).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Known {
     /// No record.
@@ -41,6 +41,17 @@ pub(crate) enum Known {
     Finished,
     /// Its latest record.
     Live(Box<TaskRecord>),
+}
+
+impl Known {
+    /// What a record looked up in the bucket says.
+    pub(crate) fn of(record: Option<TaskRecord>) -> Known {
+        match record {
+            None => Known::None,
+            Some(r) if r.state.is_terminal() => Known::Finished,
+            Some(r) => Known::Live(Box::new(r)),
+        }
+    }
 }
 
 /// A warm copy of the journal, shared by the watch and the takeover.
