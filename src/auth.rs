@@ -775,6 +775,13 @@ impl Nonces {
     }
 }
 
+/// Sessions kept before idle ones are forgotten.
+pub const MAX_IDLE_SESSIONS: usize = 1024;
+
+/// How many holds (worker timeouts) a session may stay idle once there are
+/// more than [`MAX_IDLE_SESSIONS`].
+pub const SESSION_IDLE_HOLDS: u64 = 10;
+
 /// A session granted at registration, as the reply carries it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -864,6 +871,7 @@ impl Sessions {
         let recipient = XKey::from_public_key(worker_xkey)
             .map_err(|e| invalid(format!("the registration's xkey: {e}")))?;
         self.may_bind(worker_id, principal, now)?;
+        self.forget_idle(now);
         let key = random_bytes::<32>();
         let sealed_key = self
             .xkey
@@ -957,6 +965,26 @@ impl Sessions {
         }
         if let Some(id) = self.replaced.remove(worker_id) {
             self.by_id.remove(&id);
+        }
+    }
+
+    /// Forgets sessions idle for [`SESSION_IDLE_HOLDS`] holds (at least a
+    /// minute), once there are more than [`MAX_IDLE_SESSIONS`]: workers
+    /// that died without deregistering. A worker that was only silent
+    /// that long has been removed by the leader anyway and registers again.
+    fn forget_idle(&mut self, now: Millis) {
+        if self.by_id.len() <= MAX_IDLE_SESSIONS {
+            return;
+        }
+        let idle = self.hold.0.saturating_mul(SESSION_IDLE_HOLDS).max(60_000);
+        let gone: Vec<String> = self
+            .by_id
+            .values()
+            .filter(|s| now.0 > s.last_used.0.saturating_add(idle))
+            .map(|s| s.worker_id.clone())
+            .collect();
+        for worker_id in gone {
+            self.close(&worker_id);
         }
     }
 

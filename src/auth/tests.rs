@@ -381,3 +381,49 @@ fn a_refused_registration_leaves_the_holders_session_alone() {
     assert!(!proves(&mut sessions, &first));
     assert_eq!(sessions.len(), 1);
 }
+
+#[test]
+fn sessions_of_workers_gone_for_long_are_forgotten() {
+    let nkey = KeyPair::new_user();
+    let auth = authenticator(&nkey);
+    let h = signed(
+        &Credential::token(GPU_TOKEN),
+        &client_nonce(SystemTime::now()),
+        "s",
+        b"",
+    );
+    let gpu = auth.caller("s", Some(&h), b"", now_ms()).unwrap();
+    let mut sessions = Sessions::new(Millis(2_000));
+    let start = Millis(1_000_000);
+    for i in 0..=MAX_IDLE_SESSIONS {
+        let grant = sessions
+            .open(
+                &format!("w{i}"),
+                &gpu,
+                &WorkerKeys::new().public_key(),
+                start,
+            )
+            .unwrap();
+        sessions.settle(&format!("w{i}"), &grant.id, true);
+    }
+    assert_eq!(sessions.len(), MAX_IDLE_SESSIONS + 1);
+    // Within the idle span nothing is forgotten; past it, every idle one.
+    sessions
+        .open(
+            "late",
+            &gpu,
+            &WorkerKeys::new().public_key(),
+            start.plus(Millis(60_000)),
+        )
+        .unwrap();
+    assert_eq!(sessions.len(), MAX_IDLE_SESSIONS + 2);
+    sessions
+        .open(
+            "later",
+            &gpu,
+            &WorkerKeys::new().public_key(),
+            start.plus(Millis(60_001)),
+        )
+        .unwrap();
+    assert_eq!(sessions.len(), 2, "the late ones stay");
+}
