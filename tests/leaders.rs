@@ -92,7 +92,7 @@ async fn two_servers_never_both_lead_and_a_killed_leader_is_replaced() {
 #[tokio::test]
 async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
     let c = Cluster::start(&[("cpu", "", 2)]).await;
-    let second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
+    let mut second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
     let (_, epoch) = leader_seen_by(&second).await.expect("follower's view");
 
     c.server.pause();
@@ -137,6 +137,25 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
     let log = c.server.log_tail(200);
     assert!(
         log.contains("lost leadership") || log.contains("driver stops"),
+        "{log}"
+    );
+
+    // The deposed server follows the journal again (a leader does not
+    // follow its own writes): when the successor dies with a task running,
+    // it takes over from its warm copy, re-attaches the attempt, and the
+    // task runs once.
+    let held = c.submit_payload(&hold("held", "go"), "").await;
+    c.running(held).await;
+    second.kill9();
+    let (_, third_epoch) = taken_over_by(&c.server).await;
+    assert!(third_epoch > new_epoch);
+    c.release("go");
+    let status = c.finished(held).await;
+    assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
+    assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    let log = c.server.log_tail(400);
+    assert!(
+        log.contains("reading the journal from the warm copy"),
         "{log}"
     );
 }

@@ -705,6 +705,7 @@ pub async fn serve(
         stopped(stop_rx.clone()),
     ));
 
+    let (warm_paused, warm_paused_rx) = watch::channel(false);
     let base = Base {
         config: config.clone(),
         pools,
@@ -720,6 +721,7 @@ pub async fn serve(
         takeovers: Arc::default(),
         auth,
         warm: warm::WarmJournal::default(),
+        warm_paused,
     };
     // Standing by warm: the journal is followed from the start, so a
     // takeover reads it from memory.
@@ -727,6 +729,7 @@ pub async fn serve(
         base.results.clone(),
         base.submit_stream.clone(),
         base.warm.clone(),
+        warm_paused_rx,
     ));
     loop {
         tracing::info!("standing by");
@@ -740,6 +743,7 @@ pub async fn serve(
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(epoch, error = %e, "cannot start leading; standing by");
+                base.warm_paused.send_replace(false);
                 election.resign(epoch).await;
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
@@ -764,6 +768,7 @@ pub async fn serve(
         tracing::warn!(epoch, why = %why, "lost leadership; standing by");
         node.set_leading(None);
         leadership.stop();
+        base.warm_paused.send_replace(false);
         election.fence.store(0, Ordering::SeqCst);
     }
     follower.abort();
@@ -805,6 +810,9 @@ struct Base {
     auth: Arc<Authenticator>,
     /// This process's warm copy of the journal.
     warm: warm::WarmJournal,
+    /// True while this process leads: the copy is not followed
+    /// ([`warm::follow`]).
+    warm_paused: watch::Sender<bool>,
 }
 
 /// One leadership's tasks.
@@ -908,6 +916,8 @@ async fn lead(
         Some(_) => warm_journal(base).await,
         None => None,
     };
+    // The only writer now: no need to follow its own writes.
+    base.warm_paused.send_replace(true);
     let consumer = tokio::spawn(consume(
         base.client.clone(),
         base.submit_stream.clone(),

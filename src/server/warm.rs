@@ -135,6 +135,12 @@ impl WarmJournal {
         }
     }
 
+    /// Forgets everything (the copy is about to be read again from the
+    /// bucket's first revision).
+    fn reset(&self) {
+        *self.lock() = Copy::default();
+    }
+
     /// How many tasks it holds (live, finished).
     pub(crate) fn len(&self) -> (usize, usize) {
         let copy = self.lock();
@@ -145,14 +151,30 @@ impl WarmJournal {
 /// Keeps `warm` up to date with the results bucket, for the life of the
 /// process: resumes after the last revision seen when the watch breaks,
 /// and forgets tasks purged from the submit stream every minute.
+///
+/// While `paused` is true (this process leads: it is the journal's only
+/// writer and has no use for a copy of what it writes), the watch is
+/// dropped and the copy left as it was (the takeover may still be reading
+/// it). Once `paused` is false again the copy is cleared and read again
+/// from the bucket's first revision, as at start. Following its own writes
+/// cost a leader two deliveries, a decode and an insert per record: a
+/// fifth of its throughput (`cargo bench --bench distributed`).
 pub(crate) async fn follow(
     results: kv::Store,
     submit_stream: jetstream::stream::Stream,
     warm: WarmJournal,
+    mut paused: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut prune = tokio::time::interval(Duration::from_secs(60));
     prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        if *paused.borrow_and_update() {
+            if paused.wait_for(|p| !*p).await.is_err() {
+                return;
+            }
+            warm.reset();
+            continue;
+        }
         let from = warm.seen() + 1;
         let mut watch = match results.watch_all_from_revision(from).await {
             Ok(w) => w,
@@ -172,6 +194,7 @@ pub(crate) async fn follow(
                     }
                     None => break,
                 },
+                _ = paused.changed() => break,
                 _ = prune.tick() => {
                     let mut stream = submit_stream.clone();
                     if let Ok(info) = stream.info().await {
