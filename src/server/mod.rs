@@ -2238,13 +2238,17 @@ async fn store_batch(ctx: &CommitCtx, records: Vec<(u64, Bytes)>) -> bool {
             Err(journal::BatchError::Failed(e)) => {
                 tracing::warn!(records = n, error = %e, "storing a batch of task records failed; retrying");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                delay = (delay * 2).min(JOURNAL_RETRY_MAX);
             }
         }
     };
     in_flight.fetch_sub(n, Ordering::Relaxed);
     stored
 }
+
+/// The longest pause between two tries of a journal write: once NATS is
+/// back (a restart), writes resume within it.
+const JOURNAL_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// One fenced record write, retried while NATS is away; `false` if fenced
 /// out.
@@ -2256,7 +2260,7 @@ async fn put_retrying(ctx: &CommitCtx, seq: u64, body: &Bytes) -> bool {
             Err(e) => {
                 tracing::warn!(task_id = seq, error = %e, "storing a task record failed; retrying");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                delay = (delay * 2).min(JOURNAL_RETRY_MAX);
             }
         }
     }

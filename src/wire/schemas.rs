@@ -712,9 +712,11 @@ fn asyncapi(subjects: &Subjects) -> Value {
             "The leader announces a task's state changes.",
             "Published (core NATS, not stored) when a task is queued or scheduled, when an \
              attempt starts, when a retry is scheduled (`queued` again, with the last error) and \
-             when the task finishes, with its output or error. A waiting \
-             client subscribes before it looks the task up, and looks again now and then in \
-             case it missed an event.",
+             when the task finishes, with its output or error. At most once, after the \
+             change is stored: an event whose leader died before sending it is not sent \
+             again, and a new leader does not announce again the tasks it reads back at \
+             takeover. A waiting client subscribes before it looks the task up, and looks \
+             again now and then in case it missed an event.",
         ),
     ];
     for (channel, address, name, tag, summary, description) in pushes {

@@ -64,7 +64,10 @@ impl Driver {
             self.live_seqs.insert(seq);
         }
         tracing::debug!(task_id = %id, "task accepted");
-        if live && self.core.task(id).is_some_and(|v| v.attempts == 0) {
+        // A submission read back at takeover was announced by the leader
+        // that accepted it: announcing it again would flood every listener
+        // with one event per waiting task.
+        if live && !self.catching_up && self.core.task(id).is_some_and(|v| v.attempts == 0) {
             let state = if fixed {
                 TaskState::Scheduled
             } else {

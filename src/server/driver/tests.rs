@@ -718,6 +718,32 @@ fn registrations_wait_until_the_journal_is_read() {
     assert_eq!(d.status(TaskId(5)).unwrap().state, TaskState::Running);
 }
 
+/// Submissions read back at takeover were announced by the leader that
+/// accepted them: no `queued` event again (one per waiting task would
+/// flood every listener); a submission after the catch-up is announced.
+#[test]
+fn submissions_read_back_at_takeover_are_not_announced_again() {
+    fn events(d: &mut Driver) -> Vec<String> {
+        d.take_outputs()
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Publish { subject, .. } if subject.contains(".events.") => Some(subject),
+                _ => None,
+            })
+            .collect()
+    }
+    let mut d = driver();
+    d.catch_up_first();
+    submit(&mut d, 1, 1, "gpu=none");
+    submit(&mut d, 1, 2, "gpu=none");
+    assert_eq!(events(&mut d), Vec::<String>::new());
+    d.handle(Millis(2), Input::CaughtUp);
+    submit(&mut d, 3, 3, "gpu=none");
+    let announced = events(&mut d);
+    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert!(announced[0].ends_with(".events.3"), "{announced:?}");
+}
+
 /// Issue 8, deliverable 1: lease expiries and worker silence are
 /// deadlines in `next_wakeup`, not found by a periodic scan.
 #[test]
