@@ -160,6 +160,57 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
     );
 }
 
+/// The same takeover read cold (`[server] warm_standby = false`: every
+/// journal record looked up from the stream's leader): attempts running
+/// when the leader is killed are re-attached and run once, and a task
+/// that succeeded before the kill is not run again.
+#[tokio::test]
+async fn a_cold_takeover_reattaches_running_attempts_and_skips_finished_tasks() {
+    let config = format!("{}\n", procs::SERVER_CONFIG).replacen(
+        "[server]\n",
+        "[server]\nwarm_standby = false\n",
+        1,
+    );
+    assert!(config.contains("warm_standby = false"), "{config}");
+    let mut c = Cluster::start(&[("cpu", "", 4)]).await;
+    // The first server stays warm; the one that takes over reads cold.
+    let mut second =
+        CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;
+    let done = c.submit_payload("done-before", "").await;
+    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(
+            c.submit_payload(&hold(&format!("held-{i}"), "go"), "")
+                .await,
+        );
+    }
+    for id in &held {
+        c.running(*id).await;
+    }
+    c.server.kill9();
+    taken_over_by(&second).await;
+    std::mem::swap(&mut c.server, &mut second);
+    c.snapshot_until("the re-attached attempts to count as busy", |s| {
+        s.workers.iter().any(|w| w.id == "cpu" && w.busy == 3)
+    })
+    .await;
+    c.release("go");
+    for id in &held {
+        let status = c.finished(*id).await;
+        assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
+        assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    }
+    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+    let runs = c.runs();
+    assert_eq!(runs.len(), 4, "each ran once, as attempt 1: {runs:?}");
+    assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
+    let log = c.server.log_tail(400);
+    assert!(log.contains("warm_standby = false"), "{log}");
+    assert!(log.contains("task recovered from the journal"), "{log}");
+    drop(second);
+}
+
 /// Issue 8, re-attachment: attempts running when the leader is killed keep
 /// running on their workers; the successor re-attaches them from the
 /// journal and counts their outcomes, so each ran exactly once (attempt

@@ -99,6 +99,14 @@ pub struct ServerSection {
     /// fenced write per subject at a time; not measured there yet.
     #[serde(default)]
     pub journal_batches: bool,
+    /// Stand by warm: follow the journal (the results bucket) while not
+    /// leading, so a takeover reads the records of unfinished tasks from
+    /// memory (default). `false`: a takeover reads each one from the
+    /// stream's leader, which is slower with many unfinished tasks but
+    /// keeps no copy of the journal in a standby's memory (about a record
+    /// per unfinished task and a mark per finished one still stored).
+    #[serde(default = "default_true")]
+    pub warm_standby: bool,
     /// HTTP: the longest wait for a request head (also closes a keep-alive
     /// connection idle this long); see [`crate::http::HttpLimits`].
     #[serde(default = "default_http_header_timeout", deserialize_with = "duration")]
@@ -182,6 +190,7 @@ impl Default for ServerSection {
             id: None,
             replicas: default_replicas(),
             journal_batches: false,
+            warm_standby: true,
             election_timeout: default_election_timeout(),
             allow_undeclared_pools: default_true(),
             max_pools: default_max_pools(),

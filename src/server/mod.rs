@@ -725,12 +725,14 @@ pub async fn serve(
     };
     // Standing by warm: the journal is followed from the start, so a
     // takeover reads it from memory.
-    let follower = tokio::spawn(warm::follow(
-        base.results.clone(),
-        base.submit_stream.clone(),
-        base.warm.clone(),
-        warm_paused_rx,
-    ));
+    let follower = base.config.server.warm_standby.then(|| {
+        tokio::spawn(warm::follow(
+            base.results.clone(),
+            base.submit_stream.clone(),
+            base.warm.clone(),
+            warm_paused_rx,
+        ))
+    });
     loop {
         tracing::info!("standing by");
         let (epoch, sent) = tokio::select! {
@@ -771,7 +773,9 @@ pub async fn serve(
         base.warm_paused.send_replace(false);
         election.fence.store(0, Ordering::SeqCst);
     }
-    follower.abort();
+    if let Some(follower) = follower {
+        follower.abort();
+    }
     tracing::info!("shutting down");
     let result = match http.await {
         Ok(r) => r.map_err(|e| Error::Http {
@@ -1327,6 +1331,10 @@ fn submission_input(
 /// every write of the deposed leader too); `None` if it does not catch up
 /// within [`warm::CATCH_UP_WAIT`]: the takeover then reads the bucket.
 async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
+    if !base.config.server.warm_standby {
+        tracing::info!("reading the journal from the bucket ([server] warm_standby = false)");
+        return None;
+    }
     let name = format!("KV_{}", base.subjects.results_bucket());
     let upto = match base.js.get_stream(&name).await {
         Ok(mut stream) => match stream.info().await {
@@ -1363,10 +1371,32 @@ async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
 /// The journal record of submission `seq`, if any. Retries while NATS
 /// does not answer (a missing answer must not pass for "no record": the
 /// task may have run, or finished); gives up after about 10 s.
+///
+/// Read from the stream's leader (`STREAM.MSG.GET`), not with a direct get:
+/// a KV get is a direct get, which any replica of a replicated bucket may
+/// answer, however far behind (nats-server#6557, no read-after-write) — a
+/// takeover that missed a stored `succeeded` would run the task again.
 async fn journal_record(results: &kv::Store, seq: u64) -> Result<Option<wire::TaskRecord>, String> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let subject = format!("{}{seq}", results.prefix);
     let mut delay = Duration::from_millis(50);
     for _ in 0..12 {
-        match results.get(seq.to_string()).await {
+        let got = match results
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(m) => {
+                let deleted = m
+                    .headers
+                    .get("KV-Operation")
+                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+                Ok((!deleted).then_some(m.payload))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(e),
+        };
+        match got {
             Ok(None) => return Ok(None),
             Ok(Some(bytes)) => {
                 return match wire::TaskRecord::decode(&bytes) {
