@@ -72,6 +72,12 @@ pub const NONCE_TTL: Millis = Millis(30_000);
 /// refused `RESOURCE_EXHAUSTED`.
 pub const MAX_NONCES: usize = 16_384;
 
+/// The most registration nonces outstanding for one worker id: a further
+/// challenge for that id replaces its oldest. So a flood of challenges
+/// under one id (a NATS user may publish under its own id only, see
+/// `deploy/nats/`) cannot use up [`MAX_NONCES`] and lock other workers out.
+pub const MAX_NONCES_PER_WORKER: usize = 4;
+
 /// The most client nonces remembered (each for 2 × [`CLOCK_SKEW`]): about
 /// 2,500 signed client requests a second, sustained, and some 50 MB at
 /// most; beyond it requests are refused `RESOURCE_EXHAUSTED` until older
@@ -703,12 +709,19 @@ pub fn check_nonce_time(nonce: &str, at: Millis) -> Result<(), WireError> {
     Ok(())
 }
 
-/// Registration nonces the leader issued (each valid once, for
-/// [`NONCE_TTL`]), and the client nonces it has seen lately.
+/// Nonces of one kind: the registration nonces the leader issued (each
+/// valid once, for [`NONCE_TTL`], at most [`MAX_NONCES_PER_WORKER`] per
+/// worker id), or the client nonces it has seen lately. A leader keeps one
+/// of each, apart: a busy stream of signed client requests must not fill
+/// the registrations' room.
 #[derive(Debug, Default)]
 pub struct Nonces {
-    live: HashMap<String, Millis>,
+    /// Nonce → (valid until, the worker id it was issued to; empty for a
+    /// client nonce).
+    live: HashMap<String, (Millis, String)>,
     order: VecDeque<(Millis, String)>,
+    /// The outstanding registration nonces of each worker id, oldest first.
+    by_worker: HashMap<String, VecDeque<String>>,
 }
 
 impl Nonces {
@@ -718,15 +731,37 @@ impl Nonces {
                 break;
             }
             let (until, nonce) = self.order.pop_front().expect("front exists");
-            if self.live.get(&nonce) == Some(&until) {
-                self.live.remove(&nonce);
+            if self.live.get(&nonce).is_some_and(|(u, _)| *u == until) {
+                self.forget(&nonce);
             }
         }
     }
 
-    /// A fresh registration nonce, valid once for [`NONCE_TTL`].
-    pub fn issue(&mut self, now: Millis) -> Result<String, WireError> {
+    /// Removes a live nonce; `Some(valid until)` if it was live.
+    fn forget(&mut self, nonce: &str) -> Option<Millis> {
+        let (until, worker) = self.live.remove(nonce)?;
+        if let Some(issued) = self.by_worker.get_mut(&worker) {
+            issued.retain(|n| n != nonce);
+            if issued.is_empty() {
+                self.by_worker.remove(&worker);
+            }
+        }
+        Some(until)
+    }
+
+    /// A fresh registration nonce for `worker_id`, valid once for
+    /// [`NONCE_TTL`]; it replaces that id's oldest outstanding one if it
+    /// has [`MAX_NONCES_PER_WORKER`].
+    pub fn issue(&mut self, worker_id: &str, now: Millis) -> Result<String, WireError> {
         self.expire(now);
+        let oldest = self
+            .by_worker
+            .get(worker_id)
+            .filter(|issued| issued.len() >= MAX_NONCES_PER_WORKER)
+            .and_then(|issued| issued.front().cloned());
+        if let Some(oldest) = oldest {
+            self.forget(&oldest);
+        }
         if self.live.len() >= MAX_NONCES {
             return Err(WireError::new(
                 ErrorCode::RESOURCE_EXHAUSTED,
@@ -735,15 +770,20 @@ impl Nonces {
         }
         let nonce = format!("n{}", hex(&random_bytes::<16>()));
         let until = now.plus(NONCE_TTL);
-        self.live.insert(nonce.clone(), until);
+        self.live
+            .insert(nonce.clone(), (until, worker_id.to_string()));
         self.order.push_back((until, nonce.clone()));
+        self.by_worker
+            .entry(worker_id.to_string())
+            .or_default()
+            .push_back(nonce.clone());
         Ok(nonce)
     }
 
     /// Uses up a registration nonce this leader issued.
     pub fn redeem(&mut self, nonce: &str, now: Millis) -> Result<(), WireError> {
         self.expire(now);
-        match self.live.remove(nonce) {
+        match self.forget(nonce) {
             Some(until) if until > now && nonce.starts_with('n') => Ok(()),
             // Not UNAUTHENTICATED: a new leader does not know the old one's
             // nonces, and the worker should just ask again.
@@ -769,7 +809,7 @@ impl Nonces {
             ));
         }
         let until = now.plus(CLOCK_SKEW).plus(CLOCK_SKEW);
-        self.live.insert(nonce.to_string(), until);
+        self.live.insert(nonce.to_string(), (until, String::new()));
         self.order.push_back((until, nonce.to_string()));
         Ok(())
     }

@@ -156,12 +156,41 @@ fn an_old_or_future_nonce_is_refused_and_a_seen_one_too() {
 fn registration_nonces_are_good_once_and_expire() {
     let mut n = Nonces::default();
     let now = Millis(1_000_000);
-    let a = n.issue(now).unwrap();
+    let a = n.issue("w", now).unwrap();
     n.redeem(&a, now).unwrap();
     assert!(n.redeem(&a, now).is_err(), "used twice");
-    let b = n.issue(now).unwrap();
+    let b = n.issue("w", now).unwrap();
     assert!(n.redeem(&b, now.plus(NONCE_TTL)).is_err(), "expired");
     assert!(n.redeem("n00", now).is_err(), "never issued");
+}
+
+/// A flood of challenges under one worker id replaces that id's own
+/// nonces: it never uses up the room every other worker registers in.
+#[test]
+fn a_challenge_flood_under_one_id_locks_no_other_worker_out() {
+    let mut n = Nonces::default();
+    let now = Millis(1_000_000);
+    let first = n.issue("flooder", now).unwrap();
+    let mut last = String::new();
+    for _ in 0..MAX_NONCES + 10 {
+        last = n.issue("flooder", now).unwrap();
+    }
+    assert!(n.redeem(&first, now).is_err(), "replaced by later ones");
+    n.redeem(&last, now).unwrap();
+    let other = n.issue("honest", now).unwrap();
+    n.redeem(&other, now).unwrap();
+    // Many ids at once still meet the global bound.
+    let room = MAX_NONCES - n.live.len();
+    assert!(room >= MAX_NONCES - MAX_NONCES_PER_WORKER, "{room}");
+    for i in 0..room {
+        n.issue(&format!("w{i}"), now).unwrap();
+    }
+    assert_eq!(
+        n.issue("one-more", now).unwrap_err().code,
+        ErrorCode::RESOURCE_EXHAUSTED
+    );
+    // They expire.
+    n.issue("one-more", now.plus(NONCE_TTL)).unwrap();
 }
 
 #[test]

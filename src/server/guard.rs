@@ -19,6 +19,9 @@ use crate::wire::{self, ChallengeReply, Register, SessionGrant, Subjects, WireEr
 /// Credentials, nonces and sessions of one leadership.
 pub(crate) struct Guard {
     auth: Arc<Authenticator>,
+    /// Registration nonces issued.
+    challenges: Mutex<Nonces>,
+    /// Client nonces seen.
     nonces: Mutex<Nonces>,
     sessions: Mutex<Sessions>,
     subjects: Subjects,
@@ -34,6 +37,7 @@ impl Guard {
     pub(crate) fn new(auth: Arc<Authenticator>, subjects: Subjects, hold: Millis) -> Guard {
         Guard {
             auth,
+            challenges: Mutex::new(Nonces::default()),
             nonces: Mutex::new(Nonces::default()),
             sessions: Mutex::new(Sessions::new(hold)),
             subjects,
@@ -99,10 +103,14 @@ impl Guard {
 
     /// A registration nonce (any worker may ask; with auth off too, so a
     /// worker with a credential hears that no session will come).
-    pub(crate) fn challenge(&self, now: Millis) -> Result<ChallengeReply, WireError> {
+    pub(crate) fn challenge(
+        &self,
+        worker_id: &str,
+        now: Millis,
+    ) -> Result<ChallengeReply, WireError> {
         Ok(ChallengeReply {
             v: wire::PROTOCOL_VERSION,
-            nonce: lock(&self.nonces).issue(now)?,
+            nonce: lock(&self.challenges).issue(worker_id, now)?,
         })
     }
 
@@ -125,7 +133,7 @@ impl Guard {
             return Ok(None);
         }
         let (principal, nonce) = self.auth.verify(subject, headers, body)?;
-        lock(&self.nonces).redeem(&nonce, now)?;
+        lock(&self.challenges).redeem(&nonce, now)?;
         principal.may_register(&r.pool, &r.labels)?;
         if r.xkey.is_none() {
             return Err(WireError::new(
@@ -185,5 +193,34 @@ impl Guard {
         lock(&self.sessions)
             .sign(worker_id, subject, &mut headers, body, SystemTime::now())
             .then_some(headers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Registration nonces and client nonces are kept apart: a busy stream
+    /// of signed client requests (more client nonces than registrations
+    /// may have outstanding) does not lock workers out of registering.
+    #[test]
+    fn many_signed_client_requests_do_not_block_registrations() {
+        let guard = Guard::new(
+            Arc::new(Authenticator::disabled()),
+            Subjects::new("cronoq").unwrap(),
+            Millis(10_000),
+        );
+        let at = std::time::SystemTime::now();
+        let now = Millis(
+            at.duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64,
+        );
+        for _ in 0..crate::auth::MAX_NONCES + 100 {
+            let nonce = crate::auth::client_nonce(at);
+            lock(&guard.nonces).first_use(&nonce, now).unwrap();
+        }
+        let reply = guard.challenge("w1", now).unwrap();
+        lock(&guard.challenges).redeem(&reply.nonce, now).unwrap();
     }
 }

@@ -1655,7 +1655,7 @@ fn worker_request(
     match verb {
         "challenge" => {
             wire::decode_request::<wire::Challenge>(body)?;
-            let nonce = guard.challenge(now);
+            let nonce = guard.challenge(worker_id, now);
             answer_later(client, msg, async move { nonce });
             Ok(None)
         }
