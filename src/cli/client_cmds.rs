@@ -111,35 +111,17 @@ fn wire(e: client::Error) -> anyhow::Error {
     WireError::from(e).into()
 }
 
-/// The credential `--token-env` or `--nkey-seed` names, read now (before
-/// connecting): an unset variable, an unreadable or invalid seed, both
-/// flags, or an nkey with `--http` (which takes Bearer tokens only) are
-/// `INVALID_ARGUMENT`. The message never holds the secret.
+/// The credential `--token-env` or `--nkey-seed` names (see
+/// [`super::credential_from`]); an nkey with `--http` (which takes Bearer
+/// tokens only) is `INVALID_ARGUMENT` too.
 fn credential_of(connect: &Connect) -> Result<Option<Credential>, WireError> {
-    let invalid = |message: String| WireError::new(ErrorCode::INVALID_ARGUMENT, message);
-    match (&connect.token_env, &connect.nkey_seed) {
-        (Some(_), Some(_)) => Err(invalid(
-            "give --token-env or --nkey-seed, not both (CRONOQ_TOKEN_ENV, CRONOQ_NKEY_SEED)".into(),
-        )),
-        (Some(var), None) => match std::env::var(var) {
-            Ok(token) if !token.is_empty() => Ok(Some(Credential::token(token))),
-            Ok(_) => Err(invalid(format!("--token-env names {var}, which is empty"))),
-            Err(_) => Err(invalid(format!(
-                "--token-env names {var}, which is not set"
-            ))),
-        },
-        (None, Some(path)) => {
-            if connect.nats.is_none() {
-                return Err(invalid(
-                    "--nkey-seed needs --nats: the HTTP API takes a token (--token-env) as its Bearer credential".into(),
-                ));
-            }
-            Credential::from_seed_file(path)
-                .map(Some)
-                .map_err(|e| invalid(format!("--nkey-seed: {}", e.message)))
-        }
-        (None, None) => Ok(None),
+    if connect.token_env.is_none() && connect.nkey_seed.is_some() && connect.nats.is_none() {
+        return Err(WireError::new(
+            ErrorCode::INVALID_ARGUMENT,
+            "--nkey-seed needs --nats: the HTTP API takes a token (--token-env) as its Bearer credential",
+        ));
     }
+    super::credential_from(connect.token_env.as_deref(), connect.nkey_seed.as_deref())
 }
 
 impl Remote {

@@ -145,3 +145,32 @@ pub fn error_code(error: &anyhow::Error) -> Option<ErrorCode> {
     }
     None
 }
+
+/// The credential `--token-env` or `--nkey-seed` names, read now (before
+/// connecting), for the client commands and `cronoq worker` alike: an unset
+/// or empty variable, an unreadable or invalid seed, or both flags are
+/// `INVALID_ARGUMENT`. The message never holds the secret.
+fn credential_from(
+    token_env: Option<&str>,
+    nkey_seed: Option<&std::path::Path>,
+) -> Result<Option<crate::auth::Credential>, crate::wire::WireError> {
+    use crate::auth::Credential;
+    let invalid =
+        |message: String| crate::wire::WireError::new(ErrorCode::INVALID_ARGUMENT, message);
+    match (token_env, nkey_seed) {
+        (Some(_), Some(_)) => Err(invalid(
+            "give --token-env or --nkey-seed, not both (CRONOQ_TOKEN_ENV, CRONOQ_NKEY_SEED)".into(),
+        )),
+        (Some(var), None) => match std::env::var(var) {
+            Ok(token) if !token.is_empty() => Ok(Some(Credential::token(token))),
+            Ok(_) => Err(invalid(format!("--token-env names {var}, which is empty"))),
+            Err(_) => Err(invalid(format!(
+                "--token-env names {var}, which is not set"
+            ))),
+        },
+        (None, Some(path)) => Credential::from_seed_file(path)
+            .map(Some)
+            .map_err(|e| invalid(format!("--nkey-seed: {}", e.message))),
+        (None, None) => Ok(None),
+    }
+}

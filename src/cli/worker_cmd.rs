@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use crate::core::ErrorCode;
 use crate::wire::WireError;
 use crate::worker::{run_command, Worker, WorkerOptions};
 
@@ -64,7 +63,6 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
 
 /// The worker options the arguments describe; secrets are read here.
 fn options(args: &WorkerArgs) -> Result<WorkerOptions, WireError> {
-    let invalid = |message: String| WireError::new(ErrorCode::INVALID_ARGUMENT, message);
     let mut options = WorkerOptions::new(&args.nats)
         .pool(&args.pool)
         .slots(args.slots)
@@ -82,15 +80,10 @@ fn options(args: &WorkerArgs) -> Result<WorkerOptions, WireError> {
     if let Some(id) = &args.id {
         options = options.id(id);
     }
-    if let Some(var) = &args.token_env {
-        let token = std::env::var(var)
-            .map_err(|_| invalid(format!("env var {var} (from --token-env) is not set")))?;
-        options = options.token(token);
-    }
-    if let Some(path) = &args.nkey_seed {
-        let seed = std::fs::read_to_string(path)
-            .map_err(|e| invalid(format!("reading nkey seed {}: {e}", path.display())))?;
-        options = options.nkey_seed(seed);
+    if let Some(credential) =
+        super::credential_from(args.token_env.as_deref(), args.nkey_seed.as_deref())?
+    {
+        options = options.credential(credential);
     }
     Ok(options)
 }

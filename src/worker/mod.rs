@@ -157,6 +157,7 @@ pub struct WorkerOptions {
     prefix: String,
     token: Option<String>,
     nkey_seed: Option<String>,
+    credential: Option<Credential>,
     grace: Duration,
     request_timeout: Duration,
     login: wire::NatsLogin,
@@ -174,6 +175,7 @@ impl fmt::Debug for WorkerOptions {
             .field("prefix", &self.prefix)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("nkey_seed", &self.nkey_seed.as_ref().map(|_| "<redacted>"))
+            .field("credential", &self.credential)
             .field("grace", &self.grace)
             .field("request_timeout", &self.request_timeout)
             .field("login", &self.login)
@@ -195,6 +197,7 @@ impl WorkerOptions {
             prefix: "cronoq".to_string(),
             token: None,
             nkey_seed: None,
+            credential: None,
             grace: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
             login: wire::NatsLogin::new(),
@@ -251,6 +254,14 @@ impl WorkerOptions {
     /// A bearer token presented at registration.
     pub fn token(mut self, token: impl Into<String>) -> WorkerOptions {
         self.token = Some(token.into());
+        self
+    }
+
+    /// A credential read already (a token or an nkey seed, e.g. by
+    /// [`Credential::from_seed_file`]); instead of [`WorkerOptions::token`]
+    /// or [`WorkerOptions::nkey_seed`].
+    pub fn credential(mut self, credential: Credential) -> WorkerOptions {
+        self.credential = Some(credential);
         self
     }
 
@@ -312,21 +323,26 @@ impl WorkerOptions {
         }
         wire::validate_worker_id(worker_id)?;
         let subjects = Subjects::new(&self.prefix)?;
+        let given = [
+            self.token.is_some(),
+            self.nkey_seed.is_some(),
+            self.credential.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() > 1 {
+            return Err(Rejection::InvalidArgument(
+                "give one credential: a token or an nkey seed, not both".into(),
+            )
+            .into());
+        }
         let credential = match (&self.token, &self.nkey_seed) {
-            (Some(_), Some(_)) => {
-                return Err(Rejection::InvalidArgument(
-                    "give a token or an nkey seed, not both".into(),
-                )
-                .into())
-            }
-            (Some(token), None) if token.is_empty() => {
+            (Some(token), _) if token.is_empty() => {
                 return Err(Rejection::InvalidArgument("token is empty".into()).into())
             }
-            (Some(token), None) => Some(Credential::token(token.clone())),
+            (Some(token), _) => Some(Credential::token(token.clone())),
             (None, Some(seed)) => Some(Credential::nkey_seed(seed).map_err(|e| {
                 Rejection::InvalidArgument(format!("nkey seed is not valid: {}", e.message))
             })?),
-            (None, None) => None,
+            (None, None) => self.credential.clone(),
         };
         Ok(Validated {
             pool,

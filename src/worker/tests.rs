@@ -655,6 +655,10 @@ async fn bad_options_fail_before_connecting() {
             .token("t0k-t0k-t0k-t0k-t0k")
             .nkey_seed(nkeys::KeyPair::new_user().seed().unwrap()),
         options(url, "w5").prefix("a.b"),
+        options(url, "w5").token(""),
+        options(url, "w5")
+            .token("t0k-t0k-t0k-t0k-t0k")
+            .credential(crate::auth::Credential::token("another-t0k-t0k")),
     ] {
         let worker = Worker::new(options, handler(Arc::default()));
         let error = tokio::time::timeout(WAIT, worker.run_until(std::future::pending()))
