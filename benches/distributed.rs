@@ -416,7 +416,7 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
     // `CRONOQ_BENCH_JOURNAL_BATCHES=1`: the journal in atomic batches, to
     // compare with one fenced write per record in the same conditions.
     config.server.journal_batches =
-        std::env::var("CRONOQ_BENCH_JOURNAL_BATCHES").as_deref() == Ok("1");
+        Some(std::env::var("CRONOQ_BENCH_JOURNAL_BATCHES").as_deref() == Ok("1"));
     let (server_stop, server_stop_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = oneshot::channel();
     let server = tokio::spawn(cronoq::server::serve(

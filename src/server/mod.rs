@@ -617,7 +617,7 @@ pub async fn serve(
             .map_err(nats_err("creating the results bucket"))?,
     };
     // One fence check per group commit instead of one per record.
-    let atomic_batches = s.journal_batches
+    let atomic_batches = s.journal_in_batches()
         && match journal::enable_atomic(
             &js,
             &client.server_info().version,
