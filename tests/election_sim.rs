@@ -213,6 +213,7 @@ impl Sim {
                         http: String::new(),
                         epoch: if takeover { 0 } else { epoch },
                         resigned: false,
+                        instance: self.servers[i].id.clone(),
                     });
                     Some(seq)
                 } else {

@@ -55,13 +55,16 @@ pub struct Standby {
 impl Standby {
     /// What the subject holds, seen at `now` on this server's clock: the
     /// sequence to expect in a takeover write, if one should go out now —
-    /// no record, a resigned one, this server's own, or one that has not
-    /// moved for `timeout` since this server first saw it.
+    /// no record, a resigned one, this process's own (`me` is its
+    /// instance id), or one that has not moved for `timeout` since this
+    /// server first saw it. A record of another process is never taken at
+    /// once, even under the same server id: two servers given one id took
+    /// it from each other every few hundred milliseconds, for good.
     ///
     /// ```
     /// use cronoq::core::Millis;
     /// use cronoq::server::election::{LeaderRecord, Observed, Standby};
-    /// let rec = |id: &str| Some(LeaderRecord { id: id.into(), http: String::new(), epoch: 3, resigned: false });
+    /// let rec = |id: &str| Some(LeaderRecord { id: "s".into(), http: String::new(), epoch: 3, resigned: false, instance: id.into() });
     /// let mut s = Standby::default();
     /// let seen = Observed { seq: 9, record: rec("a") };
     /// assert_eq!(s.consider(Millis(0), Millis(750), &seen, "b"), None);
@@ -78,9 +81,9 @@ impl Standby {
         let stale = match (&observed.record, self.last) {
             (None, _) => true,
             (Some(r), _) if r.resigned => true,
-            // Our own record (this process stepped down after a slow
-            // renewal, or restarted with the same id): take it back now.
-            (Some(r), _) if r.id == me => true,
+            // This process's own record (it stepped down after a slow
+            // renewal): take it back now.
+            (Some(r), _) if !me.is_empty() && r.instance == me => true,
             (Some(_), Some((seq, since))) if seq == observed.seq => now >= since.plus(timeout),
             _ => {
                 self.last = Some((observed.seq, now));
@@ -119,6 +122,10 @@ pub struct LeaderRecord {
     /// The leader stopped and handed over.
     #[serde(default)]
     pub resigned: bool,
+    /// The writing process's random instance id: two processes started
+    /// with the same server id (a mistake) are still told apart.
+    #[serde(default)]
+    pub instance: String,
 }
 
 /// The last record on the leader subject and its sequence (0: none).
@@ -168,6 +175,8 @@ pub(crate) struct Election {
     stream: String,
     subject: String,
     server_id: String,
+    /// This process's instance id (random), in every record it writes.
+    instance: String,
     http: String,
     timeout: Duration,
     /// The leader's last sequence on the subject (0: not leading): the
@@ -199,6 +208,7 @@ impl Election {
             stream: format!("KV_{}", subjects.results_bucket()),
             subject: subjects.leader(),
             server_id,
+            instance: format!("{:016x}", rand::random::<u64>()),
             http,
             timeout,
             fence: Arc::new(AtomicU64::new(0)),
@@ -275,18 +285,34 @@ impl Election {
         let clock = || Millis(Instant::now().duration_since(base).as_millis() as u64);
         let timeout = Millis::from_duration(self.timeout);
         let mut standby = Standby::default();
+        let mut warned = false;
         loop {
             match self.observe().await {
                 Ok(observed) => {
                     seen.send_replace(observed.record.is_some().then(|| observed.clone()));
+                    if let Some(r) = &observed.record {
+                        if r.id == self.server_id
+                            && r.instance != self.instance
+                            && !r.resigned
+                            && !warned
+                        {
+                            warned = true;
+                            tracing::warn!(
+                                server_id = %self.server_id,
+                                "the leader record names this server's id but another process \
+                                 (or this server before a restart): give every server its own --id"
+                            );
+                        }
+                    }
                     if let Some(expected) =
-                        standby.consider(clock(), timeout, &observed, &self.server_id)
+                        standby.consider(clock(), timeout, &observed, &self.instance)
                     {
                         let record = LeaderRecord {
                             id: self.server_id.clone(),
                             http: self.http.clone(),
                             epoch: 0,
                             resigned: false,
+                            instance: self.instance.clone(),
                         };
                         let sent = Instant::now();
                         match self.write(expected, &record).await {
@@ -317,6 +343,7 @@ impl Election {
             http: self.http.clone(),
             epoch,
             resigned: false,
+            instance: self.instance.clone(),
         };
         // The first renewal goes out at once: it carries the epoch, and
         // workers that see it re-register with this leader now.
@@ -368,7 +395,7 @@ impl Election {
                 if o.epoch() == epoch
                     && o.record
                         .as_ref()
-                        .is_some_and(|r| r.id == self.server_id && !r.resigned) =>
+                        .is_some_and(|r| r.instance == self.instance && !r.resigned) =>
             {
                 let _ = self.fence.compare_exchange(
                     expected,
@@ -390,6 +417,7 @@ impl Election {
             http: self.http.clone(),
             epoch,
             resigned: true,
+            instance: self.instance.clone(),
         };
         let expected = self.fence.swap(0, Ordering::SeqCst);
         match self.write(expected, &record).await {
@@ -427,5 +455,49 @@ impl AtomicInstant {
         let now = Millis(Instant::now().duration_since(self.base).as_millis() as u64);
         let sent = Millis(self.ms.load(Ordering::SeqCst));
         may_act(now, sent, Millis::from_duration(timeout))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, instance: &str) -> Option<LeaderRecord> {
+        Some(LeaderRecord {
+            id: id.into(),
+            http: String::new(),
+            epoch: 3,
+            resigned: false,
+            instance: instance.into(),
+        })
+    }
+
+    /// A live record of another process is waited out even when it names
+    /// this server's id (two servers started with one id, or this server
+    /// before a restart); only this process's own record is taken back at
+    /// once. Before, two servers sharing an id took the lead from each
+    /// other at every poll.
+    #[test]
+    fn a_record_under_the_same_id_from_another_process_is_not_taken_at_once() {
+        let timeout = Millis(750);
+        let mut s = Standby::default();
+        let other = Observed {
+            seq: 9,
+            record: record("s1", "other-process"),
+        };
+        assert_eq!(s.consider(Millis(0), timeout, &other, "me"), None);
+        assert_eq!(s.consider(Millis(749), timeout, &other, "me"), None);
+        assert_eq!(s.consider(Millis(750), timeout, &other, "me"), Some(9));
+        let mine = Observed {
+            seq: 10,
+            record: record("s1", "me"),
+        };
+        assert_eq!(s.consider(Millis(751), timeout, &mine, "me"), Some(10));
+        // A record from before instances were written is nobody's own.
+        let old = Observed {
+            seq: 11,
+            record: record("s1", ""),
+        };
+        assert_eq!(s.consider(Millis(752), timeout, &old, ""), None);
     }
 }
