@@ -9,7 +9,7 @@
 mod procs;
 
 use cronoq::client::ClientOptions;
-use cronoq::core::{Snapshot, TaskState};
+use cronoq::core::{Snapshot, TaskId, TaskState};
 use procs::{describe, eventually, hold, http_get, Cluster, CronoqServer};
 
 /// The snapshot a server answers over its own HTTP API.
@@ -37,6 +37,39 @@ async fn taken_over_by(server: &CronoqServer) -> (String, u64) {
         }
     })
     .await
+}
+
+/// Submits `n` tasks named `<name>-<i>` that hold until `key` is
+/// released, and waits until each runs.
+async fn running_held(c: &Cluster, name: &str, n: usize, key: &str) -> Vec<TaskId> {
+    let mut held = Vec::new();
+    for i in 0..n {
+        held.push(
+            c.submit_payload(&hold(&format!("{name}-{i}"), key), "")
+                .await,
+        );
+    }
+    for id in &held {
+        c.running(*id).await;
+    }
+    held
+}
+
+/// After a takeover: waits until worker `cpu` counts `held` as busy again
+/// (re-attached), releases `key`, and checks each succeeded in one attempt.
+async fn reattached_and_run_once(c: &Cluster, held: &[TaskId], key: &str) {
+    c.snapshot_until("the re-attached attempts to count as busy", |s| {
+        s.workers
+            .iter()
+            .any(|w| w.id == "cpu" && w.busy as usize == held.len())
+    })
+    .await;
+    c.release(key);
+    for id in held {
+        let status = c.finished(*id).await;
+        assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
+        assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    }
 }
 
 #[tokio::test]
@@ -144,15 +177,11 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
     // follow its own writes): when the successor dies with a task running,
     // it takes over from its warm copy, re-attaches the attempt, and the
     // task runs once.
-    let held = c.submit_payload(&hold("held", "go"), "").await;
-    c.running(held).await;
+    let held = running_held(&c, "held", 1, "go").await;
     second.kill9();
     let (_, third_epoch) = taken_over_by(&c.server).await;
     assert!(third_epoch > new_epoch);
-    c.release("go");
-    let status = c.finished(held).await;
-    assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
-    assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    reattached_and_run_once(&c, &held, "go").await;
     let log = c.server.log_tail(400);
     assert!(
         log.contains("reading the journal from the warm copy"),
@@ -178,29 +207,11 @@ async fn a_cold_takeover_reattaches_running_attempts_and_skips_finished_tasks() 
         CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;
     let done = c.submit_payload("done-before", "").await;
     assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
-    let mut held = Vec::new();
-    for i in 0..3 {
-        held.push(
-            c.submit_payload(&hold(&format!("held-{i}"), "go"), "")
-                .await,
-        );
-    }
-    for id in &held {
-        c.running(*id).await;
-    }
+    let held = running_held(&c, "held", 3, "go").await;
     c.server.kill9();
     taken_over_by(&second).await;
     std::mem::swap(&mut c.server, &mut second);
-    c.snapshot_until("the re-attached attempts to count as busy", |s| {
-        s.workers.iter().any(|w| w.id == "cpu" && w.busy == 3)
-    })
-    .await;
-    c.release("go");
-    for id in &held {
-        let status = c.finished(*id).await;
-        assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
-        assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
-    }
+    reattached_and_run_once(&c, &held, "go").await;
     assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
     let runs = c.runs();
     assert_eq!(runs.len(), 4, "each ran once, as attempt 1: {runs:?}");
@@ -221,56 +232,20 @@ async fn running_attempts_survive_the_leaders_death_and_run_once() {
     let mut second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
     let (_, epoch) = leader_seen_by(&c.server).await.expect("leader's view");
 
-    let mut held = Vec::new();
-    for i in 0..3 {
-        held.push(
-            c.submit_payload(&hold(&format!("held-{i}"), "go"), "")
-                .await,
-        );
-    }
-    for id in &held {
-        c.running(*id).await;
-    }
+    let held = running_held(&c, "held", 3, "go").await;
     c.server.kill9();
     let (_, new_epoch) = taken_over_by(&second).await;
     assert!(new_epoch > epoch);
     std::mem::swap(&mut c.server, &mut second);
     // The worker re-registers with the successor, listing its attempts.
-    c.snapshot_until("the re-attached attempts to count as busy", |s| {
-        s.workers.iter().any(|w| w.id == "cpu" && w.busy == 3)
-    })
-    .await;
-    c.release("go");
-    for id in &held {
-        let status = c.finished(*id).await;
-        assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
-        assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
-    }
+    reattached_and_run_once(&c, &held, "go").await;
 
     // A lone server killed and started again: the same.
-    let mut more = Vec::new();
-    for i in 0..2 {
-        more.push(
-            c.submit_payload(&hold(&format!("again-{i}"), "go2"), "")
-                .await,
-        );
-    }
-    for id in &more {
-        c.running(*id).await;
-    }
+    let more = running_held(&c, "again", 2, "go2").await;
     c.server.kill9();
     drop(second);
     c.server = CronoqServer::start(&c.nats, c.dir.path()).await;
-    c.snapshot_until("the re-attached attempts to count as busy", |s| {
-        s.workers.iter().any(|w| w.id == "cpu" && w.busy == 2)
-    })
-    .await;
-    c.release("go2");
-    for id in &more {
-        let status = c.finished(*id).await;
-        assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
-        assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
-    }
+    reattached_and_run_once(&c, &more, "go2").await;
     let runs = c.runs();
     assert_eq!(runs.len(), 5, "each ran once, as attempt 1: {runs:?}");
     assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");

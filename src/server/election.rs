@@ -215,6 +215,17 @@ impl Election {
         }
     }
 
+    /// A record of this process (epoch 0: a takeover).
+    fn record(&self, epoch: u64, resigned: bool) -> LeaderRecord {
+        LeaderRecord {
+            id: self.server_id.clone(),
+            http: self.http.clone(),
+            epoch,
+            resigned,
+            instance: self.instance.clone(),
+        }
+    }
+
     /// The leader subject.
     pub(crate) fn subject(&self) -> &str {
         &self.subject
@@ -307,13 +318,7 @@ impl Election {
                     if let Some(expected) =
                         standby.consider(clock(), timeout, &observed, &self.instance)
                     {
-                        let record = LeaderRecord {
-                            id: self.server_id.clone(),
-                            http: self.http.clone(),
-                            epoch: 0,
-                            resigned: false,
-                            instance: self.instance.clone(),
-                        };
+                        let record = self.record(0, false);
                         let sent = Instant::now();
                         match self.write(expected, &record).await {
                             Write::Stored(seq) => {
@@ -338,13 +343,7 @@ impl Election {
     /// gets the instant of every successful renewal.
     pub(crate) async fn hold(&self, epoch: u64, renewed: &AtomicInstant) -> String {
         let every = (self.timeout / 4).max(Duration::from_millis(10));
-        let record = LeaderRecord {
-            id: self.server_id.clone(),
-            http: self.http.clone(),
-            epoch,
-            resigned: false,
-            instance: self.instance.clone(),
-        };
+        let record = self.record(epoch, false);
         // The first renewal goes out at once: it carries the epoch, and
         // workers that see it re-register with this leader now.
         let mut wait = Duration::ZERO;
@@ -412,13 +411,7 @@ impl Election {
 
     /// Hands over: followers take over at their next poll.
     pub(crate) async fn resign(&self, epoch: u64) {
-        let record = LeaderRecord {
-            id: self.server_id.clone(),
-            http: self.http.clone(),
-            epoch,
-            resigned: true,
-            instance: self.instance.clone(),
-        };
+        let record = self.record(epoch, true);
         let expected = self.fence.swap(0, Ordering::SeqCst);
         match self.write(expected, &record).await {
             Write::Stored(_) => tracing::info!(epoch, "resigned leadership"),
