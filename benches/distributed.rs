@@ -9,11 +9,13 @@
 //!   `cronoq::worker::Worker`s of 16 slots each in pool `bench` whose
 //!   handler returns empty bytes at once, and one `cronoq::client::Client`
 //!   submitting N no-op tasks, 256 submissions in flight (each returns
-//!   after the JetStream PubAck). A subscription on `P.events.>` taken
-//!   before the first submit counts terminal events; the round ends with
-//!   the N-th. Submit→start is the submit call's start to the receipt of
-//!   the task's `running` event (the leader has leased it); submit→handler
-//!   (the handler was called) is shown beside it.
+//!   after the JetStream PubAck), the server with its default settings
+//!   (`[server] events = "finished"`: one event per task). A subscription
+//!   on `P.events.>` taken before the first submit counts terminal
+//!   events; the round ends with the N-th. Submit→start is the submit
+//!   call's start to the handler's call on the worker (the lease arrived;
+//!   with `events = "all"` the `running` event would tell the leased
+//!   moment, but costs two messages per task).
 //! * **ceiling**: a stream capturing `D.submit` (work-queue retention, so
 //!   an ack deletes the message as cronoq deletes a finished submission), a
 //!   pull consumer with explicit acks; each message is sent as a request to
@@ -430,7 +432,6 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
     };
 
     let submitted = Stamps::new(n);
-    let started = Stamps::new(n);
     let handled = Stamps::new(n);
 
     let (workers_stop, workers_stop_rx) = watch::channel(false);
@@ -468,7 +469,6 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
         .await
         .expect("subscribe to events");
     events.flush().await.expect("flush");
-    let seen_running = started.clone();
     let counter = tokio::spawn(async move {
         let (mut terminal, mut unsuccessful) = (0, 0);
         while let Some(message) = subscription.next().await {
@@ -476,9 +476,7 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
             let Ok(event) = wire::decode::<TaskEvent>(&message.payload) else {
                 continue;
             };
-            if event.state == TaskState::Running {
-                seen_running.set_first(event.task_id.0, t);
-            } else if event.state.is_terminal() {
+            if event.state.is_terminal() {
                 terminal += 1;
                 if event.state != TaskState::Succeeded {
                     unsuccessful += 1;
@@ -530,13 +528,13 @@ async fn cronoq_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>)
     let _ = js.delete_key_value(subjects.results_bucket()).await;
     let _ = js.delete_key_value(subjects.state_bucket()).await;
 
-    dump(&format!("cronoq-{tag}"), &submitted, &started);
+    dump(&format!("cronoq-{tag}"), &submitted, &handled);
     Round {
         n,
         elapsed: Duration::from_nanos(end - begin),
         settled: settled.map(|t| Duration::from_nanos(t - begin)),
-        to_start: Stamps::deltas(&submitted, &started),
-        to_handler: Some(Stamps::deltas(&submitted, &handled)),
+        to_start: Stamps::deltas(&submitted, &handled),
+        to_handler: None,
         usage,
     }
 }

@@ -111,6 +111,14 @@ pub struct ServerSection {
     /// per unfinished task and a mark per finished one still stored).
     #[serde(default = "default_true")]
     pub warm_standby: bool,
+    /// Which task events the leader publishes on `P.events.<task_id>`:
+    /// `"finished"` (default: the terminal event that waiting clients
+    /// listen for), `"all"` (also `queued`, `scheduled` and `running`:
+    /// two more NATS messages per task for whoever watches them) or
+    /// `"none"` (waiting clients then find a result by looking it up
+    /// every couple of seconds).
+    #[serde(default)]
+    pub events: Events,
     /// HTTP: the longest wait for a request head (also closes a keep-alive
     /// connection idle this long); see [`crate::http::HttpLimits`].
     #[serde(default = "default_http_header_timeout", deserialize_with = "duration")]
@@ -181,6 +189,30 @@ fn default_results_ttl() -> Duration {
     Duration::from_secs(24 * 3600)
 }
 
+/// `[server] events`: which task events are published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Events {
+    /// Every state change.
+    All,
+    /// Only the terminal one (succeeded, failed, cancelled, missed).
+    #[default]
+    Finished,
+    /// None.
+    None,
+}
+
+impl Events {
+    /// Whether an event announcing `state` goes out.
+    pub fn announces(self, state: crate::core::TaskState) -> bool {
+        match self {
+            Events::All => true,
+            Events::Finished => state.is_terminal(),
+            Events::None => false,
+        }
+    }
+}
+
 impl ServerSection {
     /// Whether the journal goes in atomic batches: `journal_batches` if
     /// set, else when the streams are replicated.
@@ -203,6 +235,7 @@ impl Default for ServerSection {
             replicas: default_replicas(),
             journal_batches: None,
             warm_standby: true,
+            events: Events::default(),
             election_timeout: default_election_timeout(),
             allow_undeclared_pools: default_true(),
             max_pools: default_max_pools(),
@@ -535,6 +568,14 @@ labels = ["gpu=h100"]
     }
 
     #[test]
+    fn only_terminal_events_go_out_unless_asked() {
+        let parse = |text: &str| ServerConfig::parse(text).unwrap().server.events;
+        assert_eq!(parse(""), Events::Finished);
+        assert_eq!(parse("[server]\nevents = \"all\""), Events::All);
+        assert_eq!(parse("[server]\nevents = \"none\""), Events::None);
+    }
+
+    #[test]
     fn fleets_parse_inline_or_as_tables() {
         let inline = r#"
 [[pools]]
@@ -628,6 +669,7 @@ slots_per_worker = 2
             "[[pools]]\nname = \"a\"\n[[pools]]\nname = \"a\"",
             "[[pools]]\nname = \"a\"\non_miss = \"later\"",
             "[server]\nsubject_prefix = \"a.b\"",
+            "[server]\nevents = \"some\"",
         ] {
             let e = ServerConfig::parse(text).unwrap_err();
             assert_eq!(e.code(), crate::core::ErrorCode::INVALID_ARGUMENT, "{text}");

@@ -868,6 +868,7 @@ async fn lead(
             // A re-attaching worker registers within a heartbeat of seeing
             // the new leader; one silent this long is gone anyway.
             reattach_grace: worker_timeout,
+            events: s.events,
         },
         now,
     );

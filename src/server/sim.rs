@@ -79,6 +79,7 @@ fn settings() -> Settings {
         max_workers: 1_000,
         limits: crate::core::Limits::default(),
         reattach_grace: Millis(1_000),
+        events: crate::server::config::Events::All,
     }
 }
 

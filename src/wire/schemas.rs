@@ -710,9 +710,10 @@ fn asyncapi(subjects: &Subjects) -> Value {
             "TaskEvent",
             "client",
             "The leader announces a task's state changes.",
-            "Published (core NATS, not stored) when a task is queued or scheduled, when an \
-             attempt starts, when a retry is scheduled (`queued` again, with the last error) and \
-             when the task finishes, with its output or error. At most once, after the \
+            "Published (core NATS, not stored) when the task finishes, with its output or \
+             error; with `[server] events = \"all\"` also when it is queued or scheduled, when \
+             an attempt starts and when a retry is scheduled (`queued` again, with the last \
+             error); with `events = \"none\"` never. At most once, after the \
              change is stored: an event whose leader died before sending it is not sent \
              again, and a new leader does not announce again the tasks it reads back at \
              takeover. A waiting client subscribes before it looks the task up, and looks \

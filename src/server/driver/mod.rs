@@ -161,6 +161,8 @@ pub(crate) struct Settings {
     /// After a leader change, how long an attempt the journal says runs
     /// waits for its worker to register again before it counts as lost.
     pub reattach_grace: Millis,
+    /// Which task events go out (`[server] events`).
+    pub events: super::config::Events,
 }
 
 /// How long past its time to live a lease decided but not yet sent (its

@@ -254,6 +254,9 @@ impl Driver {
         output: Option<Bytes>,
         error: Option<String>,
     ) {
+        if !self.settings.events.announces(state) {
+            return;
+        }
         let subject = self.subjects.events(id);
         self.publish(
             subject,

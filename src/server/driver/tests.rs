@@ -16,6 +16,7 @@ fn settings() -> Settings {
         max_workers: 1_000_000,
         limits: crate::core::Limits::default(),
         reattach_grace: Millis(3_000),
+        events: crate::server::config::Events::All,
     }
 }
 
@@ -742,6 +743,78 @@ fn submissions_read_back_at_takeover_are_not_announced_again() {
     let announced = events(&mut d);
     assert_eq!(announced.len(), 1, "{announced:?}");
     assert!(announced[0].ends_with(".events.3"), "{announced:?}");
+}
+
+/// `[server] events`: by default only the terminal event goes out (what
+/// waiting clients listen for); `all` adds queued and running; `none`
+/// publishes nothing on `P.events.>`.
+#[test]
+fn the_events_setting_chooses_which_task_events_go_out() {
+    use crate::server::config::Events;
+    fn states(d: &mut Driver) -> Vec<TaskState> {
+        d.take_outputs()
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Publish { subject, body } if subject.contains(".events.") => {
+                    Some(wire::decode::<wire::TaskEvent>(&body).unwrap().state)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+    for (events, expected) in [
+        (
+            Events::All,
+            vec![TaskState::Queued, TaskState::Running, TaskState::Succeeded],
+        ),
+        (Events::Finished, vec![TaskState::Succeeded]),
+        (Events::None, vec![]),
+    ] {
+        let mut d = Driver::new(
+            Subjects::default(),
+            7,
+            Settings {
+                events,
+                ..settings()
+            },
+            Millis(0),
+        );
+        let mut seen = Vec::new();
+        submit(&mut d, 1, 1, "");
+        seen.extend(states(&mut d));
+        register(&mut d, "w", "", 1);
+        let mut outputs = d.take_outputs();
+        let lease = outputs
+            .iter()
+            .find_map(|o| match o {
+                Output::Lease { body, .. } => Some(wire::decode::<Lease>(body).unwrap()),
+                _ => None,
+            })
+            .expect("leased");
+        outputs.retain(
+            |o| matches!(o, Output::Publish { subject, .. } if subject.contains(".events.")),
+        );
+        for o in outputs {
+            let Output::Publish { body, .. } = o else {
+                unreachable!()
+            };
+            seen.push(wire::decode::<wire::TaskEvent>(&body).unwrap().state);
+        }
+        let (tx, _rx) = oneshot::channel();
+        let report = AttemptReport {
+            v: 1,
+            worker_id: "w".into(),
+            task_id: lease.task_id,
+            attempt: lease.attempt,
+            epoch: lease.epoch,
+            result: AttemptResult::Succeeded {
+                output: Bytes::new(),
+            },
+        };
+        d.handle(Millis(3), Input::Outcome(report, Responder::Local(tx)));
+        seen.extend(states(&mut d));
+        assert_eq!(seen, expected, "{events:?}");
+    }
 }
 
 /// Issue 8, deliverable 1: lease expiries and worker silence are
