@@ -584,6 +584,51 @@ async fn spoofed_worker_messages_are_refused_and_change_nothing() {
         .await
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::PERMISSION_DENIED, "{e}");
+    // Nor in a batch of outcomes: a report of another worker refuses the
+    // whole request; its own report of the victim's attempt is refused
+    // as not its lease; unsigned, nothing is read.
+    let batch = |reports: Vec<wire::AttemptReport>| wire::AttemptReports {
+        v: PROTOCOL_VERSION,
+        worker_id: "intruder".into(),
+        reports,
+    };
+    let e = intruder
+        .call::<_, wire::AttemptReportsReply>(
+            &s,
+            "intruder",
+            "outcomes",
+            &batch(vec![as_intruder.clone(), forged.clone()]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT, "{e}");
+    let reply = intruder
+        .call::<_, wire::AttemptReportsReply>(
+            &s,
+            "intruder",
+            "outcomes",
+            &batch(vec![as_intruder.clone(), as_intruder.clone()]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.refused.len(), 2);
+    for refused in &reply.refused {
+        let code = &refused.as_ref().expect("refused").code;
+        assert_eq!(*code, ErrorCode::FAILED_PRECONDITION);
+    }
+    let e = s
+        .request::<_, wire::AttemptReportsReply>(
+            None,
+            &api("outcomes"),
+            &wire::AttemptReports {
+                v: PROTOCOL_VERSION,
+                worker_id: "victim".into(),
+                reports: vec![forged.clone()],
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::UNAUTHENTICATED, "{e}");
 
     // An id in the subject that is not the body's: refused.
     let e = s

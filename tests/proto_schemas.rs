@@ -26,10 +26,10 @@ use cronoq::core::{
 };
 use cronoq::task::{AttemptRecord, TaskStatus};
 use cronoq::wire::{
-    self, Ack, AttemptReport, AttemptResult, Cancel, Challenge, ChallengeReply, Deregister,
-    GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew,
-    RenewReply, Reply, Revoke, RunningAttempt, SessionGrant, Subjects, Submit, TaskEvent,
-    WireError, PROTOCOL_VERSION,
+    self, Ack, AttemptReport, AttemptReports, AttemptReportsReply, AttemptResult, Cancel,
+    Challenge, ChallengeReply, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease,
+    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, RunningAttempt, SessionGrant,
+    Subjects, Submit, TaskEvent, WireError, PROTOCOL_VERSION,
 };
 use cronoq::wire::{ListTasks, TaskList};
 use cronoq::Task;
@@ -333,6 +333,35 @@ fn reports() -> Vec<AttemptReport> {
     .collect()
 }
 
+fn report_batches() -> Vec<AttemptReports> {
+    vec![
+        AttemptReports {
+            v: PROTOCOL_VERSION,
+            worker_id: "gpu-node-7".into(),
+            reports: reports(),
+        },
+        AttemptReports {
+            v: PROTOCOL_VERSION,
+            worker_id: "gpu-node-7".into(),
+            reports: Vec::new(),
+        },
+    ]
+}
+
+fn reports_reply() -> AttemptReportsReply {
+    AttemptReportsReply {
+        v: PROTOCOL_VERSION,
+        refused: vec![
+            None,
+            Some(WireError::new(
+                ErrorCode::FAILED_PRECONDITION,
+                "attempt 1 of task 42 is not current",
+            )),
+            None,
+        ],
+    }
+}
+
 fn revokes() -> Vec<Revoke> {
     [RevokeReason::Cancelled, RevokeReason::Timeout]
         .into_iter()
@@ -537,6 +566,8 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
     add("Renew", each([renew()]));
     add("RenewReply", each([renew_reply()]));
     add("AttemptReport", each(reports()));
+    add("AttemptReports", each(report_batches()));
+    add("AttemptReportsReply", each([reports_reply()]));
     add(
         "Cancel",
         each([Cancel {
@@ -570,6 +601,7 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
     add("Reply_HeartbeatReply", replies(&[heartbeat_reply()]));
     add("Reply_Ack", replies(&[Ack::default()]));
     add("Reply_RenewReply", replies(&[renew_reply()]));
+    add("Reply_AttemptReportsReply", replies(&[reports_reply()]));
     add("Reply_TaskStatus", replies(&task_statuses()));
     add("Reply_Snapshot", replies(&snapshots()));
     let lists = [
@@ -777,6 +809,8 @@ fn samples_round_trip_through_message_pack() {
     check(heartbeats());
     check(deregisters());
     check(reports());
+    check(report_batches());
+    check(vec![reports_reply()]);
     check(revokes());
     check(task_events());
     check(task_statuses());
@@ -830,6 +864,7 @@ fn asyncapi_names_every_subject() {
         "deregister",
         "renew",
         "outcome",
+        "outcomes",
     ] {
         expected.insert(subjects.worker_api("w1", verb));
     }
@@ -848,6 +883,7 @@ fn asyncapi_names_every_subject() {
             "HeartbeatReply",
             "Ack",
             "RenewReply",
+            "AttemptReportsReply",
             "WireError",
             "TaskStatus",
             "Snapshot",

@@ -1724,6 +1724,25 @@ fn worker_request(
             guard.worker(worker_id, subject, headers, body, now)?;
             Ok(Some(Input::Outcome(o, reply!())))
         }
+        "outcomes" => {
+            let o: wire::AttemptReports = wire::decode_request(body)?;
+            same_id(&o.worker_id)?;
+            if o.reports.len() > wire::MAX_REPORTS {
+                return Err(WireError::new(
+                    ErrorCode::INVALID_ARGUMENT,
+                    format!(
+                        "{} reports in one request; at most {}",
+                        o.reports.len(),
+                        wire::MAX_REPORTS
+                    ),
+                ));
+            }
+            for report in &o.reports {
+                same_id(&report.worker_id)?;
+            }
+            guard.worker(worker_id, subject, headers, body, now)?;
+            Ok(Some(Input::Outcomes(o.reports, reply!())))
+        }
         other => Err(WireError::new(
             ErrorCode::NOT_FOUND,
             format!("unknown worker verb {other:?}"),

@@ -416,6 +416,38 @@ pub struct AttemptReport {
     pub result: AttemptResult,
 }
 
+/// Attempts that ended, reported in one request (on
+/// `P.w.<worker_id>.outcomes`): a worker sends what ended while its
+/// earlier reports were on the way, so a busy worker sends one report
+/// and hears one reply for many attempts. Each report is taken as if it
+/// came alone; the reply says, in the same order, which were refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AttemptReports {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The worker (each report's `worker_id` must be the same).
+    pub worker_id: String,
+    /// At most [`MAX_REPORTS`] reports.
+    pub reports: Vec<AttemptReport>,
+}
+
+/// The most reports in one [`AttemptReports`].
+pub const MAX_REPORTS: usize = 4096;
+
+/// The answer to [`AttemptReports`], sent once every accepted outcome is
+/// stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AttemptReportsReply {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// One entry per report, in order: `null` if it was taken (as the
+    /// `Ack` of `outcome`), else why it was refused (as the error of
+    /// `outcome`: `FAILED_PRECONDITION` for a stale attempt, …).
+    pub refused: Vec<Option<WireError>>,
+}
+
 /// Stop this attempt (leader → `P.worker.<id>.revoke`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Revoke {

@@ -18,10 +18,10 @@ use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
 use super::{
-    Ack, AttemptReport, Cancel, Challenge, ChallengeReply, Deregister, GetSnapshot, GetTask,
-    Heartbeat, HeartbeatReply, Lease, ListTasks, Register, RegisterReply, Renew, RenewReply, Reply,
-    Revoke, SessionGrant, Subjects, Submit, TaskEvent, TaskList, TaskRecord, WireError,
-    PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
+    Ack, AttemptReport, AttemptReports, AttemptReportsReply, Cancel, Challenge, ChallengeReply,
+    Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease, ListTasks, Register,
+    RegisterReply, Renew, RenewReply, Reply, Revoke, SessionGrant, Subjects, Submit, TaskEvent,
+    TaskList, TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
 use crate::core::{ErrorCode, Snapshot};
 use crate::task::TaskStatus;
@@ -90,7 +90,9 @@ fn bodies() -> Vec<Body> {
         body!(Ack, "inside `Reply_Ack`"),
         body!(Renew, "request on `P.w.<worker_id>.renew`"),
         body!(RenewReply, "inside `Reply_RenewReply`"),
-        body!(AttemptReport, "request on `P.w.<worker_id>.outcome`"),
+        body!(AttemptReport, "request on `P.w.<worker_id>.outcome`; one of `AttemptReports`"),
+        body!(AttemptReports, "request on `P.w.<worker_id>.outcomes`"),
+        body!(AttemptReportsReply, "inside `Reply_AttemptReportsReply`"),
         body!(Cancel, "request on `P.api.cancel`"),
         body!(GetTask, "request on `P.api.task`"),
         body!(GetSnapshot, "request on `P.api.snapshot`"),
@@ -110,6 +112,7 @@ fn bodies() -> Vec<Body> {
             "reply to `P.w.<worker_id>.deregister`, `P.w.<worker_id>.outcome`, `P.api.cancel`, and to any request the leader cannot decode or refuses"
         ),
         reply!(RenewReply, "reply to `P.w.<worker_id>.renew`"),
+        reply!(AttemptReportsReply, "reply to `P.w.<worker_id>.outcomes`"),
         reply!(TaskStatus, "reply to `P.api.task`"),
         reply!(Snapshot, "reply to `P.api.snapshot`"),
         reply!(TaskList, "reply to `P.api.tasks`"),
@@ -195,7 +198,7 @@ struct Request {
     description: &'static str,
 }
 
-const REQUESTS: [Request; 10] = [
+const REQUESTS: [Request; 11] = [
     Request {
         verb: "challenge",
         operation: "challenge",
@@ -267,6 +270,20 @@ const REQUESTS: [Request; 10] = [
         summary: "A worker reports how an attempt ended.",
         description: "Accepted only for the current lease (else `FAILED_PRECONDITION`). A failed \
             or lost attempt is retried with backoff until `max_attempts`.",
+    },
+    Request {
+        verb: "outcomes",
+        operation: "reportOutcomes",
+        request: "AttemptReports",
+        reply: "Reply_AttemptReportsReply",
+        tag: "worker",
+        summary: "A worker reports how several attempts ended, in one request.",
+        description: "Each report is taken as `outcome` would take it alone; the reply lists, \
+            in order, `null` for each one taken and the error of each one refused. A worker \
+            sends the outcomes that ended while its earlier reports were on the way (at most \
+            4,096, within the NATS message limit), so one request and one reply serve many \
+            attempts. The whole request is refused (`INVALID_ARGUMENT`) if it holds more, or \
+            a report of another worker.",
     },
     Request {
         verb: "cancel",

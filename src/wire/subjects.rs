@@ -10,6 +10,7 @@
 //! | `P.w.<id>.deregister` | worker → leader (request) | [`super::Deregister`] → [`super::Ack`] |
 //! | `P.w.<id>.renew` | worker → leader (request) | [`super::Renew`] → [`super::RenewReply`] |
 //! | `P.w.<id>.outcome` | worker → leader (request) | [`super::AttemptReport`] → [`super::Ack`] |
+//! | `P.w.<id>.outcomes` | worker → leader (request) | [`super::AttemptReports`] → [`super::AttemptReportsReply`] |
 //! | `P.api.cancel` | client → leader (request) | [`super::Cancel`] → [`super::Ack`] |
 //! | `P.api.task` | client → leader (request) | [`super::GetTask`] → `TaskStatus` |
 //! | `P.api.snapshot` | client → leader (request) | [`super::GetSnapshot`] → `Snapshot` |

@@ -29,9 +29,9 @@ use crate::auth::{Credential, Grant, WorkerKeys, WorkerSession};
 use crate::core::{ErrorCode, Labels, Millis, PoolName, TaskId};
 use crate::task::TaskContext;
 use crate::wire::{
-    self, Ack, AttemptReport, AttemptResult, Challenge, ChallengeReply, Deregister, Heartbeat,
-    HeartbeatReply, Lease, Register, RegisterReply, Renew, RenewReply, Reply, Revoke,
-    RunningAttempt, Subjects, WireError, PROTOCOL_VERSION,
+    self, Ack, AttemptReport, AttemptReports, AttemptReportsReply, AttemptResult, Challenge,
+    ChallengeReply, Deregister, Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew,
+    RenewReply, Reply, Revoke, RunningAttempt, Subjects, WireError, PROTOCOL_VERSION,
 };
 
 /// How far the worker has been told to stop.
@@ -86,7 +86,7 @@ const MIN_HEARTBEAT: Duration = Duration::from_millis(50);
 const MIN_RENEW_PERIOD: Duration = Duration::from_millis(20);
 
 /// Why a request got no usable answer.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum CallError {
     /// No answer: timeout, no responders, connection trouble. Retry.
     Transport(String),
@@ -140,6 +140,9 @@ struct Link {
     credential: Option<Credential>,
     /// The session the leader granted at the last registration.
     session: std::sync::Mutex<Option<WorkerSession>>,
+    /// A leader refused `outcomes` as unknown (an older version): report
+    /// one outcome per request from then on.
+    singles: AtomicBool,
 }
 
 /// A value that differs between processes and between runs of one.
@@ -261,6 +264,122 @@ impl Link {
     }
 }
 
+/// An outcome waiting to be reported, and who waits for the answer.
+type PendingReport = (
+    AttemptReport,
+    tokio::sync::oneshot::Sender<Result<(), CallError>>,
+);
+
+/// Report requests of one worker in flight at once.
+const REPORTS_IN_FLIGHT: usize = 4;
+
+/// Sends outcomes to the leader, many per request: each request takes
+/// every outcome queued since the last one left (up to
+/// [`wire::MAX_REPORTS`] and half the NATS message limit), at most
+/// [`REPORTS_IN_FLIGHT`] requests at a time — so a busy worker sends one
+/// report and hears one reply for many attempts (a group commit on the
+/// worker's side), and a quiet one reports each outcome at once. Each
+/// attempt still retries its own outcome (see [`Attempt::report`]). Ends
+/// when every sender is gone.
+async fn send_reports(link: Arc<Link>, mut queue: mpsc::UnboundedReceiver<PendingReport>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(REPORTS_IN_FLIGHT));
+    let mut carried: Option<PendingReport> = None;
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match queue.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let limit = link.client.server_info().max_payload / 2;
+        let mut size = report_size(&first.0);
+        let mut batch = vec![first];
+        while batch.len() < wire::MAX_REPORTS {
+            let Ok(next) = queue.try_recv() else { break };
+            let more = report_size(&next.0);
+            if limit > 0 && size + more > limit {
+                carried = Some(next);
+                break;
+            }
+            size += more;
+            batch.push(next);
+        }
+        let link = link.clone();
+        tokio::spawn(async move {
+            report_batch(&link, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Roughly what a report adds to a request.
+fn report_size(report: &AttemptReport) -> usize {
+    let text = match &report.result {
+        AttemptResult::Succeeded { output } => output.len(),
+        AttemptResult::Failed { error, .. } => error.len(),
+        AttemptResult::Cancelled => 0,
+    };
+    64 + report.worker_id.len() + text
+}
+
+/// One request for `batch`; each waiter hears its own answer.
+async fn report_batch(link: &Link, batch: Vec<PendingReport>) {
+    let (reports, waiters): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+    if reports.len() == 1 || link.singles.load(Ordering::Relaxed) {
+        // One alone goes as `outcome`, understood by every leader; so do
+        // all once a leader did not know `outcomes`.
+        let answers = futures_util::future::join_all(
+            reports
+                .iter()
+                .map(|report| link.call::<_, Ack>("outcome", report, link.request_timeout)),
+        )
+        .await;
+        for (waiter, answer) in waiters.into_iter().zip(answers) {
+            let _ = waiter.send(answer.map(|_| ()));
+        }
+        return;
+    }
+    let request = AttemptReports {
+        v: PROTOCOL_VERSION,
+        worker_id: link.worker_id.clone(),
+        reports,
+    };
+    let answers: Vec<Result<(), CallError>> = match link
+        .call::<_, AttemptReportsReply>("outcomes", &request, link.request_timeout)
+        .await
+    {
+        Ok(reply) if reply.refused.len() == waiters.len() => reply
+            .refused
+            .into_iter()
+            .map(|refused| refused.map_or(Ok(()), |e| Err(CallError::Remote(e))))
+            .collect(),
+        Ok(reply) => {
+            let e = CallError::Malformed(format!(
+                "{} answers to {} reports",
+                reply.refused.len(),
+                waiters.len()
+            ));
+            vec![Err(e); waiters.len()]
+        }
+        // A leader older than `outcomes` does not know the verb: report
+        // one by one (the attempts retry theirs at once).
+        Err(CallError::Remote(e)) if e.code == ErrorCode::NOT_FOUND => {
+            let e =
+                CallError::Transport(format!("the leader does not take outcomes together: {e}"));
+            link.singles.store(true, Ordering::Relaxed);
+            vec![Err(e); waiters.len()]
+        }
+        Err(e) => vec![Err(e); waiters.len()],
+    };
+    for (waiter, answer) in waiters.into_iter().zip(answers) {
+        let _ = waiter.send(answer);
+    }
+}
+
 /// Why an attempt was stopped from outside.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum StopReason {
@@ -334,6 +453,8 @@ struct Session {
     /// of them again (a duplicate) is not obeyed twice.
     done: DoneAttempts,
     finished_tx: mpsc::UnboundedSender<(AttemptKey, u64)>,
+    /// Outcomes to [`send_reports`].
+    reports: mpsc::UnboundedSender<PendingReport>,
 }
 
 /// Runs the worker until it is stopped or fails.
@@ -373,6 +494,7 @@ pub(super) async fn run(
     };
     let mut forced_at = Instant::now();
     let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
+    let (reports_tx, reports_rx) = mpsc::unbounded_channel();
     let mut session = Session {
         link: Arc::new(Link {
             client,
@@ -382,6 +504,7 @@ pub(super) async fn run(
             request_timeout: options.request_timeout,
             credential,
             session: std::sync::Mutex::new(None),
+            singles: AtomicBool::new(false),
         }),
         handler,
         pool,
@@ -393,7 +516,9 @@ pub(super) async fn run(
         running: HashMap::new(),
         done: DoneAttempts::default(),
         finished_tx,
+        reports: reports_tx,
     };
+    tokio::spawn(send_reports(session.link.clone(), reports_rx));
 
     match session.register(&mut stop).await? {
         Some(reply) => session.accept(reply),
@@ -878,6 +1003,7 @@ impl Session {
             stop: stop.clone(),
             reporting: reporting.clone(),
             finished: self.finished_tx.clone(),
+            reports: self.reports.clone(),
         };
         let epoch = lease.epoch;
         let join = tokio::spawn(attempt.run(lease, registration));
@@ -993,6 +1119,7 @@ struct Attempt {
     stop: Arc<Mutex<Option<StopReason>>>,
     reporting: Arc<AtomicBool>,
     finished: mpsc::UnboundedSender<(AttemptKey, u64)>,
+    reports: mpsc::UnboundedSender<PendingReport>,
 }
 
 impl Attempt {
@@ -1134,12 +1261,15 @@ impl Attempt {
         };
         let mut backoff = RETRY_INITIAL;
         loop {
-            match self
-                .link
-                .call::<_, Ack>("outcome", &report, self.link.request_timeout)
-                .await
-            {
-                Ok(_) => {
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            let sent = match self.reports.send((report.clone(), answer)) {
+                Ok(()) => answered
+                    .await
+                    .unwrap_or_else(|_| Err(CallError::Transport("the reporter stopped".into()))),
+                Err(_) => Err(CallError::Transport("the reporter stopped".into())),
+            };
+            match sent {
+                Ok(()) => {
                     tracing::info!(
                         worker_id = %self.link.worker_id,
                         task_id = %lease.task_id,

@@ -19,8 +19,9 @@ use super::{Error, Worker, WorkerOptions};
 use crate::core::{ErrorCode, Labels, Millis, PoolName, RevokeReason, TaskId};
 use crate::task::{TaskContext, TaskError};
 use crate::wire::{
-    self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
-    Register, RegisterReply, Renew, RenewReply, Revoke, Subjects, WireError, PROTOCOL_VERSION,
+    self, Ack, AttemptReport, AttemptReports, AttemptReportsReply, AttemptResult, Deregister,
+    Heartbeat, HeartbeatReply, Lease, Register, RegisterReply, Renew, RenewReply, Revoke, Subjects,
+    WireError, PROTOCOL_VERSION,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -128,6 +129,12 @@ struct Answers {
     register: Result<RegisterReply, WireError>,
     heartbeat_registered: bool,
     renew: Result<RenewReply, WireError>,
+    /// While set, outcome replies wait until it turns false.
+    hold_outcomes: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Outcome requests (`outcome` or `outcomes`) received.
+    outcome_requests: usize,
+    /// Outcomes in them.
+    outcomes_seen: usize,
 }
 
 fn register_reply(epoch: u64) -> RegisterReply {
@@ -164,6 +171,9 @@ impl FakeLeader {
                 v: PROTOCOL_VERSION,
                 ttl: Millis(150),
             }),
+            hold_outcomes: None,
+            outcome_requests: 0,
+            outcomes_seen: 0,
         }));
         let (tx, seen) = mpsc::unbounded_channel();
         let task = {
@@ -172,19 +182,26 @@ impl FakeLeader {
             tokio::spawn(async move {
                 while let Some(m) = requests.next().await {
                     let verb = m.subject.as_str().rsplit('.').next().unwrap().to_string();
-                    let (seen, body) = {
+                    let (seen, body, hold) = {
                         let mut a = answers.lock().unwrap();
-                        match verb.as_str() {
+                        let hold = a
+                            .hold_outcomes
+                            .clone()
+                            .filter(|_| verb.starts_with("outcome"));
+                        if verb.starts_with("outcome") {
+                            a.outcome_requests += 1;
+                        }
+                        let (seen, body) = match verb.as_str() {
                             "register" => {
                                 // A registered worker is known again.
                                 a.heartbeat_registered |= a.register.is_ok();
                                 (
-                                    Seen::Register(wire::decode(&m.payload).unwrap()),
+                                    vec![Seen::Register(wire::decode(&m.payload).unwrap())],
                                     wire::encode_reply(&a.register),
                                 )
                             }
                             "heartbeat" => (
-                                Seen::Heartbeat(wire::decode(&m.payload).unwrap()),
+                                vec![Seen::Heartbeat(wire::decode(&m.payload).unwrap())],
                                 wire::encode_reply(&Ok(HeartbeatReply {
                                     v: PROTOCOL_VERSION,
                                     epoch: a.register.as_ref().map(|r| r.epoch).unwrap_or(0),
@@ -192,25 +209,49 @@ impl FakeLeader {
                                 })),
                             ),
                             "renew" => (
-                                Seen::Renew(wire::decode(&m.payload).unwrap()),
+                                vec![Seen::Renew(wire::decode(&m.payload).unwrap())],
                                 wire::encode_reply(&a.renew),
                             ),
                             "outcome" => (
-                                Seen::Outcome(wire::decode(&m.payload).unwrap()),
+                                {
+                                    a.outcomes_seen += 1;
+                                    vec![Seen::Outcome(wire::decode(&m.payload).unwrap())]
+                                },
                                 wire::encode_reply(&Ok(Ack::default())),
                             ),
+                            "outcomes" => {
+                                let batch: AttemptReports = wire::decode(&m.payload).unwrap();
+                                a.outcomes_seen += batch.reports.len();
+                                let reply = AttemptReportsReply {
+                                    v: PROTOCOL_VERSION,
+                                    refused: vec![None; batch.reports.len()],
+                                };
+                                (
+                                    batch.reports.into_iter().map(Seen::Outcome).collect(),
+                                    wire::encode_reply(&Ok(reply)),
+                                )
+                            }
                             "deregister" => (
-                                Seen::Deregister(wire::decode(&m.payload).unwrap()),
+                                vec![Seen::Deregister(wire::decode(&m.payload).unwrap())],
                                 wire::encode_reply(&Ok(Ack::default())),
                             ),
                             other => panic!("unexpected request {other}"),
-                        }
+                        };
+                        (seen, body, hold)
                     };
-                    if tx.send(seen).is_err() {
-                        return;
+                    for seen in seen {
+                        if tx.send(seen).is_err() {
+                            return;
+                        }
                     }
                     if let Some(reply) = m.reply {
-                        client.publish(reply, body.into()).await.unwrap();
+                        let client = client.clone();
+                        tokio::spawn(async move {
+                            if let Some(mut hold) = hold {
+                                let _ = hold.wait_for(|held| !held).await;
+                            }
+                            let _ = client.publish(reply, body.into()).await;
+                        });
                     }
                 }
             })
@@ -767,5 +808,60 @@ async fn shutdown_drains_within_the_grace_then_aborts() {
     // aborted and left for the leader to count as lost.
     assert_eq!(outcomes, [TaskId(30)]);
     assert!(dropped.load(Ordering::SeqCst));
+    worker.finished().await.unwrap();
+}
+
+/// Outcomes that end while earlier reports are on the way travel
+/// together: with the leader holding its replies, a worker that finished
+/// 12 attempts has at most 4 requests (its limit in flight) out, the rest
+/// queued or inside them; once answered, every outcome arrives in fewer
+/// requests than outcomes.
+#[tokio::test]
+async fn outcomes_that_end_together_go_in_one_request() {
+    let nats = NatsServer::start();
+    let mut leader = FakeLeader::start(&nats.url, 7).await;
+    let (hold, held) = tokio::sync::watch::channel(true);
+    leader.answers.lock().unwrap().hold_outcomes = Some(held);
+    let dropped = Arc::new(AtomicBool::new(false));
+    // No request times out while the replies are held.
+    let options = options(&nats.url, "w1")
+        .slots(16)
+        .request_timeout(Duration::from_secs(60));
+    let mut worker = Running::spawn(Worker::new(options, handler(dropped)));
+    leader
+        .next(|s| matches!(s, Seen::Register(_)).then_some(()), |_| {})
+        .await;
+    // Leases before the registration's reply reached the worker would be
+    // of an epoch it does not know yet: wait for a heartbeat first.
+    leader
+        .next(|s| matches!(s, Seen::Heartbeat(_)).then_some(()), |_| {})
+        .await;
+    for task in 1..=12 {
+        leader.lease("w1", &lease(task, 1, 7, "done")).await;
+    }
+    wait_for(|| {
+        let a = leader.answers.lock().unwrap();
+        a.outcomes_seen == 12 || a.outcome_requests >= 4
+    })
+    .await;
+    let out = leader.answers.lock().unwrap().outcome_requests;
+    assert!(out <= 4, "{out} requests in flight");
+    hold.send(false).unwrap();
+    let mut reported = std::collections::BTreeSet::new();
+    while reported.len() < 12 {
+        let task = leader
+            .next(
+                |s| match s {
+                    Seen::Outcome(o) => Some(o.task_id),
+                    _ => None,
+                },
+                |_| {},
+            )
+            .await;
+        reported.insert(task);
+    }
+    let requests = leader.answers.lock().unwrap().outcome_requests;
+    assert!(requests < 12, "{requests} requests for 12 outcomes");
+    worker.shutdown();
     worker.finished().await.unwrap();
 }

@@ -85,6 +85,9 @@ pub(crate) enum Input {
     Deregister(Deregister, Responder<Ack>),
     Renew(Renew, Responder<RenewReply>),
     Outcome(AttemptReport, Responder<Ack>),
+    /// Several outcomes in one request: each taken as `Outcome` would take
+    /// it, one reply for all.
+    Outcomes(Vec<AttemptReport>, Responder<wire::AttemptReportsReply>),
     Cancel(TaskId, Responder<Ack>),
     /// A cancel for a task accepted by the stream but not consumed yet.
     CancelOnArrival(TaskId),
@@ -505,6 +508,26 @@ impl Driver {
                 let result = self.outcome(now, o);
                 let before_reply = self.out.len();
                 self.respond(to, result);
+                if self.out.len() == before_reply + 1 && before_reply > mark {
+                    let reply = self.out.pop().expect("just pushed");
+                    self.out.insert(mark, reply);
+                }
+            }
+            Input::Outcomes(reports, to) => {
+                // As for one outcome: the reply before the leases.
+                let mark = self.out.len();
+                let refused = reports
+                    .into_iter()
+                    .map(|o| self.outcome(now, o).err())
+                    .collect();
+                let before_reply = self.out.len();
+                self.respond(
+                    to,
+                    Ok(wire::AttemptReportsReply {
+                        v: wire::PROTOCOL_VERSION,
+                        refused,
+                    }),
+                );
                 if self.out.len() == before_reply + 1 && before_reply > mark {
                     let reply = self.out.pop().expect("just pushed");
                     self.out.insert(mark, reply);

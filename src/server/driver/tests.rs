@@ -440,6 +440,60 @@ fn stale_outcome_is_refused() {
     assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
 }
 
+/// Outcomes reported together are each taken as alone: the reply says
+/// which were refused, in order, and comes before the leases of the
+/// slots they freed.
+#[test]
+fn outcomes_in_one_request_are_each_taken_and_answered_in_order() {
+    let mut d = driver();
+    register(&mut d, "a", "", 2);
+    for seq in 1..=3 {
+        submit(&mut d, 1, seq, "");
+    }
+    let leased = leases(&mut d);
+    assert_eq!(leased.len(), 2);
+    let report = |task: u64, attempt: u32, epoch: u64| AttemptReport {
+        v: 1,
+        worker_id: "a".into(),
+        task_id: TaskId(task),
+        attempt,
+        epoch,
+        result: AttemptResult::Succeeded {
+            output: Bytes::from_static(b"ok"),
+        },
+    };
+    let reports = vec![report(1, 1, 7), report(2, 1, 6), report(3, 2, 7)];
+    d.handle(
+        Millis(2),
+        Input::Outcomes(reports, Responder::Nats(Some("reply.here".into()))),
+    );
+    let out = d.take_outputs();
+    let reply = out
+        .iter()
+        .position(|o| matches!(o, Output::Publish { subject, .. } if subject == "reply.here"))
+        .expect("one reply");
+    let lease = out
+        .iter()
+        .position(|o| matches!(o, Output::Lease { task, .. } if *task == TaskId(3)))
+        .expect("task 3 leased to the freed slot");
+    assert!(reply < lease, "{out:?}");
+    let Output::Publish { body, .. } = &out[reply] else {
+        unreachable!()
+    };
+    let answer: wire::AttemptReportsReply = wire::decode_reply(body).unwrap();
+    let codes: Vec<_> = answer
+        .refused
+        .iter()
+        .map(|e| e.as_ref().map(|e| e.code.clone()))
+        .collect();
+    // Task 1 taken; task 2's epoch is stale; task 3 has no attempt 2.
+    assert_eq!(codes[0], None);
+    assert_eq!(codes[1], Some(ErrorCode::FAILED_PRECONDITION));
+    assert!(codes[2].is_some(), "{codes:?}");
+    assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Succeeded);
+    assert_eq!(d.status(TaskId(2)).unwrap().state, TaskState::Running);
+}
+
 #[test]
 fn a_known_idempotency_key_is_the_same_task() {
     let mut d = driver();
