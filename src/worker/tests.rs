@@ -135,6 +135,10 @@ struct Answers {
     outcome_requests: usize,
     /// Outcomes in them.
     outcomes_seen: usize,
+    /// An older leader: `outcomes` is an unknown verb.
+    no_outcomes: bool,
+    /// `outcomes` requests refused so.
+    outcomes_refused: usize,
 }
 
 fn register_reply(epoch: u64) -> RegisterReply {
@@ -174,6 +178,8 @@ impl FakeLeader {
             hold_outcomes: None,
             outcome_requests: 0,
             outcomes_seen: 0,
+            no_outcomes: false,
+            outcomes_refused: 0,
         }));
         let (tx, seen) = mpsc::unbounded_channel();
         let task = {
@@ -218,6 +224,16 @@ impl FakeLeader {
                                     vec![Seen::Outcome(wire::decode(&m.payload).unwrap())]
                                 },
                                 wire::encode_reply(&Ok(Ack::default())),
+                            ),
+                            "outcomes" if a.no_outcomes => (
+                                {
+                                    a.outcomes_refused += 1;
+                                    Vec::new()
+                                },
+                                wire::encode_reply::<Ack>(&Err(WireError::new(
+                                    ErrorCode::NOT_FOUND,
+                                    "unknown worker verb \"outcomes\"",
+                                ))),
                             ),
                             "outcomes" => {
                                 let batch: AttemptReports = wire::decode(&m.payload).unwrap();
@@ -862,6 +878,57 @@ async fn outcomes_that_end_together_go_in_one_request() {
     }
     let requests = leader.answers.lock().unwrap().outcome_requests;
     assert!(requests < 12, "{requests} requests for 12 outcomes");
+    worker.shutdown();
+    worker.finished().await.unwrap();
+}
+
+/// A leader older than `outcomes` answers it "unknown verb": the worker
+/// reports those outcomes again one per request, and every one arrives.
+#[tokio::test]
+async fn an_older_leader_gets_one_outcome_per_request() {
+    let nats = NatsServer::start();
+    let mut leader = FakeLeader::start(&nats.url, 7).await;
+    let (hold, held) = tokio::sync::watch::channel(true);
+    {
+        let mut a = leader.answers.lock().unwrap();
+        a.hold_outcomes = Some(held);
+        a.no_outcomes = true;
+    }
+    let dropped = Arc::new(AtomicBool::new(false));
+    let options = options(&nats.url, "w1")
+        .slots(16)
+        .request_timeout(Duration::from_secs(60));
+    let mut worker = Running::spawn(Worker::new(options, handler(dropped)));
+    leader
+        .next(|s| matches!(s, Seen::Register(_)).then_some(()), |_| {})
+        .await;
+    leader
+        .next(|s| matches!(s, Seen::Heartbeat(_)).then_some(()), |_| {})
+        .await;
+    for task in 1..=12 {
+        leader.lease("w1", &lease(task, 1, 7, "done")).await;
+    }
+    // Held until 4 requests are out or one carries several outcomes.
+    wait_for(|| {
+        let a = leader.answers.lock().unwrap();
+        a.outcome_requests >= 4 || a.outcomes_refused > 0
+    })
+    .await;
+    hold.send(false).unwrap();
+    let mut reported = std::collections::BTreeSet::new();
+    while reported.len() < 12 {
+        let task = leader
+            .next(
+                |s| match s {
+                    Seen::Outcome(o) => Some(o.task_id),
+                    _ => None,
+                },
+                |_| {},
+            )
+            .await;
+        reported.insert(task);
+    }
+    assert!(leader.answers.lock().unwrap().outcomes_refused > 0);
     worker.shutdown();
     worker.finished().await.unwrap();
 }
