@@ -222,6 +222,37 @@ async fn a_cold_takeover_reattaches_running_attempts_and_skips_finished_tasks() 
     drop(second);
 }
 
+/// JetStream's max age (`results_ttl`) expires every message of the
+/// results bucket, a key's newest included: a live task's record is
+/// written again every third of it. Attempts that ran for more than twice
+/// `results_ttl` before the leader was killed still have their records,
+/// and a successor that reads the journal cold (no warm copy to fall back
+/// on) re-attaches them: each runs once.
+#[tokio::test]
+async fn attempts_running_longer_than_results_ttl_keep_their_records() {
+    let config = format!("{}\n", procs::SERVER_CONFIG).replacen(
+        "[server]\n",
+        "[server]\nresults_ttl = \"3s\"\nwarm_standby = false\n",
+        1,
+    );
+    assert!(config.contains("results_ttl = \"3s\""), "{config}");
+    let mut c = Cluster::start_configured(&config, &[("cpu", "", 2)]).await;
+    let mut second =
+        CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;
+    let held = running_held(&c, "long", 2, "go").await;
+    // Real time, not speed: past two max ages, any record written only at
+    // the start is gone.
+    tokio::time::sleep(std::time::Duration::from_secs(7)).await;
+    c.server.kill9();
+    taken_over_by(&second).await;
+    std::mem::swap(&mut c.server, &mut second);
+    reattached_and_run_once(&c, &held, "go").await;
+    let runs = c.runs();
+    assert_eq!(runs.len(), 2, "each ran once, as attempt 1: {runs:?}");
+    assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
+    drop(second);
+}
+
 /// Issue 8, re-attachment: attempts running when the leader is killed keep
 /// running on their workers; the successor re-attaches them from the
 /// journal and counts their outcomes, so each ran exactly once (attempt

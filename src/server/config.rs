@@ -60,6 +60,8 @@ pub struct ServerSection {
     #[serde(default = "default_max_payload")]
     pub max_payload_bytes: usize,
     /// How long finished tasks' results are kept (JetStream KV max age).
+    /// The bucket is the journal too: the leader writes an unfinished
+    /// task's record again every third of this, so that it never expires.
     #[serde(default = "default_results_ttl", deserialize_with = "duration")]
     pub results_ttl: Duration,
     /// This server's id (default: host name and process id).

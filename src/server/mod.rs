@@ -869,6 +869,12 @@ async fn lead(
             // the new leader; one silent this long is gone anyway.
             reattach_grace: worker_timeout,
             events: s.events,
+            // `results_ttl = 0`: JetStream keeps records for good.
+            record_refresh: if s.results_ttl.is_zero() {
+                Millis(u64::MAX / 4)
+            } else {
+                Millis::from_duration(s.results_ttl / 3).max(Millis(1_000))
+            },
         },
         now,
     );

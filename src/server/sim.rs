@@ -80,6 +80,7 @@ fn settings() -> Settings {
         limits: crate::core::Limits::default(),
         reattach_grace: Millis(1_000),
         events: crate::server::config::Events::All,
+        record_refresh: Millis(8 * 3_600_000),
     }
 }
 

@@ -676,9 +676,14 @@ impl Cluster {
     /// NATS, a server, and `workers` (`(id, labels, slots)`), each seen
     /// registered in the snapshot.
     pub async fn start(workers: &[(&str, &str, u32)]) -> Cluster {
+        Cluster::start_configured(SERVER_CONFIG, workers).await
+    }
+
+    /// The same with the server's config file as given.
+    pub async fn start_configured(config: &str, workers: &[(&str, &str, u32)]) -> Cluster {
         let dir = temp_dir("test");
         let nats = NatsServer::start();
-        let server = CronoqServer::start(&nats, dir.path()).await;
+        let server = CronoqServer::start_configured(&nats, dir.path(), config, &[], true).await;
         let client = ClientOptions::new()
             .request_timeout(Duration::from_secs(2))
             .wait_poll_interval(Duration::from_millis(200))

@@ -166,6 +166,12 @@ pub(crate) struct Settings {
     pub reattach_grace: Millis,
     /// Which task events go out (`[server] events`).
     pub events: super::config::Events,
+    /// A live task's journal record is written again this long after it
+    /// was last written: the results bucket's max age (`results_ttl`)
+    /// expires every message, the newest of a key included, so a record
+    /// not rewritten would vanish under a long attempt or a long wait
+    /// between attempts (a third of `results_ttl`).
+    pub record_refresh: Millis,
 }
 
 /// How long past its time to live a lease decided but not yet sent (its
@@ -262,6 +268,12 @@ pub(crate) struct Driver {
     /// expiries, and when each worker's silence passes `worker_timeout`.
     lease_deadlines: BTreeSet<(Millis, TaskId)>,
     silence_deadlines: BTreeSet<(Millis, String)>,
+    /// When each live task's journal record is due to be written again
+    /// (`Settings::record_refresh`), in `next_wakeup` too.
+    refresh_deadlines: BTreeSet<(Millis, TaskId)>,
+    refresh_at: FxHashMap<TaskId, Millis>,
+    /// The latest `now` the driver was handed.
+    now: Millis,
     /// Payloads, attempts, outputs, keys and finished tasks: the same
     /// records as embedded keeps.
     /// (Beside each task: the trace context given at submit.)
@@ -316,6 +328,9 @@ impl Driver {
             leases: FxHashMap::default(),
             lease_deadlines: BTreeSet::new(),
             silence_deadlines: BTreeSet::new(),
+            refresh_deadlines: BTreeSet::new(),
+            refresh_at: FxHashMap::default(),
+            now,
             ledger: Ledger::new(retain),
             cancel_on_arrival: FxHashSet::default(),
             dirty: FxHashSet::default(),
@@ -339,11 +354,15 @@ impl Driver {
     /// the tasks whose attempts changed (one per task, its latest state).
     pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
         let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
-        for id in self.dirty.drain() {
+        let refresh_at = self.now.plus(self.settings.record_refresh);
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for id in dirty.drain() {
             // A task that finished meanwhile has its result in `out`.
             if !self.ledger.is_live(id) {
+                self.forget_refresh(id);
                 continue;
             }
+            self.schedule_refresh(id, refresh_at);
             if let Some(status) = self.ledger.status(&self.core, id) {
                 out.push(Output::Persist {
                     seq: id.0,
@@ -352,6 +371,8 @@ impl Driver {
                 });
             }
         }
+        // Kept for its allocation (nothing above marks a task).
+        self.dirty = dirty;
         out.append(&mut self.out);
         out
     }
@@ -377,10 +398,27 @@ impl Driver {
             .silence_deadlines
             .first()
             .map(|(at, _)| at.plus(Millis(1)));
-        [self.core.next_wakeup(), reattach, lease, silence]
+        let refresh = self.refresh_deadlines.first().map(|(at, _)| *at);
+        [self.core.next_wakeup(), reattach, lease, silence, refresh]
             .into_iter()
             .flatten()
             .min()
+    }
+
+    /// Has `task`'s journal record written again at `at` (replacing an
+    /// earlier due time).
+    fn schedule_refresh(&mut self, task: TaskId, at: Millis) {
+        if let Some(old) = self.refresh_at.insert(task, at) {
+            self.refresh_deadlines.remove(&(old, task));
+        }
+        self.refresh_deadlines.insert((at, task));
+    }
+
+    /// A finished task's record is its result: no more refreshes.
+    fn forget_refresh(&mut self, task: TaskId) {
+        if let Some(old) = self.refresh_at.remove(&task) {
+            self.refresh_deadlines.remove(&(old, task));
+        }
     }
 
     fn put_lease(&mut self, task: TaskId, lease: LeaseState) {
@@ -454,6 +492,7 @@ impl Driver {
     }
 
     pub(crate) fn handle(&mut self, now: Millis, input: Input) {
+        self.now = self.now.max(now);
         match input {
             Input::CaughtUp => {
                 if self.catching_up {
@@ -601,7 +640,20 @@ impl Driver {
 
     /// Timers of the core, expired leases, silent workers.
     pub(crate) fn housekeeping(&mut self, now: Millis) {
+        self.now = self.now.max(now);
         let _ = self.apply(now, Event::Tick);
+        // Records due to be written again: journaled at the end of this
+        // turn like any changed task (which schedules the next time).
+        while let Some(&(at, task)) = self.refresh_deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.refresh_deadlines.pop_first();
+            self.refresh_at.remove(&task);
+            if self.ledger.is_live(task) {
+                self.dirty.insert(task);
+            }
+        }
         self.end_reattach_grace(now);
         while let Some(&(at, task)) = self.lease_deadlines.first() {
             if at > now {

@@ -120,6 +120,10 @@ impl Driver {
         );
         self.ledger.restore(id, record.attempts, record.error);
         self.live_seqs.insert(seq);
+        // How old the record is, the journal does not say here: at most a
+        // refresh period if its leader kept to it. Written again within
+        // half a period, so it never comes near the bucket's max age.
+        self.schedule_refresh(id, now.plus(Millis(self.settings.record_refresh.0 / 2)));
         tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
         if open {
             match running_on {
@@ -293,6 +297,7 @@ impl Driver {
             done.output.clone(),
             done.error.clone(),
         );
+        self.forget_refresh(done.id);
         self.out.push(Output::Persist {
             seq: done.id.0,
             record: TaskRecord::of_outcome(done),

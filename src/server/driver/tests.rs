@@ -17,6 +17,7 @@ fn settings() -> Settings {
         limits: crate::core::Limits::default(),
         reattach_grace: Millis(3_000),
         events: crate::server::config::Events::All,
+        record_refresh: Millis(8 * 3_600_000),
     }
 }
 
@@ -933,4 +934,95 @@ fn a_lease_lives_its_ttl_from_when_it_was_sent() {
     d.housekeeping(Millis(18_000));
     let status = d.status(TaskId(1)).unwrap();
     assert_eq!(status.attempts[0].error.as_deref(), Some("lease expired"));
+}
+
+/// The results bucket's max age expires every record, the newest of a
+/// key too: a live task's record is written again every
+/// `record_refresh`, so an attempt that runs longer than `results_ttl`
+/// (or a long wait between attempts) keeps its record; a finished task's
+/// result is not rewritten (it expires as results do); a record read back
+/// at takeover is written again within half a period.
+#[test]
+fn a_live_tasks_record_is_written_again_before_the_bucket_expires_it() {
+    fn persisted(d: &mut Driver) -> Vec<(u64, TaskState, usize)> {
+        let mut records: Vec<_> = d
+            .take_outputs()
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Persist { seq, record, .. } => {
+                    Some((seq, record.state, record.attempts.len()))
+                }
+                _ => None,
+            })
+            .collect();
+        records.sort_by_key(|r| r.0);
+        records
+    }
+    let period = 1_000;
+    let mut d = Driver::new(
+        Subjects::default(),
+        7,
+        Settings {
+            record_refresh: Millis(period),
+            lease_ttl: Millis(1_000_000),
+            worker_timeout: Millis(1_000_000),
+            ..settings()
+        },
+        Millis(0),
+    );
+    register(&mut d, "w", "", 2);
+    submit(&mut d, 10, 1, "");
+    submit(&mut d, 10, 2, "");
+    let running = vec![(1, TaskState::Running, 1), (2, TaskState::Running, 1)];
+    assert_eq!(persisted(&mut d), running);
+    assert_eq!(d.next_wakeup(), Some(Millis(10 + period)));
+    d.housekeeping(Millis(10 + period - 1));
+    assert_eq!(persisted(&mut d), vec![]);
+    d.housekeeping(Millis(10 + period));
+    assert_eq!(persisted(&mut d), running, "written again after a period");
+    assert_eq!(d.next_wakeup(), Some(Millis(10 + 2 * period)));
+
+    // Task 1 finishes: its result is stored once and never again.
+    let (tx, _rx) = oneshot::channel();
+    let report = AttemptReport {
+        v: 1,
+        worker_id: "w".into(),
+        task_id: TaskId(1),
+        attempt: 1,
+        epoch: 7,
+        result: AttemptResult::Succeeded {
+            output: Bytes::new(),
+        },
+    };
+    d.handle(Millis(1_500), Input::Outcome(report, Responder::Local(tx)));
+    assert_eq!(persisted(&mut d), vec![(1, TaskState::Succeeded, 1)]);
+    d.housekeeping(Millis(10 + 2 * period));
+    assert_eq!(persisted(&mut d), vec![(2, TaskState::Running, 1)]);
+    for now in (3..10).map(|k| 10 + k * period) {
+        d.housekeeping(Millis(now));
+        assert_eq!(persisted(&mut d), vec![(2, TaskState::Running, 1)]);
+    }
+
+    // Read back at takeover: written again within half a period.
+    let mut d = Driver::new(
+        Subjects::default(),
+        8,
+        Settings {
+            record_refresh: Millis(period),
+            ..settings()
+        },
+        Millis(0),
+    );
+    d.catch_up_first();
+    recover(&mut d, 100, journaled(5, 2, "w", false));
+    d.handle(Millis(100), Input::CaughtUp);
+    let _ = d.take_outputs();
+    assert!(d
+        .next_wakeup()
+        .is_some_and(|at| at <= Millis(100 + period / 2)));
+    d.housekeeping(Millis(100 + period / 2));
+    assert!(
+        persisted(&mut d).contains(&(5, TaskState::Queued, 2)),
+        "the recovered record is written again"
+    );
 }
