@@ -504,6 +504,14 @@ impl ServerConfig {
                 "config: election_timeout must be at least 100ms".into(),
             ));
         }
+        // The journal lives in the results bucket: its records are written
+        // again every third of this, which must stay a sane rate.
+        let ttl = self.server.results_ttl;
+        if !ttl.is_zero() && ttl < Duration::from_secs(1) {
+            return Err(Rejection::InvalidArgument(
+                "config: results_ttl must be at least 1s (or 0s: keep results for good)".into(),
+            ));
+        }
         if self.server.worker_timeout.is_zero() || self.server.lease_ttl.is_zero() {
             return Err(Rejection::InvalidArgument(
                 "config: worker_timeout and lease_ttl must be positive".into(),
@@ -672,6 +680,7 @@ slots_per_worker = 2
             "[[pools]]\nname = \"a\"\non_miss = \"later\"",
             "[server]\nsubject_prefix = \"a.b\"",
             "[server]\nevents = \"some\"",
+            "[server]\nresults_ttl = \"500ms\"",
         ] {
             let e = ServerConfig::parse(text).unwrap_err();
             assert_eq!(e.code(), crate::core::ErrorCode::INVALID_ARGUMENT, "{text}");

@@ -873,7 +873,8 @@ async fn lead(
             record_refresh: if s.results_ttl.is_zero() {
                 Millis(u64::MAX / 4)
             } else {
-                Millis::from_duration(s.results_ttl / 3).max(Millis(1_000))
+                // At least 1 s (checked with the config): every ≥ 333 ms.
+                Millis::from_duration(s.results_ttl / 3)
             },
         },
         now,
