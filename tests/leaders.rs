@@ -253,6 +253,35 @@ async fn attempts_running_longer_than_results_ttl_keep_their_records() {
     drop(second);
 }
 
+/// A bucket keeps the max age it was created with: a leader whose
+/// `results_ttl` differs brings it to its own when it takes over, so
+/// that its rewrites of the journal's records (every third of it) keep
+/// pace with what JetStream expires; a follower changes nothing.
+#[tokio::test]
+async fn a_changed_results_ttl_is_applied_to_the_bucket_by_the_next_leader() {
+    let mut c = Cluster::start(&[]).await;
+    let js = async_nats::jetstream::new(async_nats::connect(c.nats_url()).await.expect("nats"));
+    let bucket = format!("KV_{}", cronoq::wire::Subjects::default().results_bucket());
+    let max_age = || async {
+        let mut stream = js.get_stream(&bucket).await.expect("the results bucket");
+        stream.info().await.expect("stream info").config.max_age
+    };
+    let day = std::time::Duration::from_secs(24 * 3600);
+    assert_eq!(max_age().await, day);
+    let config = format!("{}\n", procs::SERVER_CONFIG).replacen(
+        "[server]\n",
+        "[server]\nresults_ttl = \"2h\"\n",
+        1,
+    );
+    let second = CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;
+    assert_eq!(max_age().await, day, "a follower changed the bucket");
+    c.server.kill9();
+    taken_over_by(&second).await;
+    assert_eq!(max_age().await, std::time::Duration::from_secs(2 * 3600));
+    let log = second.log_tail(200);
+    assert!(log.contains("results bucket max age updated"), "{log}");
+}
+
 /// Issue 8, re-attachment: attempts running when the leader is killed keep
 /// running on their workers; the successor re-attaches them from the
 /// journal and counts their outcomes, so each ran exactly once (attempt

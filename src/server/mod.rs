@@ -847,6 +847,15 @@ async fn lead(
     renewed: Arc<election::AtomicInstant>,
 ) -> Result<Leadership, Error> {
     let s = &base.config.server;
+    // The bucket keeps the max age it was created with (or the last
+    // leader's): this leader's `results_ttl` governs, and its rewrites of
+    // live records keep pace with the max age the bucket has.
+    let results_max_age = journal::results_max_age(
+        &base.js,
+        &format!("KV_{}", base.subjects.results_bucket()),
+        s.results_ttl,
+    )
+    .await;
     let now = wall_now();
     base.takeovers.fetch_add(1, Ordering::Relaxed);
     let journal_pending = Arc::new(AtomicU64::new(0));
@@ -869,12 +878,11 @@ async fn lead(
             // the new leader; one silent this long is gone anyway.
             reattach_grace: worker_timeout,
             events: s.events,
-            // `results_ttl = 0`: JetStream keeps records for good.
-            record_refresh: if s.results_ttl.is_zero() {
+            // No max age: JetStream keeps records for good.
+            record_refresh: if results_max_age.is_zero() {
                 Millis(u64::MAX / 4)
             } else {
-                // At least 1 s (checked with the config): every ≥ 333 ms.
-                Millis::from_duration(s.results_ttl / 3)
+                Millis::from_duration(results_max_age / 3).max(Millis(100))
             },
         },
         now,
