@@ -230,12 +230,21 @@ async fn a_cold_takeover_reattaches_running_attempts_and_skips_finished_tasks() 
 /// on) re-attaches them: each runs once.
 #[tokio::test]
 async fn attempts_running_longer_than_results_ttl_keep_their_records() {
-    let config = format!("{}\n", procs::SERVER_CONFIG).replacen(
-        "[server]\n",
-        "[server]\nresults_ttl = \"3s\"\nwarm_standby = false\n",
-        1,
-    );
+    // results_ttl is at least twice election_timeout (the leader record
+    // lives in the same bucket).
+    let config = format!("{}\n", procs::SERVER_CONFIG)
+        .replacen(
+            "[server]\n",
+            "[server]\nresults_ttl = \"3s\"\nwarm_standby = false\n",
+            1,
+        )
+        .replacen(
+            "election_timeout = \"3s\"",
+            "election_timeout = \"1500ms\"",
+            1,
+        );
     assert!(config.contains("results_ttl = \"3s\""), "{config}");
+    assert!(config.contains("election_timeout = \"1500ms\""), "{config}");
     let mut c = Cluster::start_configured(&config, &[("cpu", "", 2)]).await;
     let mut second =
         CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;

@@ -504,13 +504,19 @@ impl ServerConfig {
                 "config: election_timeout must be at least 100ms".into(),
             ));
         }
-        // The journal lives in the results bucket: its records are written
-        // again every third of this, which must stay a sane rate.
+        // The journal and the leader record live in the results bucket:
+        // its records are written again every third of this (a sane rate
+        // needs ≥ 1 s), and the leader record every quarter of
+        // election_timeout — well within, or it would expire between
+        // renewals and leaders would change for nothing.
         let ttl = self.server.results_ttl;
-        if !ttl.is_zero() && ttl < Duration::from_secs(1) {
-            return Err(Rejection::InvalidArgument(
-                "config: results_ttl must be at least 1s (or 0s: keep results for good)".into(),
-            ));
+        let floor = Duration::from_secs(1).max(self.server.election_timeout * 2);
+        if !ttl.is_zero() && ttl < floor {
+            return Err(Rejection::InvalidArgument(format!(
+                "config: results_ttl must be at least 1s and twice election_timeout ({}), or 0s \
+                 to keep results for good",
+                humantime::format_duration(floor)
+            )));
         }
         if self.server.worker_timeout.is_zero() || self.server.lease_ttl.is_zero() {
             return Err(Rejection::InvalidArgument(
@@ -681,6 +687,7 @@ slots_per_worker = 2
             "[server]\nsubject_prefix = \"a.b\"",
             "[server]\nevents = \"some\"",
             "[server]\nresults_ttl = \"500ms\"",
+            "[server]\nresults_ttl = \"5s\"\nelection_timeout = \"3s\"",
         ] {
             let e = ServerConfig::parse(text).unwrap_err();
             assert_eq!(e.code(), crate::core::ErrorCode::INVALID_ARGUMENT, "{text}");
