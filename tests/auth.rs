@@ -332,6 +332,7 @@ async fn register_over_the_wire(s: &Setup, id: &str, labels: &str) -> HandSessio
         .unwrap();
     let keys = cronoq::auth::WorkerKeys::new();
     let register = wire::Register {
+        lease_batches: false,
         v: PROTOCOL_VERSION,
         worker_id: id.into(),
         pool: PoolName::new("default").unwrap(),
@@ -527,6 +528,7 @@ async fn spoofed_worker_messages_are_refused_and_change_nothing() {
     // Re-registering the victim's id into another pool: without a proof,
     // and with the nkey worker credential (the id is bound to the token).
     let hijack = wire::Register {
+        lease_batches: false,
         v: PROTOCOL_VERSION,
         worker_id: "victim".into(),
         pool: PoolName::new("default").unwrap(),

@@ -720,3 +720,41 @@ async fn a_job_dies_with_its_killed_worker() {
     })
     .await;
 }
+
+/// A worker that registers with `lease_batches` (every `cronoq worker`)
+/// gets the leases of one leader turn in one message on
+/// `P.worker.<id>.leases`: eight tasks waiting for labels nobody has are
+/// all leased in the turn a matching worker of eight slots registers, in
+/// one message, and each runs once.
+#[tokio::test]
+async fn the_leases_of_one_turn_reach_a_worker_in_one_message() {
+    let mut c = Cluster::start(&[]).await;
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let subjects = cronoq::wire::Subjects::default();
+    let mut batches = nats
+        .subscribe(subjects.leases("gpu"))
+        .await
+        .expect("subscribe");
+    nats.flush().await.expect("flush");
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(c.submit_payload(&format!("t{i}"), "gpu=a100").await);
+    }
+    for id in &ids {
+        c.waiting(*id, "no_group_matches").await;
+    }
+    c.add_worker("gpu", "gpu=a100", 8).await;
+    use futures_util::StreamExt as _;
+    let message = tokio::time::timeout(std::time::Duration::from_secs(30), batches.next())
+        .await
+        .expect("a leases message")
+        .expect("subscription open");
+    let leases: cronoq::wire::Leases = cronoq::wire::decode(&message.payload).expect("Leases");
+    assert_eq!(leases.leases.len(), 8, "{leases:?}");
+    for id in &ids {
+        let status = c.finished(*id).await;
+        assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
+        assert_eq!(status.attempts.len(), 1, "{}", describe(&status));
+    }
+    assert_eq!(c.runs().len(), 8, "{:?}", c.runs());
+}

@@ -28,8 +28,8 @@ use cronoq::task::{AttemptRecord, TaskStatus};
 use cronoq::wire::{
     self, Ack, AttemptReport, AttemptReports, AttemptReportsReply, AttemptResult, Cancel,
     Challenge, ChallengeReply, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease,
-    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, RunningAttempt, SessionGrant,
-    Subjects, Submit, TaskEvent, WireError, PROTOCOL_VERSION,
+    Leases, Register, RegisterReply, Renew, RenewReply, Reply, Revoke, RunningAttempt,
+    SessionGrant, Subjects, Submit, TaskEvent, WireError, PROTOCOL_VERSION,
 };
 use cronoq::wire::{ListTasks, TaskList};
 use cronoq::Task;
@@ -200,8 +200,10 @@ fn registers() -> Vec<Register> {
             task_id: TaskId(42),
             attempt: 2,
         }],
+        lease_batches: true,
     };
     let signed = Register {
+        lease_batches: false,
         xkey: Some(nkeys::XKey::new().public_key()),
         labels: Labels::new(),
         ..bare.clone()
@@ -211,6 +213,7 @@ fn registers() -> Vec<Register> {
 
 fn registers_minimal() -> Register {
     Register {
+        lease_batches: false,
         v: PROTOCOL_VERSION,
         worker_id: "w".into(),
         pool: PoolName::default(),
@@ -290,6 +293,44 @@ fn lease() -> Lease {
         ttl: Millis(10_000),
         epoch: 7,
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+    }
+}
+
+fn leases() -> Vec<Leases> {
+    let mut second = lease();
+    second.task_id = TaskId(43);
+    second.traceparent = None;
+    vec![
+        Leases {
+            v: PROTOCOL_VERSION,
+            leases: vec![lease(), second],
+        },
+        Leases {
+            v: PROTOCOL_VERSION,
+            leases: Vec::new(),
+        },
+    ]
+}
+
+/// The leader builds a `Leases` body from leases encoded already; it is
+/// what encoding the whole would give, as the worker reads it.
+#[test]
+fn a_leases_body_built_from_encoded_leases_reads_as_leases() {
+    for sample in leases() {
+        let encoded: Vec<Bytes> = sample
+            .leases
+            .iter()
+            .map(|l| Bytes::from(wire::encode(l)))
+            .collect();
+        let body = wire::leases_body(&encoded);
+        assert_eq!(wire::decode::<Leases>(&body).unwrap(), sample);
+        assert_eq!(body, wire::encode(&sample));
+    }
+    // Past 15 and 65,535 elements the array header grows.
+    for n in [16, 70_000] {
+        let one = Bytes::from(wire::encode(&lease()));
+        let body = wire::leases_body(&vec![one; n]);
+        assert_eq!(wire::decode::<Leases>(&body).unwrap().leases.len(), n);
     }
 }
 
@@ -591,6 +632,7 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
         }]),
     );
     add("Lease", each([lease()]));
+    add("Leases", each(leases()));
     add("Revoke", each(revokes()));
     add("TaskEvent", each(task_events()));
     add(
@@ -816,6 +858,7 @@ fn samples_round_trip_through_message_pack() {
     check(task_statuses());
     check(snapshots());
     check(vec![lease()]);
+    check(leases());
     check(vec![
         Reply::Ok(register_reply()),
         Reply::Error(wire_error()),
@@ -870,6 +913,7 @@ fn asyncapi_names_every_subject() {
     }
     expected.insert(subjects.submit(&pool("inference")));
     expected.insert(subjects.lease("w1"));
+    expected.insert(subjects.leases("w1"));
     expected.insert(subjects.revoke("w1"));
     expected.insert(subjects.events(TaskId(42)));
     assert_eq!(documented, expected);

@@ -42,7 +42,7 @@ mod warm;
 
 pub use config::*;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -2200,6 +2200,24 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                 }
             }
             let mut leases = Vec::new();
+            // The leases of this turn for each worker that takes them
+            // together: one message, sent where the first of them stood
+            // (so never after a revoke that follows one of them).
+            let mut together: HashMap<String, Vec<Bytes>> = HashMap::new();
+            for output in &announce {
+                if let Output::Lease {
+                    subject,
+                    body,
+                    together: true,
+                    ..
+                } = output
+                {
+                    together
+                        .entry(subject.clone())
+                        .or_default()
+                        .push(body.clone());
+                }
+            }
             for output in announce {
                 let (subject, body) = match output {
                     Output::Publish { subject, body } => (subject, body),
@@ -2208,9 +2226,19 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                         body,
                         task,
                         attempt,
+                        together: grouped,
                     } => {
                         leases.push((task, attempt));
-                        (subject, body)
+                        match grouped.then(|| together.remove(&subject)) {
+                            None => (subject, body),
+                            // Sent with the first of its worker's.
+                            Some(None) => continue,
+                            Some(Some(group)) if group.len() == 1 => (subject, body),
+                            // `P.worker.<id>.lease` → `P.worker.<id>.leases`.
+                            Some(Some(group)) => {
+                                (format!("{subject}s"), wire::leases_body(&group).into())
+                            }
+                        }
                     }
                     Output::Reply(reply) => {
                         reply();

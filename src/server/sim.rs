@@ -491,6 +491,7 @@ impl World {
             }
             let (tx, rx) = oneshot::channel();
             let register = Register {
+                lease_batches: false,
                 v: 1,
                 worker_id: id.clone(),
                 pool: Self::pool(),

@@ -230,6 +230,10 @@ pub struct Register {
     /// leader re-attaches those its journal says this worker runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub running: Vec<RunningAttempt>,
+    /// It takes several leases in one message (`Leases` on
+    /// `P.worker.<worker_id>.leases`); without, one `Lease` per message.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lease_batches: bool,
 }
 
 /// The leader accepted a registration.
@@ -414,6 +418,36 @@ pub struct AttemptReport {
     pub epoch: u64,
     /// How it ended.
     pub result: AttemptResult,
+}
+
+/// Several leases for one worker in one message (leader →
+/// `P.worker.<worker_id>.leases`), sent to a worker that registered with
+/// `lease_batches`: the leases one turn of the leader gave it. Each is
+/// taken as if it came alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Leases {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The leases, in the order the leader decided them.
+    pub leases: Vec<Lease>,
+}
+
+/// The MessagePack body of a [`Leases`] holding these encoded [`Lease`]s
+/// as they are (each is a MessagePack value of its own): no decoding and
+/// encoding again.
+pub fn leases_body(leases: &[bytes::Bytes]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + leases.iter().map(|l| l.len()).sum::<usize>());
+    // Writing to a Vec cannot fail.
+    let _ = rmp::encode::write_map_len(&mut out, 2);
+    let _ = rmp::encode::write_str(&mut out, "v");
+    let _ = rmp::encode::write_uint(&mut out, u64::from(super::PROTOCOL_VERSION));
+    let _ = rmp::encode::write_str(&mut out, "leases");
+    let _ = rmp::encode::write_array_len(&mut out, u32::try_from(leases.len()).unwrap_or(u32::MAX));
+    for lease in leases {
+        out.extend_from_slice(lease);
+    }
+    out
 }
 
 /// Attempts that ended, reported in one request (on

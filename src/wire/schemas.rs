@@ -19,9 +19,10 @@ use serde_json::{json, Map, Value};
 
 use super::{
     Ack, AttemptReport, AttemptReports, AttemptReportsReply, Cancel, Challenge, ChallengeReply,
-    Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease, ListTasks, Register,
-    RegisterReply, Renew, RenewReply, Reply, Revoke, SessionGrant, Subjects, Submit, TaskEvent,
-    TaskList, TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
+    Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease, Leases, ListTasks,
+    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, SessionGrant, Subjects, Submit,
+    TaskEvent, TaskList, TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE,
+    SUBMIT_HEADERS,
 };
 use crate::core::{ErrorCode, Snapshot};
 use crate::task::TaskStatus;
@@ -97,7 +98,8 @@ fn bodies() -> Vec<Body> {
         body!(GetTask, "request on `P.api.task`"),
         body!(GetSnapshot, "request on `P.api.snapshot`"),
         body!(ListTasks, "request on `P.api.tasks`"),
-        body!(Lease, "leader → `P.worker.<worker_id>.lease`"),
+        body!(Lease, "leader → `P.worker.<worker_id>.lease`; one of `Leases`"),
+        body!(Leases, "leader → `P.worker.<worker_id>.leases`"),
         body!(Revoke, "leader → `P.worker.<worker_id>.revoke`"),
         body!(TaskEvent, "leader → `P.events.<task_id>`"),
         body!(
@@ -710,6 +712,16 @@ fn asyncapi(subjects: &Subjects) -> Value {
             "Sent to the worker of the attempt's group with the most free slots. The worker runs \
              it, renews it on `P.api.renew` before `ttl` runs out and reports on \
              `P.api.outcome`. A lease of another epoch than the leader's current one is ignored.",
+        ),
+        (
+            "leases",
+            "{prefix}.worker.{worker_id}.leases",
+            "Leases",
+            "worker",
+            "The leader hands several attempts to a worker in one message.",
+            "Sent instead of one `lease` message each to a worker that registered with \
+             `lease_batches`, for the leases one turn of the leader gave it (a lease alone \
+             still goes on `lease`). Each is taken as a `lease` message would be.",
         ),
         (
             "revoke",

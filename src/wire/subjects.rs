@@ -16,6 +16,7 @@
 //! | `P.api.snapshot` | client → leader (request) | [`super::GetSnapshot`] → `Snapshot` |
 //! | `P.api.tasks` | client → leader (request) | [`super::ListTasks`] → [`super::TaskList`] |
 //! | `P.worker.<id>.lease` | leader → worker | [`super::Lease`] |
+//! | `P.worker.<id>.leases` | leader → worker | [`super::Leases`] |
 //! | `P.worker.<id>.revoke` | leader → worker | [`super::Revoke`] |
 //! | `P.events.<task_id>` | leader → anyone | [`super::TaskEvent`] |
 //!
@@ -111,6 +112,11 @@ impl Subjects {
     /// Leases for one worker.
     pub fn lease(&self, worker_id: &str) -> String {
         format!("{}.worker.{}.lease", self.prefix, worker_id)
+    }
+
+    /// Several leases in one message, for one worker.
+    pub fn leases(&self, worker_id: &str) -> String {
+        format!("{}.worker.{}.leases", self.prefix, worker_id)
     }
 
     /// Revocations for one worker.

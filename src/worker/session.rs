@@ -725,6 +725,7 @@ impl Session {
         let mut backoff = RETRY_INITIAL;
         loop {
             let mut register = Register {
+                lease_batches: true,
                 v: PROTOCOL_VERSION,
                 worker_id: self.link.worker_id.clone(),
                 pool: self.pool.clone(),
@@ -900,6 +901,19 @@ impl Session {
                     worker_id = %self.link.worker_id,
                     error = %e,
                     "unreadable lease ignored"
+                ),
+            }
+        } else if subject == self.link.subjects.leases(&self.link.worker_id) {
+            match wire::decode::<wire::Leases>(&message.payload) {
+                Ok(leases) => {
+                    for lease in leases.leases {
+                        self.on_lease(lease, draining);
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    worker_id = %self.link.worker_id,
+                    error = %e,
+                    "unreadable leases ignored"
                 ),
             }
         } else if subject == self.link.subjects.revoke(&self.link.worker_id) {

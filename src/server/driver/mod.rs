@@ -112,11 +112,14 @@ pub(crate) enum Output {
     /// Publish on core NATS.
     Publish { subject: String, body: Bytes },
     /// Publish a lease; then tell the driver ([`Input::LeasesSent`]).
+    /// `together`: its worker takes the leases of one turn in one
+    /// message (`P.worker.<id>.leases`), which the runner builds.
     Lease {
         subject: String,
         body: Bytes,
         task: TaskId,
         attempt: u32,
+        together: bool,
     },
     /// Store a task's record under its sequence in the results bucket (the
     /// journal): a live task's attempts so far, or a finished task's result
@@ -204,6 +207,8 @@ struct WorkerState {
     last_seen: Millis,
     instance: Option<String>,
     running: BTreeSet<(TaskId, u32)>,
+    /// It takes several leases in one message (`Register::lease_batches`).
+    lease_batches: bool,
 }
 
 impl WorkerState {

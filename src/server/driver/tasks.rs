@@ -368,11 +368,16 @@ impl Driver {
                     },
                 );
                 tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
+                let together = self
+                    .workers
+                    .get(&worker_id)
+                    .is_some_and(|w| w.lease_batches);
                 self.out.push(Output::Lease {
                     subject: self.subjects.lease(&worker_id),
                     body: wire::encode(&lease).into(),
                     task,
                     attempt,
+                    together,
                 });
                 self.event(
                     now,

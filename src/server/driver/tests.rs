@@ -56,6 +56,7 @@ fn try_register(
         d,
         now,
         Register {
+            lease_batches: false,
             v: 1,
             worker_id: id.into(),
             pool: PoolName::new(pool).unwrap(),
@@ -586,6 +587,7 @@ fn register_running(
     running: &[(u64, u32)],
 ) -> RegisterReply {
     let register = Register {
+        lease_batches: false,
         v: 1,
         worker_id: id.into(),
         pool: PoolName::new("p").unwrap(),
@@ -743,6 +745,7 @@ fn registrations_wait_until_the_journal_is_read() {
         Millis(1),
         Input::Register(
             Register {
+                lease_batches: false,
                 v: 1,
                 worker_id: "a".into(),
                 pool: PoolName::new("p").unwrap(),

@@ -164,6 +164,7 @@ impl Driver {
                 last_seen: now,
                 instance: r.instance,
                 running: BTreeSet::new(),
+                lease_batches: r.lease_batches,
             },
         );
         self.silence_deadlines
