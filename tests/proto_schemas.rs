@@ -661,6 +661,14 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
             task_statuses()
                 .into_iter()
                 .map(cronoq::wire::TaskRecord::of_status)
+                .enumerate()
+                .map(|(i, mut record)| {
+                    // A live task's record says when it was written.
+                    if !record.state.is_terminal() && i % 2 == 0 {
+                        record.written_at = Some(Millis(1_764_000_000_000));
+                    }
+                    record
+                })
                 .collect::<Vec<_>>(),
         ),
     );

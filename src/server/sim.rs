@@ -80,14 +80,25 @@ fn settings() -> Settings {
         limits: crate::core::Limits::default(),
         reattach_grace: Millis(1_000),
         events: crate::server::config::Events::All,
-        record_refresh: Millis(8 * 3_600_000),
+        record_refresh: Millis(RECORD_TTL / 3),
     }
 }
 
-/// The results bucket: records under task ids, fenced by epoch.
+/// The bucket's max age (`results_ttl`) as the simulation keeps it: a
+/// live task's record written longer ago is gone, as JetStream expires
+/// it. (Finished tasks' results are kept: in the real system their
+/// submissions are purged, so an expired result is never read back.)
+/// Rewritten every third of it by whoever leads: a record expires only
+/// if no leader runs a turn for two thirds of it (here 20 s of crashes
+/// with gaps of up to 1.7 s, leaders dying before they read it back),
+/// which the real `results_ttl` (24 h against seconds) makes remote.
+const RECORD_TTL: u64 = 30_000;
+
+/// The results bucket: records under task ids (with when each was
+/// written), fenced by epoch.
 #[derive(Default)]
 struct Journal {
-    records: BTreeMap<u64, TaskRecord>,
+    records: BTreeMap<u64, (TaskRecord, u64)>,
     /// The newest leader's epoch: older writers are refused.
     fence: u64,
     succeeded: BTreeSet<u64>,
@@ -226,7 +237,12 @@ impl World {
             let seq = leader.delivered + 1;
             leader.delivered = seq;
             let task = self.submissions[(seq - 1) as usize].clone();
-            let input = match self.journal.records.get(&seq) {
+            let now = self.now;
+            let record =
+                self.journal.records.get(&seq).and_then(|(r, at)| {
+                    (r.state.is_terminal() || now < at + RECORD_TTL).then_some(r)
+                });
+            let input = match record {
                 Some(r) if r.state.is_terminal() => None,
                 Some(r) => Some(Input::Recovered {
                     seq,
@@ -271,7 +287,7 @@ impl World {
             match output {
                 Output::Persist { seq, record, .. } => {
                     assert_eq!(epoch, self.journal.fence, "a deposed leader acted");
-                    if let Some(old) = self.journal.records.get(&seq) {
+                    if let Some((old, _)) = self.journal.records.get(&seq) {
                         if old.state.is_terminal() {
                             assert_eq!(old, &record, "task {seq}: a terminal record was rewritten");
                         }
@@ -279,7 +295,7 @@ impl World {
                     if record.state == TaskState::Succeeded {
                         self.journal.succeeded.insert(seq);
                     }
-                    self.journal.records.insert(seq, record);
+                    self.journal.records.insert(seq, (record, self.now));
                 }
                 Output::Discard { .. } => {}
                 other => announce.push(other),
@@ -406,7 +422,12 @@ impl World {
         if lease.attempt > 1 {
             self.reruns += 1;
         }
-        let done_at = self.now + 20 + self.rng.below(400);
+        // Some attempts outlive the records' max age, up to 3 times over.
+        let done_at = if self.rng.chance(20) {
+            self.now + 40_000 + self.rng.below(60_000)
+        } else {
+            self.now + 20 + self.rng.below(400)
+        };
         worker.running.insert(
             key,
             Run {

@@ -237,6 +237,7 @@ mod tests {
             output: None,
             error: None,
             deadline_missed: false,
+            written_at: None,
         }
     }
 

@@ -631,6 +631,11 @@ pub struct TaskRecord {
     /// It finished after its deadline.
     #[serde(default)]
     pub deadline_missed: bool,
+    /// When the leader wrote this record of a live task (ms since the
+    /// epoch): a successor rewrites it before the bucket's max age
+    /// expires it, knowing how old it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_at: Option<Millis>,
 }
 
 impl TaskRecord {
@@ -645,6 +650,7 @@ impl TaskRecord {
             output: o.output.clone(),
             error: o.error.clone(),
             deadline_missed: o.deadline_missed,
+            written_at: None,
         }
     }
 
@@ -659,6 +665,7 @@ impl TaskRecord {
             output: None,
             error: s.error,
             deadline_missed: s.deadline_missed,
+            written_at: None,
         }
     }
 

@@ -188,6 +188,8 @@ const NOT_REATTACHED: &str = "its worker did not re-attach after a leader change
 /// An attempt of an earlier leadership that may still run: its task waits
 /// outside the core until the worker re-attaches it or the grace ends.
 struct Parked {
+    /// Its journal record as read back (written again as it is when due).
+    record: TaskRecord,
     spec: crate::core::TaskSpec,
     attempt: u32,
     worker: String,
@@ -367,11 +369,24 @@ impl Driver {
                 self.forget_refresh(id);
                 continue;
             }
+            let record = match self.ledger.status(&self.core, id) {
+                Some(status) => Some(TaskRecord::of_status(status)),
+                // Parked (outside the core) until its worker re-attaches
+                // it: the record it was read back with, written again as
+                // it is (leaders that die one after another while their
+                // tasks are parked must not let it expire).
+                None => self.parked.get(&id).map(|p| p.record.clone()),
+            };
+            let Some(mut record) = record else {
+                self.forget_refresh(id);
+                continue;
+            };
             self.schedule_refresh(id, refresh_at);
-            if let Some(status) = self.ledger.status(&self.core, id) {
+            {
+                record.written_at = Some(self.now);
                 out.push(Output::Persist {
                     seq: id.0,
-                    record: TaskRecord::of_status(status),
+                    record,
                     dead_letter: None,
                 });
             }

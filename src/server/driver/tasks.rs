@@ -118,12 +118,20 @@ impl Driver {
             },
             now,
         );
+        // Written again a period after it was written (at once if that
+        // has passed: leaders that crashed one after another, or nobody
+        // leading for a while); a record of an older build (no time)
+        // within half a period.
+        let refresh = self.settings.record_refresh;
+        let due = record
+            .written_at
+            .map_or(now.plus(Millis(refresh.0 / 2)), |at| {
+                at.plus(refresh).min(now.plus(refresh))
+            });
+        let kept = open.then(|| record.clone());
         self.ledger.restore(id, record.attempts, record.error);
         self.live_seqs.insert(seq);
-        // How old the record is, the journal does not say here: at most a
-        // refresh period if its leader kept to it. Written again within
-        // half a period, so it never comes near the bucket's max age.
-        self.schedule_refresh(id, now.plus(Millis(self.settings.record_refresh.0 / 2)));
+        self.schedule_refresh(id, due);
         tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
         if open {
             match running_on {
@@ -135,6 +143,7 @@ impl Driver {
                     self.parked.insert(
                         id,
                         Parked {
+                            record: kept.expect("an open attempt's record is kept"),
                             spec,
                             attempt,
                             worker,

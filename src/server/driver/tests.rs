@@ -564,6 +564,7 @@ fn journaled(seq: u64, attempt: u32, worker: &str, open: bool) -> TaskRecord {
         output: None,
         error: None,
         deadline_missed: false,
+        written_at: None,
     }
 }
 
