@@ -382,14 +382,12 @@ impl Driver {
                 continue;
             };
             self.schedule_refresh(id, refresh_at);
-            {
-                record.written_at = Some(self.now);
-                out.push(Output::Persist {
-                    seq: id.0,
-                    record,
-                    dead_letter: None,
-                });
-            }
+            record.written_at = Some(self.now);
+            out.push(Output::Persist {
+                seq: id.0,
+                record,
+                dead_letter: None,
+            });
         }
         // Kept for its allocation (nothing above marks a task).
         self.dirty = dirty;

@@ -1030,3 +1030,57 @@ fn a_live_tasks_record_is_written_again_before_the_bucket_expires_it() {
         "the recovered record is written again"
     );
 }
+
+/// A record read back says when it was written: an overdue one is written
+/// again at once (leaders that died one after another), a fresh one a
+/// period after its write; a parked attempt's record is written again as
+/// it was read while it waits for its worker.
+#[test]
+fn a_successor_keeps_the_pace_of_record_rewrites() {
+    let period = 1_000;
+    let mut d = Driver::new(
+        Subjects::default(),
+        8,
+        Settings {
+            record_refresh: Millis(period),
+            reattach_grace: Millis(1_000_000),
+            ..settings()
+        },
+        Millis(0),
+    );
+    d.catch_up_first();
+    let mut overdue = journaled(5, 1, "w", true);
+    overdue.written_at = Some(Millis(10));
+    let mut fresh = journaled(6, 1, "w", false);
+    fresh.written_at = Some(Millis(4_800));
+    recover(&mut d, 5_000, overdue);
+    recover(&mut d, 5_000, fresh);
+    d.handle(Millis(5_000), Input::CaughtUp);
+    let _ = d.take_outputs();
+    assert_eq!(
+        d.next_wakeup(),
+        Some(Millis(10 + period)),
+        "overdue: due at once"
+    );
+    d.housekeeping(Millis(5_001));
+    let written: Vec<(u64, Option<Millis>, bool)> = d
+        .take_outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Persist { seq, record, .. } => Some((
+                seq,
+                record.written_at,
+                record.attempts.last().is_some_and(|a| a.outcome.is_none()),
+            )),
+            _ => None,
+        })
+        .collect();
+    // Task 5 is parked (its attempt open, its worker not back yet): its
+    // record as read, still open, with the new time.
+    assert_eq!(written, vec![(5, Some(Millis(5_001)), true)]);
+    assert_eq!(
+        d.next_wakeup(),
+        Some(Millis(4_800 + period)),
+        "fresh: a period after its write"
+    );
+}
