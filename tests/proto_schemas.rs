@@ -672,6 +672,38 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
                 .collect::<Vec<_>>(),
         ),
     );
+    let started = |id: u64, worker: Option<&str>, error: Option<&str>| cronoq::wire::StartRecord {
+        id: TaskId(id),
+        pool: PoolName::new("gpu").unwrap(),
+        attempt: cronoq::task::AttemptRecord {
+            attempt: 1,
+            group: Labels::parse("gpu=a100").unwrap(),
+            worker: worker.map(str::to_string),
+            started_at: Millis(1_764_000_000_000),
+            ended_at: None,
+            outcome: None,
+            // The type allows it; a start never carries one.
+            error: error.map(str::to_string),
+        },
+    };
+    add(
+        "StartRecords",
+        each([
+            cronoq::wire::StartRecords {
+                v: 1,
+                written_at: Millis(1_764_000_000_000),
+                starts: vec![
+                    started(7, Some("worker-1"), None),
+                    started(8, None, Some("e")),
+                ],
+            },
+            cronoq::wire::StartRecords {
+                v: 1,
+                written_at: Millis(1),
+                starts: Vec::new(),
+            },
+        ]),
+    );
     add("Snapshot", each(snapshots()));
     all
 }
@@ -942,6 +974,7 @@ fn asyncapi_names_every_subject() {
             "TaskList",
             // Stored in the results bucket, never sent on a subject.
             "TaskRecord",
+            "StartRecords",
         ];
         if !inner.contains(&name.as_str()) {
             assert!(

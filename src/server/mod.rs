@@ -884,6 +884,7 @@ async fn lead(
             } else {
                 Millis::from_duration(results_max_age / 3).max(Millis(100))
             },
+            group_starts: true,
         },
         now,
     );
@@ -936,6 +937,12 @@ async fn lead(
         Some(_) => warm_journal(base).await,
         None => None,
     };
+    // The start records (a few keys: one per recent turn with attempts
+    // still running), read from the bucket whether warm or not.
+    let starts = match catch_up_to {
+        Some(_) => read_starts(&base.results).await?,
+        None => wire::StartIndex::default(),
+    };
     // The only writer now: no need to follow its own writes.
     base.warm_paused.send_replace(true);
     let consumer = tokio::spawn(consume(
@@ -946,6 +953,7 @@ async fn lead(
         Startup {
             last: startup_last,
             warm,
+            starts: Arc::new(starts),
             catch_up_to,
         },
         inputs.clone(),
@@ -1286,6 +1294,7 @@ fn submission_input(
     seq: u64,
     published: SystemTime,
     journaled: Option<wire::TaskRecord>,
+    start_slot: Option<u32>,
 ) -> Input {
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wire::decode_submission(
@@ -1337,6 +1346,7 @@ fn submission_input(
             pool,
             task,
             record,
+            start_slot,
         },
         None => Input::Submitted { seq, pool, task },
     }
@@ -1442,9 +1452,97 @@ struct Startup {
     /// The warm copy of the journal, caught up with this takeover (`None`:
     /// read the bucket).
     warm: Option<warm::WarmJournal>,
+    /// The start records ([`wire::StartRecords`]) the bucket held.
+    starts: Arc<wire::StartIndex>,
     /// When to tell the driver it has read them all (`None`: nothing to
     /// read).
     catch_up_to: Option<u64>,
+}
+
+/// Every start record (`s.<n>`) of the results bucket at this takeover,
+/// read from the stream's leader (an ordered consumer, last message per
+/// key). Retries while NATS does not answer; an error after about 10 s
+/// (taking over without them could run an attempt that still runs
+/// again).
+async fn read_starts(results: &kv::Store) -> Result<wire::StartIndex, Error> {
+    let mut delay = Duration::from_millis(50);
+    let mut last_error = String::new();
+    for _ in 0..12 {
+        match read_starts_once(results).await {
+            Ok(index) => {
+                tracing::info!(slots = index.len(), "start records read");
+                return Ok(index);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the start records failed; retrying");
+                last_error = e;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    Err(Error::Nats {
+        context: "reading the journal's start records".into(),
+        source: last_error.into(),
+    })
+}
+
+async fn read_starts_once(results: &kv::Store) -> Result<wire::StartIndex, String> {
+    let mut index = wire::StartIndex::default();
+    let mut consumer = results
+        .stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            filter_subject: format!("{}s.>", results.prefix),
+            deliver_policy: jetstream::consumer::DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let pending = consumer
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .num_pending;
+    if pending == 0 {
+        return Ok(index);
+    }
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    let mut read = 0u64;
+    while read < pending {
+        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .map_err(|_| "timed out".to_string())?
+            .ok_or("the consumer ended")?
+            .map_err(|e| e.to_string())?;
+        read += 1;
+        let info = message.info().map_err(|e| e.to_string())?;
+        let left = info.pending;
+        let key = message
+            .subject
+            .as_str()
+            .strip_prefix(results.prefix.as_str())
+            .unwrap_or_default();
+        let Some(slot) = wire::parse_start_key(key) else {
+            continue;
+        };
+        let deleted = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("KV-Operation"))
+            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+        if deleted {
+            index.set(slot, None);
+        } else {
+            match wire::decode::<wire::StartRecords>(&message.payload) {
+                Ok(records) => index.set(slot, Some(records)),
+                Err(e) => tracing::warn!(slot, error = %e, "unreadable start record ignored"),
+            }
+        }
+        if left == 0 {
+            break;
+        }
+    }
+    Ok(index)
 }
 
 async fn consume(
@@ -1464,6 +1562,7 @@ async fn consume(
     let Startup {
         last: startup_last,
         warm,
+        starts,
         mut catch_up_to,
     } = startup;
     let mut next_seq = 1u64;
@@ -1560,14 +1659,15 @@ async fn consume(
                 }
             };
             next_seq = seq + 1;
-            // Its journal record, if an earlier leadership wrote one.
+            // Its journal record, if an earlier leadership wrote one,
+            // with the start that follows it merged in.
             let journaled = match record {
                 // Finished before, not yet purged: skip it.
                 warm::Known::Finished => None,
-                warm::Known::Live(record) => Some(Some(*record)),
-                warm::Known::None => Some(None),
+                warm::Known::Live(record) => Some(starts.merge(TaskId(seq), Some(*record))),
+                warm::Known::None => Some(starts.merge(TaskId(seq), None)),
             };
-            let input = journaled.map(|journaled| {
+            let input = journaled.map(|(journaled, start_slot)| {
                 submission_input(
                     &subjects,
                     &api.inner.guard,
@@ -1575,6 +1675,7 @@ async fn consume(
                     seq,
                     published,
                     journaled,
+                    start_slot,
                 )
             });
             if let Some(input) = input {
@@ -1934,12 +2035,16 @@ async fn drive(
                         dead_letter,
                     });
                 }
+                Output::PersistStarts { slot, record } => turn.starts.push((slot, record)),
                 // A discarded duplicate has no result: the purge takes it.
                 Output::Discard { .. } => {}
                 announce => turn.announce.push(announce),
             }
         }
-        if !(turn.writes.is_empty() && turn.announce.is_empty()) && commit.send(turn).is_err() {
+        turn.number = driver.turn();
+        if !(turn.writes.is_empty() && turn.starts.is_empty() && turn.announce.is_empty())
+            && commit.send(turn).is_err()
+        {
             // The committer stopped: fenced out, a successor leads.
             return;
         }
@@ -1995,7 +2100,11 @@ struct Persisted {
 /// What one driver turn produced: records to store, then what to announce.
 #[derive(Default)]
 struct Turn {
+    /// The driver's turn number ([`driver::Driver::turn`]).
+    number: u64,
     writes: Vec<Persisted>,
+    /// Start records, by slot.
+    starts: Vec<(u32, wire::StartRecords)>,
     announce: Vec<Output>,
 }
 
@@ -2089,7 +2198,7 @@ impl Gathered {
 async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
     let ctx = Arc::new(ctx);
     let (staged_tx, mut staged_rx) =
-        mpsc::unbounded_channel::<(Vec<(u64, bool, Stored)>, Vec<Output>)>();
+        mpsc::unbounded_channel::<(Vec<(u64, bool, Stored)>, Vec<Output>, u64)>();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let batch_slots = Arc::new(tokio::sync::Semaphore::new(MAX_BATCHES_IN_FLIGHT));
     let launcher = {
@@ -2109,11 +2218,14 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     None
                 };
                 let (mut writes, mut announce) = (first.writes, first.announce);
+                let (mut starts, mut number) = (first.starts, first.number);
                 while writes.len() < MAX_IN_FLIGHT {
                     match turns.try_recv() {
                         Ok(turn) => {
                             writes.extend(turn.writes);
+                            starts.extend(turn.starts);
                             announce.extend(turn.announce);
+                            number = number.max(turn.number);
                         }
                         Err(_) => break,
                     }
@@ -2124,7 +2236,24 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     latest.insert(w.seq, i);
                 }
                 last_write.retain(|_, w| w.peek().is_none());
-                let mut stored_now = Vec::with_capacity(latest.len());
+                let mut stored_now = Vec::with_capacity(latest.len() + starts.len());
+                // Start records: a slot is written again only once the
+                // writes covering its entries are stored (the driver
+                // waits for `Input::Stored`), so nothing to wait for.
+                for (slot, record) in starts {
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let (done_tx, done) = stored();
+                    stored_now.push((0, false, done));
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        let body: Bytes = wire::encode(&record).into();
+                        let ok = put_key_retrying(&ctx, &wire::start_key(slot), &body).await;
+                        drop(permit);
+                        let _ = done_tx.send(ok);
+                    });
+                }
                 let mut batch = Gathered::new();
                 for (i, write) in writes.into_iter().enumerate() {
                     if latest.get(&write.seq) != Some(&i) && write.dead_letter.is_none() {
@@ -2176,14 +2305,14 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                         batch.spawn(&ctx, permit);
                     }
                 }
-                if staged_tx.send((stored_now, announce)).is_err() {
+                if staged_tx.send((stored_now, announce, number)).is_err() {
                     return;
                 }
             }
         }
     };
     let releaser = async {
-        while let Some((stored, announce)) = staged_rx.recv().await {
+        while let Some((stored, announce, number)) = staged_rx.recv().await {
             let mut terminal = Vec::new();
             for (seq, is_terminal, done) in stored {
                 if !matches!(done.await, Ok(true)) {
@@ -2244,7 +2373,9 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                         reply();
                         continue;
                     }
-                    Output::Persist { .. } | Output::Discard { .. } => continue,
+                    Output::Persist { .. }
+                    | Output::PersistStarts { .. }
+                    | Output::Discard { .. } => continue,
                 };
                 let sent = match ctx.guard.sign_to_worker(&subject, &body) {
                     Some(headers) => {
@@ -2263,6 +2394,8 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                 // decision (as before), nothing worse.
                 let _ = ctx.inputs.try_send(Input::LeasesSent(leases));
             }
+            // Full: a later one says as much (slots wait a little longer).
+            let _ = ctx.inputs.try_send(Input::Stored(number));
         }
     };
     tokio::select! {
@@ -2346,12 +2479,18 @@ const JOURNAL_RETRY_MAX: Duration = Duration::from_secs(1);
 /// One fenced record write, retried while NATS is away; `false` if fenced
 /// out.
 async fn put_retrying(ctx: &CommitCtx, seq: u64, body: &Bytes) -> bool {
+    put_key_retrying(ctx, &seq.to_string(), body).await
+}
+
+/// One fenced write under `key`, retried while NATS is away; `false` if
+/// fenced out.
+async fn put_key_retrying(ctx: &CommitCtx, key: &str, body: &Bytes) -> bool {
     let mut delay = Duration::from_millis(100);
     loop {
-        match ctx.results.put(&seq.to_string(), body.clone()).await {
+        match ctx.results.put(key, body.clone()).await {
             Ok(stored) => return stored,
             Err(e) => {
-                tracing::warn!(task_id = seq, error = %e, "storing a task record failed; retrying");
+                tracing::warn!(key, error = %e, "storing a journal record failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(JOURNAL_RETRY_MAX);
             }

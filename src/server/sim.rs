@@ -36,7 +36,8 @@ use crate::core::{Labels, Millis, PoolConfig, PoolName, TaskId, TaskState};
 use crate::task::Task;
 use crate::wire::{
     self, Ack, AttemptReport, AttemptResult, Heartbeat, HeartbeatReply, Lease, Register,
-    RegisterReply, Revoke, RunningAttempt, Subjects, TaskRecord, WireError,
+    RegisterReply, Revoke, RunningAttempt, StartIndex, StartRecords, Subjects, TaskRecord,
+    WireError,
 };
 
 /// splitmix64.
@@ -81,6 +82,7 @@ fn settings() -> Settings {
         reattach_grace: Millis(1_000),
         events: crate::server::config::Events::All,
         record_refresh: Millis(RECORD_TTL / 3),
+        group_starts: std::env::var("SIM_NOGROUP").is_err(),
     }
 }
 
@@ -94,11 +96,12 @@ fn settings() -> Settings {
 /// which the real `results_ttl` (24 h against seconds) makes remote.
 const RECORD_TTL: u64 = 30_000;
 
-/// The results bucket: records under task ids (with when each was
-/// written), fenced by epoch.
+/// The results bucket: records under task ids and start records under
+/// slots (with when each was written), fenced by epoch.
 #[derive(Default)]
 struct Journal {
     records: BTreeMap<u64, (TaskRecord, u64)>,
+    starts: BTreeMap<u32, (StartRecords, u64)>,
     /// The newest leader's epoch: older writers are refused.
     fence: u64,
     succeeded: BTreeSet<u64>,
@@ -109,6 +112,25 @@ struct Leader {
     epoch: u64,
     /// Submissions handed to the driver so far.
     delivered: u64,
+    /// The start records as read at takeover.
+    starts: StartIndex,
+    /// Turns whose writes are under way, oldest first: the committer
+    /// pipelines them (a turn's records may land in any order, one task's
+    /// in order; its announcements wait for all of them and the turns
+    /// before).
+    pipeline: std::collections::VecDeque<Pending>,
+}
+
+/// A turn being committed.
+struct Pending {
+    number: u64,
+    writes: Vec<Write>,
+    announce: Vec<Output>,
+}
+
+enum Write {
+    Record(u64, TaskRecord),
+    Starts(u32, StartRecords),
 }
 
 /// A request a worker waits on.
@@ -165,6 +187,10 @@ struct World {
     started: BTreeMap<(TaskId, u32), String>,
     runs: u64,
     reruns: u64,
+    /// Recovered tasks whose running attempt came from a start record.
+    from_starts: u64,
+    /// Start-record slots written again.
+    slot_rewrites: u64,
 }
 
 impl World {
@@ -183,6 +209,8 @@ impl World {
             started: BTreeMap::new(),
             runs: 0,
             reruns: 0,
+            from_starts: 0,
+            slot_rewrites: 0,
         };
         for _ in 0..3 {
             w.add_worker();
@@ -219,10 +247,18 @@ impl World {
         if !self.submissions.is_empty() {
             driver.catch_up_first();
         }
+        let mut starts = StartIndex::default();
+        for (slot, (records, at)) in &self.journal.starts {
+            if self.now < at + RECORD_TTL {
+                starts.set(*slot, Some(records.clone()));
+            }
+        }
         self.leader = Some(Leader {
             driver,
             epoch,
             delivered: 0,
+            starts,
+            pipeline: Default::default(),
         });
     }
 
@@ -244,19 +280,30 @@ impl World {
                 });
             let input = match record {
                 Some(r) if r.state.is_terminal() => None,
-                Some(r) => Some(Input::Recovered {
-                    seq,
-                    pool: Self::pool(),
-                    task: Ok(task),
-                    record: r.clone(),
-                }),
-                None => Some(Input::Submitted {
-                    seq,
-                    pool: Self::pool(),
-                    task: Ok(task),
-                }),
+                record => match leader.starts.merge(TaskId(seq), record.cloned()) {
+                    (Some(record), start_slot) => Some(Input::Recovered {
+                        // (Counted below.)
+                        seq,
+                        pool: Self::pool(),
+                        task: Ok(task),
+                        record,
+                        start_slot,
+                    }),
+                    (None, _) => Some(Input::Submitted {
+                        seq,
+                        pool: Self::pool(),
+                        task: Ok(task),
+                    }),
+                },
             };
             if let Some(input) = input {
+                if let Input::Recovered {
+                    start_slot: Some(_),
+                    ..
+                } = &input
+                {
+                    self.from_starts += 1;
+                }
                 leader.driver.handle(Millis(self.now), input);
             }
             if seq == total {
@@ -268,41 +315,85 @@ impl World {
         }
     }
 
-    /// One driver turn committed: records first (fenced), then what the
-    /// turn announces. A crash before the commit loses the whole turn.
+    /// One driver turn handed to the committer; then, at random, the
+    /// oldest turns under way complete (records stored, fenced; then what
+    /// they announce; then the driver hears they are stored).
     fn commit(&mut self) {
         let Some(leader) = &mut self.leader else {
             return;
         };
         leader.driver.housekeeping(Millis(self.now));
         let outputs = leader.driver.take_outputs();
+        let mut turn = Pending {
+            number: leader.driver.turn(),
+            writes: Vec::new(),
+            announce: Vec::new(),
+        };
+        for output in outputs {
+            match output {
+                Output::Persist { seq, record, .. } => turn.writes.push(Write::Record(seq, record)),
+                Output::PersistStarts { slot, record } => {
+                    turn.writes.push(Write::Starts(slot, record))
+                }
+                Output::Discard { .. } => {}
+                other => turn.announce.push(other),
+            }
+        }
+        leader.pipeline.push_back(turn);
         if self.rng.chance(3) {
-            // Crash with the turn in flight: nothing of it was stored.
+            // Crash with turns in flight.
             self.crash();
             return;
         }
-        let epoch = leader.epoch;
-        let mut announce = Vec::new();
-        for output in outputs {
-            match output {
-                Output::Persist { seq, record, .. } => {
-                    assert_eq!(epoch, self.journal.fence, "a deposed leader acted");
-                    if let Some((old, _)) = self.journal.records.get(&seq) {
-                        if old.state.is_terminal() {
-                            assert_eq!(old, &record, "task {seq}: a terminal record was rewritten");
-                        }
+        let complete = if leader.pipeline.len() > 4 || self.rng.chance(600) {
+            leader.pipeline.len()
+        } else {
+            0
+        };
+        for _ in 0..complete {
+            self.complete_turn();
+        }
+    }
+
+    /// Stores a write of the leader of `epoch` (the fence refuses a
+    /// deposed one's).
+    fn store(&mut self, epoch: u64, write: Write) {
+        assert_eq!(epoch, self.journal.fence, "a deposed leader acted");
+        match write {
+            Write::Record(seq, record) => {
+                if let Some((old, _)) = self.journal.records.get(&seq) {
+                    if old.state.is_terminal() {
+                        assert_eq!(old, &record, "task {seq}: a terminal record was rewritten");
                     }
-                    if record.state == TaskState::Succeeded {
-                        self.journal.succeeded.insert(seq);
-                    }
-                    self.journal.records.insert(seq, (record, self.now));
                 }
-                Output::Discard { .. } => {}
-                other => announce.push(other),
+                if record.state == TaskState::Succeeded {
+                    self.journal.succeeded.insert(seq);
+                }
+                self.journal.records.insert(seq, (record, self.now));
+            }
+            Write::Starts(slot, record) => {
+                if self.journal.starts.contains_key(&slot) {
+                    self.slot_rewrites += 1;
+                }
+                self.journal.starts.insert(slot, (record, self.now));
             }
         }
+    }
+
+    /// The oldest turn under way completes.
+    fn complete_turn(&mut self) {
+        let Some(leader) = &mut self.leader else {
+            return;
+        };
+        let Some(turn) = leader.pipeline.pop_front() else {
+            return;
+        };
+        let epoch = leader.epoch;
+        for write in turn.writes {
+            self.store(epoch, write);
+        }
         let mut sent = Vec::new();
-        for output in announce {
+        for output in turn.announce {
             if let Output::Lease { task, attempt, .. } = &output {
                 sent.push((*task, *attempt));
             }
@@ -330,17 +421,47 @@ impl World {
                         });
                     }
                 }
-                Output::Persist { .. } | Output::Discard { .. } => {}
+                Output::Persist { .. } | Output::PersistStarts { .. } | Output::Discard { .. } => {}
             }
         }
-        if let (Some(leader), false) = (&mut self.leader, sent.is_empty()) {
-            leader
-                .driver
-                .handle(Millis(self.now), Input::LeasesSent(sent));
+        if let Some(leader) = &mut self.leader {
+            if !sent.is_empty() {
+                leader
+                    .driver
+                    .handle(Millis(self.now), Input::LeasesSent(sent));
+            }
+            // Sometimes lost (a full channel): a later one says as much.
+            if !self.rng.chance(200) {
+                leader
+                    .driver
+                    .handle(Millis(self.now), Input::Stored(turn.number));
+            }
         }
     }
 
+    /// The leader dies. Of the writes under way some landed, in any order
+    /// across keys (each is its own publish), in order for one task (a
+    /// record waits for the task's previous one); none of those turns was
+    /// announced.
     fn crash(&mut self) {
+        if let Some(mut leader) = self.leader.take() {
+            let mut blocked = BTreeSet::new();
+            for turn in std::mem::take(&mut leader.pipeline) {
+                for write in turn.writes {
+                    let lands = self.rng.chance(500);
+                    match &write {
+                        Write::Record(seq, _) if blocked.contains(seq) => continue,
+                        Write::Record(seq, _) if !lands => {
+                            blocked.insert(*seq);
+                            continue;
+                        }
+                        _ if !lands => continue,
+                        _ => {}
+                    }
+                    self.store(leader.epoch, write);
+                }
+            }
+        }
         self.leader = None;
         self.election_at = self.now + 200 + self.rng.below(1_500);
     }
@@ -623,7 +744,7 @@ impl World {
     }
 }
 
-fn run(seed: u64) -> (u64, u64) {
+fn run(seed: u64) -> [u64; 4] {
     let mut world = World::new(seed);
     for _ in 0..2_000 {
         world.step(true);
@@ -651,7 +772,12 @@ fn run(seed: u64) -> (u64, u64) {
             panic!("tasks never succeeded: {missing:?} {states:?}");
         }
     }
-    (world.runs, world.reruns)
+    [
+        world.runs,
+        world.reruns,
+        world.from_starts,
+        world.slot_rewrites,
+    ]
 }
 
 #[test]
@@ -666,13 +792,14 @@ fn failover_simulation() {
             (0..n).collect()
         }
     };
-    let (mut runs, mut reruns) = (0, 0);
+    let mut total = [0u64; 4];
     for seed in seeds {
         let result = std::panic::catch_unwind(|| run(seed));
         match result {
-            Ok((r, rr)) => {
-                runs += r;
-                reruns += rr;
+            Ok(counts) => {
+                for (t, c) in total.iter_mut().zip(counts) {
+                    *t += c;
+                }
             }
             Err(panic) => {
                 eprintln!("failing seed: CRONOQ_SIM_SEED={seed}");
@@ -680,5 +807,10 @@ fn failover_simulation() {
             }
         }
     }
-    eprintln!("{runs} attempts started, {reruns} of them retries (crashes, lost workers)");
+    let [runs, reruns, from_starts, slot_rewrites] = total;
+    eprintln!(
+        "{runs} attempts started, {reruns} of them retries (crashes, lost workers); \
+         {from_starts} running attempts recovered from start records, \
+         {slot_rewrites} start-record slots written again"
+    );
 }

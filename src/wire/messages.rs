@@ -703,3 +703,161 @@ impl TaskRecord {
         record
     }
 }
+
+/// The attempts one leader turn started, stored together in the results
+/// bucket under a reused key `s.<n>` ([`start_key`]): one journal write
+/// for the starts of a turn instead of one per task. An entry counts only
+/// while it is the attempt after the last one in its task's own record
+/// (attempt 1 if the task has none): [`TaskRecord::with_start`]. The
+/// leader writes a task's own record when that attempt ends (or when the
+/// record is due to be rewritten), and reuses a key only once every entry
+/// in it is covered that way and that write is stored, so a key being
+/// overwritten never holds the only trace of a running attempt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StartRecords {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// When the leader wrote it (ms since the epoch).
+    pub written_at: Millis,
+    /// The attempts started.
+    pub starts: Vec<StartRecord>,
+}
+
+/// One attempt in [`StartRecords`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StartRecord {
+    /// The task (its submission sequence).
+    pub id: TaskId,
+    /// Its pool.
+    pub pool: PoolName,
+    /// The attempt as started (no outcome).
+    pub attempt: crate::task::AttemptRecord,
+}
+
+/// The results-bucket key of start-record slot `n`.
+pub fn start_key(n: u32) -> String {
+    format!("s.{n}")
+}
+
+/// The slot of a results-bucket key, if it is one (`s.<n>`).
+pub fn parse_start_key(key: &str) -> Option<u32> {
+    let n = key.strip_prefix("s.")?;
+    if n.is_empty() || (n.len() > 1 && n.starts_with('0')) {
+        return None;
+    }
+    n.parse().ok()
+}
+
+impl TaskRecord {
+    /// A task's journal record with a start from [`StartRecords`] written
+    /// at `written_at` merged in: `Some` if `start` is the attempt after
+    /// the last one `record` holds (attempt 1 with no record) and that one
+    /// has ended; `None` if the start is stale (its end, or a later
+    /// attempt, is in `record`), the record is terminal, or it is not the
+    /// task's. The merged record is `running`, and carries the older of
+    /// the two writes' times (it must be rewritten before either expires).
+    pub fn with_start(
+        record: Option<&TaskRecord>,
+        start: &StartRecord,
+        written_at: Millis,
+    ) -> Option<TaskRecord> {
+        if start.attempt.outcome.is_some() {
+            return None;
+        }
+        match record {
+            None => (start.attempt.attempt == 1).then(|| TaskRecord {
+                v: super::PROTOCOL_VERSION,
+                id: start.id,
+                pool: start.pool.clone(),
+                state: TaskState::Running,
+                attempts: vec![start.attempt.clone()],
+                output: None,
+                error: None,
+                deadline_missed: false,
+                written_at: Some(written_at),
+            }),
+            Some(r) => {
+                let last = r.attempts.last();
+                let next = last.map_or(1, |a| a.attempt.saturating_add(1));
+                let ended = last.map_or(true, |a| a.outcome.is_some());
+                if r.id != start.id
+                    || r.state.is_terminal()
+                    || !ended
+                    || next != start.attempt.attempt
+                {
+                    return None;
+                }
+                let mut merged = r.clone();
+                merged.attempts.push(start.attempt.clone());
+                merged.state = TaskState::Running;
+                merged.written_at = r.written_at.map(|at| at.min(written_at));
+                Some(merged)
+            }
+        }
+    }
+}
+
+/// The start records of the results bucket, by task: what a takeover
+/// merges into the tasks' own records ([`TaskRecord::with_start`]).
+#[derive(Clone, Debug, Default)]
+pub struct StartIndex {
+    /// Each slot's latest message.
+    slots: std::collections::BTreeMap<u32, StartRecords>,
+    /// (slot, index in its `starts`) of each task's entries.
+    by_task: std::collections::HashMap<TaskId, Vec<(u32, usize)>>,
+}
+
+impl StartIndex {
+    /// Slot `slot` now holds `records` (`None`: deleted).
+    pub fn set(&mut self, slot: u32, records: Option<StartRecords>) {
+        if let Some(old) = self.slots.remove(&slot) {
+            for s in &old.starts {
+                if let Some(entries) = self.by_task.get_mut(&s.id) {
+                    entries.retain(|(n, _)| *n != slot);
+                    if entries.is_empty() {
+                        self.by_task.remove(&s.id);
+                    }
+                }
+            }
+        }
+        if let Some(records) = records {
+            for (i, s) in records.starts.iter().enumerate() {
+                self.by_task.entry(s.id).or_default().push((slot, i));
+            }
+            self.slots.insert(slot, records);
+        }
+    }
+
+    /// How many slots it holds.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// It holds no slot.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Task `id`'s record (`record`: its own, if any) with the start that
+    /// follows it merged in, and the slot that start came from; the record
+    /// as it is (and no slot) if no start follows it.
+    pub fn merge(
+        &self,
+        id: TaskId,
+        record: Option<TaskRecord>,
+    ) -> (Option<TaskRecord>, Option<u32>) {
+        let Some(entries) = self.by_task.get(&id) else {
+            return (record, None);
+        };
+        for &(slot, i) in entries {
+            let sheet = &self.slots[&slot];
+            if let Some(merged) =
+                TaskRecord::with_start(record.as_ref(), &sheet.starts[i], sheet.written_at)
+            {
+                return (Some(merged), Some(slot));
+            }
+        }
+        (record, None)
+    }
+}

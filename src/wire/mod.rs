@@ -175,6 +175,107 @@ pub fn decode_submission(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::{Millis, TaskId};
+
+    fn attempt(n: u32, ended: bool) -> crate::task::AttemptRecord {
+        crate::task::AttemptRecord {
+            attempt: n,
+            group: crate::core::Labels::new(),
+            worker: Some("w".into()),
+            started_at: Millis(n as u64),
+            ended_at: ended.then_some(Millis(n as u64 + 1)),
+            outcome: ended.then(|| "failed".into()),
+            error: None,
+        }
+    }
+
+    fn record(attempts: Vec<crate::task::AttemptRecord>, written: u64) -> TaskRecord {
+        TaskRecord {
+            v: PROTOCOL_VERSION,
+            id: TaskId(9),
+            pool: crate::core::PoolName::default(),
+            state: crate::core::TaskState::Queued,
+            attempts,
+            output: None,
+            error: None,
+            deadline_missed: false,
+            written_at: Some(Millis(written)),
+        }
+    }
+
+    fn start(n: u32) -> StartRecord {
+        StartRecord {
+            id: TaskId(9),
+            pool: crate::core::PoolName::default(),
+            attempt: attempt(n, false),
+        }
+    }
+
+    /// A start counts only as the attempt right after the last one the
+    /// task's own record holds, once that one has ended.
+    #[test]
+    fn a_start_merges_only_after_the_last_ended_attempt() {
+        let fresh = TaskRecord::with_start(None, &start(1), Millis(50)).unwrap();
+        assert_eq!(fresh.state, crate::core::TaskState::Running);
+        assert_eq!(fresh.attempts, vec![attempt(1, false)]);
+        assert_eq!(fresh.written_at, Some(Millis(50)));
+        assert_eq!(TaskRecord::with_start(None, &start(2), Millis(50)), None);
+
+        let one_ended = record(vec![attempt(1, true)], 40);
+        let merged = TaskRecord::with_start(Some(&one_ended), &start(2), Millis(50)).unwrap();
+        assert_eq!(merged.attempts, vec![attempt(1, true), attempt(2, false)]);
+        assert_eq!(merged.written_at, Some(Millis(40)), "the older write");
+        // Stale: its end (or a later attempt) is in the record.
+        assert_eq!(
+            TaskRecord::with_start(Some(&one_ended), &start(1), Millis(50)),
+            None
+        );
+        assert_eq!(
+            TaskRecord::with_start(Some(&one_ended), &start(3), Millis(50)),
+            None
+        );
+        // The record's last attempt still runs: not a successor of it.
+        let running = record(vec![attempt(1, false)], 40);
+        assert_eq!(
+            TaskRecord::with_start(Some(&running), &start(2), Millis(50)),
+            None
+        );
+        let mut done = one_ended.clone();
+        done.state = crate::core::TaskState::Failed;
+        assert_eq!(
+            TaskRecord::with_start(Some(&done), &start(2), Millis(50)),
+            None
+        );
+    }
+
+    #[test]
+    fn the_start_index_follows_each_slots_latest_message() {
+        let mut index = StartIndex::default();
+        let sheet = |starts| StartRecords {
+            v: PROTOCOL_VERSION,
+            written_at: Millis(50),
+            starts,
+        };
+        index.set(3, Some(sheet(vec![start(1)])));
+        let (merged, slot) = index.merge(TaskId(9), None);
+        assert_eq!((merged.map(|r| r.attempts.len()), slot), (Some(1), Some(3)));
+        assert_eq!(index.merge(TaskId(8), None), (None, None));
+        // Slot 3 written again without task 9: its entry is gone.
+        index.set(3, Some(sheet(vec![])));
+        assert_eq!(index.merge(TaskId(9), None), (None, None));
+        // Two slots name the task: the one that follows its record counts.
+        index.set(1, Some(sheet(vec![start(1)])));
+        index.set(2, Some(sheet(vec![start(2)])));
+        let one_ended = record(vec![attempt(1, true)], 40);
+        let (merged, slot) = index.merge(TaskId(9), Some(one_ended));
+        assert_eq!((merged.map(|r| r.attempts.len()), slot), (Some(2), Some(2)));
+        index.set(2, None);
+        assert_eq!(index.len(), 2);
+        assert_eq!(parse_start_key(&start_key(17)), Some(17));
+        for key in ["s.", "s.01", "s.x", "17", "s.-1", "_leader"] {
+            assert_eq!(parse_start_key(key), None, "{key}");
+        }
+    }
 
     #[test]
     fn requests_of_an_unknown_protocol_version_are_refused() {

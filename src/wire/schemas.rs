@@ -20,9 +20,9 @@ use serde_json::{json, Map, Value};
 use super::{
     Ack, AttemptReport, AttemptReports, AttemptReportsReply, Cancel, Challenge, ChallengeReply,
     Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease, Leases, ListTasks,
-    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, SessionGrant, Subjects, Submit,
-    TaskEvent, TaskList, TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE,
-    SUBMIT_HEADERS,
+    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, SessionGrant, StartRecords,
+    Subjects, Submit, TaskEvent, TaskList, TaskRecord, WireError, PROTOCOL_VERSION,
+    SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
 use crate::core::{ErrorCode, Snapshot};
 use crate::task::TaskStatus;
@@ -122,6 +122,10 @@ fn bodies() -> Vec<Body> {
         body!(
             TaskRecord,
             "values of the results bucket (MessagePack): the leader's journal"
+        ),
+        body!(
+            StartRecords,
+            "values of the results bucket under `s.<n>` (MessagePack): the attempts one leader turn started"
         ),
         body!(Snapshot, "`GET /v1/snapshot` (JSON)"),
         body!(
@@ -797,8 +801,10 @@ fn asyncapi(subjects: &Subjects) -> Value {
         storage, 2-minute duplicate window (`Nats-Msg-Id`); a task id is its sequence |\n\
         | `{results}` | key-value bucket | the journal: each started or finished task's \
         `TaskRecord` (MessagePack, `schemas/TaskRecord.json`) under its decimal id — its \
-        attempts while live, its result once finished (kept `results_ttl`); history 1; \
-        written only by the leader, fenced on `_leader` |\n\
+        attempts while live, its result once finished (kept `results_ttl`); and under \
+        `s.<n>` the attempts one leader turn started (`StartRecords`, \
+        `schemas/StartRecords.json`), each counting while it follows the last attempt of its \
+        task's own record; history 1; written only by the leader, fenced on `_leader` |\n\
         | `{state}` | key-value bucket | `epoch`: the leadership epoch as decimal text, bumped \
         (compare-and-set) by every server start |\n\n\
         **Epochs.** Each leadership has an epoch, carried by `RegisterReply`, `HeartbeatReply`, \

@@ -40,8 +40,8 @@ use crate::ledger::Ledger;
 use crate::task::{Outcome, Task, TaskStatus};
 use crate::wire::{
     self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
-    Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, Subjects, TaskEvent,
-    TaskRecord, WireError, PROTOCOL_VERSION,
+    Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, StartRecord, StartRecords,
+    Subjects, TaskEvent, TaskRecord, WireError, PROTOCOL_VERSION,
 };
 
 /// Where a reply goes: a NATS reply subject, or a local caller (HTTP).
@@ -76,6 +76,9 @@ pub(crate) enum Input {
         pool: PoolName,
         task: Result<Task, WireError>,
         record: TaskRecord,
+        /// The start-record slot its running attempt was read from (the
+        /// task's own record holds the attempts before it).
+        start_slot: Option<u32>,
     },
     /// The consumer delivered every submission stored before this
     /// leadership began: the journal is read.
@@ -103,6 +106,10 @@ pub(crate) enum Input {
     /// stored): their time to live runs from here, not from the decision
     /// (a journal write held up by a NATS restart would eat it).
     LeasesSent(Vec<(TaskId, u32)>),
+    /// Every write of the turns up to this one ([`Driver::turn`]) is
+    /// stored: start-record slots whose entries those writes covered may
+    /// be written again.
+    Stored(u64),
 }
 
 /// Something the runner must do. Writes (`Persist`) and announcements
@@ -130,6 +137,10 @@ pub(crate) enum Output {
         record: TaskRecord,
         dead_letter: Option<WireError>,
     },
+    /// Store the attempts this turn started together under the results
+    /// bucket's key `s.<slot>` (`Settings::group_starts`): like `Persist`,
+    /// before anything of the turn is announced.
+    PersistStarts { slot: u32, record: StartRecords },
     /// Drop a submission that duplicated another task (no result kept).
     Discard { seq: u64 },
     /// Hand a result to a local caller (HTTP).
@@ -144,6 +155,9 @@ impl std::fmt::Debug for Output {
             }
             Output::Lease { task, attempt, .. } => write!(f, "Lease({task}#{attempt})"),
             Output::Persist { seq, record, .. } => write!(f, "Persist({seq}, {})", record.state),
+            Output::PersistStarts { slot, record } => {
+                write!(f, "PersistStarts(s.{slot}, {} starts)", record.starts.len())
+            }
             Output::Discard { seq } => write!(f, "Discard({seq})"),
             Output::Reply(_) => f.write_str("Reply"),
         }
@@ -175,6 +189,108 @@ pub(crate) struct Settings {
     /// not rewritten would vanish under a long attempt or a long wait
     /// between attempts (a third of `results_ttl`).
     pub record_refresh: Millis,
+    /// Journal the attempts a turn starts in one [`StartRecords`] write
+    /// (a task's own record is written when the attempt ends) instead of
+    /// one record per task.
+    pub group_starts: bool,
+}
+
+/// The most starts in one [`StartRecords`] write (a turn that starts more
+/// uses several slots).
+pub(crate) const MAX_STARTS_PER_RECORD: usize = 512;
+
+/// What the journal holds of a live task, as far as this leader wrote or
+/// read it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Journaled {
+    /// The attempts in the task's own record.
+    attempts: u32,
+    /// The last of them is running (a start merges only after an ended
+    /// attempt: [`TaskRecord::with_start`]).
+    open: bool,
+    /// The start-record slot holding its running attempt, not yet covered
+    /// by its own record.
+    slot: Option<u32>,
+}
+
+/// Start-record slots (`s.<n>`): which hold entries not yet covered by
+/// their tasks' own records, which wait for a covering write to be stored,
+/// which may be written again.
+#[derive(Default)]
+struct Slots {
+    held: FxHashMap<u32, SlotUse>,
+    /// Slots whose entries are all covered, each with the turn whose
+    /// writes must be stored first.
+    freeing: std::collections::VecDeque<(u64, u32)>,
+    free: BTreeSet<u32>,
+    next: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotUse {
+    /// Entries not yet covered.
+    Held(u32),
+    /// All covered, the covering writes not yet known stored.
+    Freeing,
+}
+
+impl Slots {
+    /// A slot to write (the smallest free one, or a new one).
+    fn take(&mut self, entries: u32) -> u32 {
+        let n = match self.free.pop_first() {
+            Some(n) => n,
+            None => loop {
+                let n = self.next;
+                self.next += 1;
+                if !self.held.contains_key(&n) {
+                    break n;
+                }
+            },
+        };
+        self.held.insert(n, SlotUse::Held(entries));
+        n
+    }
+
+    /// Slot `n` holds one more entry (read back by a takeover).
+    fn hold(&mut self, n: u32) {
+        self.free.remove(&n);
+        let held = self.held.entry(n).or_insert(SlotUse::Held(0));
+        *held = match *held {
+            SlotUse::Held(k) => SlotUse::Held(k + 1),
+            SlotUse::Freeing => SlotUse::Held(1),
+        };
+    }
+
+    /// One entry of slot `n` is covered by a write of turn `turn`.
+    fn cover(&mut self, n: u32, turn: u64) {
+        if let Some(SlotUse::Held(k)) = self.held.get_mut(&n) {
+            *k = k.saturating_sub(1);
+            if *k == 0 {
+                self.held.insert(n, SlotUse::Freeing);
+                self.freeing.push_back((turn, n));
+            }
+        }
+    }
+
+    /// The writes of every turn up to `turn` are stored.
+    fn stored(&mut self, turn: u64) {
+        while let Some(&(t, n)) = self.freeing.front() {
+            if t > turn {
+                break;
+            }
+            self.freeing.pop_front();
+            if self.held.get(&n) == Some(&SlotUse::Freeing) {
+                self.held.remove(&n);
+                self.free.insert(n);
+            }
+        }
+    }
+
+    /// Slots in use (held or freeing).
+    #[cfg(test)]
+    fn in_use(&self) -> usize {
+        self.held.len()
+    }
 }
 
 /// How long past its time to live a lease decided but not yet sent (its
@@ -281,6 +397,11 @@ pub(crate) struct Driver {
     refresh_at: FxHashMap<TaskId, Millis>,
     /// The latest `now` the driver was handed.
     now: Millis,
+    /// Turns so far ([`Driver::take_outputs`] calls).
+    turn: u64,
+    /// What the journal holds of each live task (start records on).
+    journaled: FxHashMap<TaskId, Journaled>,
+    slots: Slots,
     /// Payloads, attempts, outputs, keys and finished tasks: the same
     /// records as embedded keeps.
     /// (Beside each task: the trace context given at submit.)
@@ -338,6 +459,9 @@ impl Driver {
             refresh_deadlines: BTreeSet::new(),
             refresh_at: FxHashMap::default(),
             now,
+            turn: 0,
+            journaled: FxHashMap::default(),
+            slots: Slots::default(),
             ledger: Ledger::new(retain),
             cancel_on_arrival: FxHashSet::default(),
             dirty: FxHashSet::default(),
@@ -359,14 +483,24 @@ impl Driver {
 
     /// Outputs queued so far, oldest first, after the journal records of
     /// the tasks whose attempts changed (one per task, its latest state).
+    ///
+    /// With `group_starts`, a task whose only change since its own record
+    /// is a new running attempt has that start written with the others of
+    /// the turn in one [`Output::PersistStarts`]; its own record is
+    /// written when the attempt ends, or when it is due again (covering
+    /// the entry). Each call is one turn ([`Driver::turn`]).
     pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+        self.turn += 1;
+        let turn = self.turn;
         let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
         let refresh_at = self.now.plus(self.settings.record_refresh);
         let mut dirty = std::mem::take(&mut self.dirty);
+        let mut starts = Vec::new();
         for id in dirty.drain() {
             // A task that finished meanwhile has its result in `out`.
             if !self.ledger.is_live(id) {
                 self.forget_refresh(id);
+                self.forget_journaled(id, turn);
                 continue;
             }
             let record = match self.ledger.status(&self.core, id) {
@@ -382,6 +516,28 @@ impl Driver {
                 continue;
             };
             self.schedule_refresh(id, refresh_at);
+            let journaled = self.journaled.entry(id).or_default();
+            let open = record.attempts.last().is_some_and(|a| a.outcome.is_none());
+            if self.settings.group_starts
+                && journaled.slot.is_none()
+                && !journaled.open
+                && open
+                && record.attempts.len() == journaled.attempts as usize + 1
+                && !self.parked.contains_key(&id)
+            {
+                let attempt = record.attempts.pop().expect("open");
+                starts.push(StartRecord {
+                    id,
+                    pool: record.pool,
+                    attempt,
+                });
+                continue;
+            }
+            journaled.attempts = u32::try_from(record.attempts.len()).unwrap_or(u32::MAX);
+            journaled.open = open;
+            if let Some(slot) = journaled.slot.take() {
+                self.slots.cover(slot, turn);
+            }
             record.written_at = Some(self.now);
             out.push(Output::Persist {
                 seq: id.0,
@@ -391,8 +547,83 @@ impl Driver {
         }
         // Kept for its allocation (nothing above marks a task).
         self.dirty = dirty;
+        // Results (and refusals): the task's journal state ends with them.
+        let finished: Vec<TaskId> = self
+            .out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Persist { seq, .. } => Some(TaskId(*seq)),
+                _ => None,
+            })
+            .collect();
+        for id in finished {
+            self.forget_journaled(id, turn);
+        }
+        for chunk in starts.chunks(MAX_STARTS_PER_RECORD) {
+            let slot = self.slots.take(chunk.len() as u32);
+            for start in chunk {
+                if let Some(j) = self.journaled.get_mut(&start.id) {
+                    j.slot = Some(slot);
+                }
+            }
+            out.push(Output::PersistStarts {
+                slot,
+                record: StartRecords {
+                    v: PROTOCOL_VERSION,
+                    written_at: self.now,
+                    starts: chunk.to_vec(),
+                },
+            });
+        }
         out.append(&mut self.out);
         out
+    }
+
+    /// The turns so far: [`Input::Stored`] names one.
+    pub(crate) fn turn(&self) -> u64 {
+        self.turn
+    }
+
+    /// A task's journal state ends (its result is written this turn).
+    fn forget_journaled(&mut self, id: TaskId, turn: u64) {
+        if let Some(Journaled {
+            slot: Some(slot), ..
+        }) = self.journaled.remove(&id)
+        {
+            self.slots.cover(slot, turn);
+        }
+    }
+
+    /// The task's journal record, as recovered: `attempts` in its own
+    /// record, its running attempt in start-record slot `slot` if any.
+    fn journaled_as_read(&mut self, id: TaskId, attempts: usize, open: bool, slot: Option<u32>) {
+        let attempts = attempts.saturating_sub(usize::from(slot.is_some()));
+        // The start merged in was the running one; the record before it
+        // had only ended attempts.
+        let open = open && slot.is_none();
+        if let Some(slot) = slot {
+            self.slots.hold(slot);
+        }
+        let old = self.journaled.insert(
+            id,
+            Journaled {
+                attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                open,
+                slot,
+            },
+        );
+        if let Some(Journaled {
+            slot: Some(old), ..
+        }) = old
+        {
+            self.slots.cover(old, self.turn);
+        }
+    }
+
+    /// Start-record slots in use (tests, metrics).
+    #[cfg(test)]
+    pub(crate) fn start_slots_in_use(&self) -> usize {
+        self.slots.in_use()
     }
 
     /// Every submission below this stream sequence belongs to a finished
@@ -541,7 +772,8 @@ impl Driver {
                 pool,
                 task,
                 record,
-            } => self.recovered(now, seq, pool, task, record),
+                start_slot,
+            } => self.recovered(now, seq, pool, task, record, start_slot),
             Input::Register(r, to) => {
                 let result = self.register(now, r);
                 self.respond(to, result);
@@ -626,6 +858,7 @@ impl Driver {
                 let metrics = self.ledger.metrics();
                 self.respond(to, Ok(metrics));
             }
+            Input::Stored(turn) => self.slots.stored(turn),
             Input::LeasesSent(sent) => {
                 let ttl = self.settings.lease_ttl;
                 for (task, attempt) in sent {

@@ -92,6 +92,7 @@ impl Driver {
         pool: PoolName,
         task: Result<Task, WireError>,
         record: TaskRecord,
+        start_slot: Option<u32>,
     ) {
         let id = TaskId(seq);
         let (Ok(task), Some(last)) = (&task, record.attempts.last()) else {
@@ -129,6 +130,7 @@ impl Driver {
                 at.plus(refresh).min(now.plus(refresh))
             });
         let kept = open.then(|| record.clone());
+        self.journaled_as_read(id, record.attempts.len(), open, start_slot.filter(|_| open));
         self.ledger.restore(id, record.attempts, record.error);
         self.live_seqs.insert(seq);
         self.schedule_refresh(id, due);

@@ -18,6 +18,7 @@ fn settings() -> Settings {
         reattach_grace: Millis(3_000),
         events: crate::server::config::Events::All,
         record_refresh: Millis(8 * 3_600_000),
+        group_starts: false,
     }
 }
 
@@ -576,6 +577,7 @@ fn recover(d: &mut Driver, now: u64, record: TaskRecord) {
             pool: PoolName::new("p").unwrap(),
             task: Ok(Task::new("x").pool("p")),
             record,
+            start_slot: None,
         },
     );
 }
@@ -1083,4 +1085,185 @@ fn a_successor_keeps_the_pace_of_record_rewrites() {
         Some(Millis(4_800 + period)),
         "fresh: a period after its write"
     );
+}
+
+/// The journal writes of one turn: task records as (task, state, number
+/// of attempts), start records as (slot, [(task, attempt)]).
+type Writes = (Vec<(u64, TaskState, usize)>, Vec<(u32, Vec<(u64, u32)>)>);
+
+fn journal_writes(d: &mut Driver) -> Writes {
+    let (mut records, mut starts) = (Vec::new(), Vec::new());
+    for output in d.take_outputs() {
+        match output {
+            Output::Persist { seq, record, .. } => {
+                records.push((seq, record.state, record.attempts.len()))
+            }
+            Output::PersistStarts { slot, record } => {
+                let mut entries: Vec<(u64, u32)> = record
+                    .starts
+                    .iter()
+                    .map(|s| (s.id.0, s.attempt.attempt))
+                    .collect();
+                entries.sort_unstable();
+                starts.push((slot, entries));
+            }
+            _ => {}
+        }
+    }
+    records.sort_by_key(|r| r.0);
+    (records, starts)
+}
+
+fn succeed(d: &mut Driver, now: u64, task: u64, attempt: u32) {
+    let (tx, _rx) = oneshot::channel();
+    let report = AttemptReport {
+        v: 1,
+        worker_id: "w".into(),
+        task_id: TaskId(task),
+        attempt,
+        epoch: 7,
+        result: AttemptResult::Succeeded {
+            output: Bytes::new(),
+        },
+    };
+    d.handle(Millis(now), Input::Outcome(report, Responder::Local(tx)));
+}
+
+fn grouping_driver(record_refresh: u64) -> Driver {
+    Driver::new(
+        Subjects::default(),
+        7,
+        Settings {
+            group_starts: true,
+            record_refresh: Millis(record_refresh),
+            lease_ttl: Millis(1_000_000),
+            worker_timeout: Millis(1_000_000),
+            ..settings()
+        },
+        Millis(0),
+    )
+}
+
+/// Start records: the attempts one turn starts are journaled in one write
+/// under a slot; a task's own record is written when its attempt ends
+/// (covering the entry); a slot is written again only once every entry is
+/// covered and the covering writes are stored (`Input::Stored`).
+#[test]
+fn the_starts_of_a_turn_are_journaled_together_and_a_slot_reused_once_covered_and_stored() {
+    let mut d = grouping_driver(3_600_000);
+    register(&mut d, "w", "", 8);
+    submit(&mut d, 10, 1, "");
+    submit(&mut d, 10, 2, "");
+    assert_eq!(
+        journal_writes(&mut d),
+        (vec![], vec![(0, vec![(1, 1), (2, 1)])])
+    );
+    // Task 1 ends: its own record; task 3 starts in a new slot (slot 0
+    // still holds task 2's running attempt).
+    succeed(&mut d, 20, 1, 1);
+    submit(&mut d, 20, 3, "");
+    assert_eq!(
+        journal_writes(&mut d),
+        (vec![(1, TaskState::Succeeded, 1)], vec![(1, vec![(3, 1)])])
+    );
+    // Task 2 ends: slot 0 is covered by this turn's write…
+    succeed(&mut d, 30, 2, 1);
+    assert_eq!(
+        journal_writes(&mut d),
+        (vec![(2, TaskState::Succeeded, 1)], vec![])
+    );
+    let covering = d.turn();
+    // …but not reused before that write is known stored.
+    submit(&mut d, 40, 4, "");
+    assert_eq!(journal_writes(&mut d), (vec![], vec![(2, vec![(4, 1)])]));
+    d.handle(Millis(41), Input::Stored(covering - 1));
+    submit(&mut d, 41, 5, "");
+    assert_eq!(journal_writes(&mut d), (vec![], vec![(3, vec![(5, 1)])]));
+    d.handle(Millis(42), Input::Stored(covering));
+    submit(&mut d, 42, 6, "");
+    assert_eq!(journal_writes(&mut d), (vec![], vec![(0, vec![(6, 1)])]));
+    assert_eq!(
+        d.start_slots_in_use(),
+        4,
+        "slots 0, 1, 2, 3 hold running attempts"
+    );
+}
+
+/// A task whose record is due again while its attempt runs has its own
+/// record written (covering the entry), never a second start record; a
+/// retry after an ended attempt goes back to a start record, but an end
+/// and a restart in one turn are one record.
+#[test]
+fn a_due_rewrite_or_an_end_goes_to_the_tasks_own_record() {
+    let period = 1_000;
+    let mut d = grouping_driver(period);
+    register(&mut d, "w", "", 1);
+    submit(&mut d, 10, 1, "");
+    assert_eq!(journal_writes(&mut d), (vec![], vec![(0, vec![(1, 1)])]));
+    d.housekeeping(Millis(10 + period));
+    assert_eq!(
+        journal_writes(&mut d),
+        (vec![(1, TaskState::Running, 1)], vec![])
+    );
+    // The attempt fails and the retry starts in the same turn: one record
+    // with both attempts (the end must be in the task's own record).
+    let (tx, _rx) = oneshot::channel();
+    let report = AttemptReport {
+        v: 1,
+        worker_id: "w".into(),
+        task_id: TaskId(1),
+        attempt: 1,
+        epoch: 7,
+        result: AttemptResult::Failed {
+            error: "boom".into(),
+            retryable: true,
+        },
+    };
+    d.handle(Millis(1_500), Input::Outcome(report, Responder::Local(tx)));
+    let (records, starts) = journal_writes(&mut d);
+    assert!(starts.is_empty(), "{starts:?}");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].0, 1);
+    assert_eq!(
+        records[0].2,
+        if records[0].1 == TaskState::Running {
+            2
+        } else {
+            1
+        }
+    );
+}
+
+/// A takeover's recovered attempt that came from a start record holds its
+/// slot: the new leader writes other starts elsewhere until that attempt's
+/// end is stored.
+#[test]
+fn a_recovered_start_holds_its_slot_until_covered() {
+    let mut d = grouping_driver(3_600_000);
+    d.catch_up_first();
+    let record = journaled(1, 1, "w", true);
+    d.handle(
+        Millis(0),
+        Input::Recovered {
+            seq: 1,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p")),
+            record,
+            start_slot: Some(0),
+        },
+    );
+    d.handle(Millis(0), Input::CaughtUp);
+    let _ = d.take_outputs();
+    let reply = register_running(&mut d, 1, "w", 4, &[(1, 1)]);
+    assert_eq!(reply.adopted.len(), 1);
+    submit(&mut d, 2, 2, "");
+    assert_eq!(journal_writes(&mut d), (vec![], vec![(1, vec![(2, 1)])]));
+    succeed(&mut d, 3, 1, 1);
+    assert_eq!(
+        journal_writes(&mut d),
+        (vec![(1, TaskState::Succeeded, 1)], vec![])
+    );
+    d.handle(Millis(4), Input::Stored(d.turn()));
+    submit(&mut d, 4, 3, "");
+    assert_eq!(journal_writes(&mut d), (vec![], vec![(0, vec![(3, 1)])]));
 }
