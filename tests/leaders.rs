@@ -222,6 +222,88 @@ async fn a_cold_takeover_reattaches_running_attempts_and_skips_finished_tasks() 
     drop(second);
 }
 
+/// The starts of a leader turn are journaled together (`s.<n>` keys of
+/// the results bucket), and a cold takeover finds running attempts there.
+/// Start records it cannot use change nothing: an undecodable one, and a
+/// forged one naming a finished task's next attempt and a task that does
+/// not exist, are logged and skipped; the held attempts are re-attached
+/// and run once, the finished task does not run again.
+#[tokio::test]
+async fn a_takeover_reads_start_records_and_skips_hostile_ones() {
+    let config = format!("{}\n", procs::SERVER_CONFIG).replacen(
+        "[server]\n",
+        "[server]\nwarm_standby = false\n",
+        1,
+    );
+    let mut c = Cluster::start(&[("cpu", "", 4)]).await;
+    let mut second =
+        CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;
+    let done = c.submit_payload("done-before", "").await;
+    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+    let held = running_held(&c, "held", 3, "go").await;
+
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let js = async_nats::jetstream::new(nats.clone());
+    let bucket = cronoq::wire::Subjects::default().results_bucket();
+    let kv = js.get_key_value(&bucket).await.expect("the results bucket");
+    let mut keys: Vec<String> =
+        futures_util::TryStreamExt::try_collect(kv.keys().await.expect("keys"))
+            .await
+            .expect("keys");
+    keys.sort();
+    assert!(
+        keys.iter().any(|k| k.starts_with("s.")),
+        "the starts went into start records: {keys:?}"
+    );
+    // Held attempts have no record of their own yet: their starts are only
+    // in start records.
+    for id in &held {
+        assert!(!keys.contains(&id.0.to_string()), "{id}: {keys:?}");
+    }
+    let forged = cronoq::wire::StartRecords {
+        v: 1,
+        written_at: cronoq::core::Millis(1),
+        starts: [(done, 2), (TaskId(999_999), 1)]
+            .into_iter()
+            .map(|(id, attempt)| cronoq::wire::StartRecord {
+                id,
+                pool: cronoq::core::PoolName::default(),
+                attempt: cronoq::task::AttemptRecord {
+                    attempt,
+                    group: cronoq::core::Labels::new(),
+                    worker: Some("cpu".into()),
+                    started_at: cronoq::core::Millis(1),
+                    ended_at: None,
+                    outcome: None,
+                    error: None,
+                },
+            })
+            .collect(),
+    };
+    for (key, body) in [
+        ("s.9998", cronoq::wire::encode(&forged)),
+        ("s.9999", b"\xc1 not a start record".to_vec()),
+    ] {
+        js.publish(format!("$KV.{bucket}.{key}"), body.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    c.server.kill9();
+    taken_over_by(&second).await;
+    std::mem::swap(&mut c.server, &mut second);
+    reattached_and_run_once(&c, &held, "go").await;
+    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+    let runs = c.runs();
+    assert_eq!(runs.len(), 4, "each ran once, as attempt 1: {runs:?}");
+    assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
+    let log = c.server.log_tail(400);
+    assert!(log.contains("start records read"), "{log}");
+    assert!(log.contains("unreadable start record ignored"), "{log}");
+    drop(second);
+}
+
 /// JetStream's max age (`results_ttl`) expires every message of the
 /// results bucket, a key's newest included: a live task's record is
 /// written again every third of it. Attempts that ran for more than twice

@@ -884,7 +884,11 @@ async fn lead(
             } else {
                 Millis::from_duration(results_max_age / 3).max(Millis(100))
             },
-            group_starts: true,
+            // In atomic batches a start record costs no fence check or
+            // acknowledgement of its own; a separate start write would
+            // compete with the batch for the leader subject (10164 on a
+            // replicated stream). Record by record, one write per turn.
+            group_starts: !base.atomic_batches,
         },
         now,
     );
