@@ -199,6 +199,48 @@ pub(crate) struct Settings {
 /// uses several slots).
 pub(crate) const MAX_STARTS_PER_RECORD: usize = 512;
 
+/// The most bytes (roughly) of one [`StartRecords`] write: well inside a
+/// NATS message (a write NATS refuses as too large would be retried
+/// forever and hold up the journal). Half the largest reply, at most
+/// 256 KiB.
+fn start_record_budget(max_reply_bytes: usize) -> usize {
+    (max_reply_bytes / 2).clamp(4 * 1024, 256 * 1024)
+}
+
+/// Roughly what one start adds to a [`StartRecords`] message (MessagePack
+/// with field names).
+fn start_size(start: &StartRecord) -> usize {
+    let labels: usize = start
+        .attempt
+        .group
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 4)
+        .sum();
+    128 + start.pool.as_str().len() + start.attempt.worker.as_ref().map_or(0, String::len) + labels
+}
+
+/// Splits a turn's starts into writes of at most
+/// [`MAX_STARTS_PER_RECORD`] entries and about `budget` bytes (a single
+/// larger entry goes alone).
+fn start_chunks(starts: Vec<StartRecord>, budget: usize) -> Vec<Vec<StartRecord>> {
+    let mut chunks = Vec::new();
+    let mut chunk: Vec<StartRecord> = Vec::new();
+    let mut size = 0;
+    for start in starts {
+        let more = start_size(&start);
+        if !chunk.is_empty() && (size + more > budget || chunk.len() == MAX_STARTS_PER_RECORD) {
+            chunks.push(std::mem::take(&mut chunk));
+            size = 0;
+        }
+        size += more;
+        chunk.push(start);
+    }
+    if !chunk.is_empty() {
+        chunks.push(chunk);
+    }
+    chunks
+}
+
 /// What the journal holds of a live task, as far as this leader wrote or
 /// read it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -559,9 +601,10 @@ impl Driver {
         for id in finished {
             self.forget_journaled(id, turn);
         }
-        for chunk in starts.chunks(MAX_STARTS_PER_RECORD) {
+        let budget = start_record_budget(self.settings.max_reply_bytes);
+        for chunk in start_chunks(starts, budget) {
             let slot = self.slots.take(chunk.len() as u32);
-            for start in chunk {
+            for start in &chunk {
                 if let Some(j) = self.journaled.get_mut(&start.id) {
                     j.slot = Some(slot);
                 }
@@ -571,7 +614,7 @@ impl Driver {
                 record: StartRecords {
                     v: PROTOCOL_VERSION,
                     written_at: self.now,
-                    starts: chunk.to_vec(),
+                    starts: chunk,
                 },
             });
         }

@@ -1267,3 +1267,64 @@ fn a_recovered_start_holds_its_slot_until_covered() {
     submit(&mut d, 4, 3, "");
     assert_eq!(journal_writes(&mut d), (vec![], vec![(0, vec![(3, 1)])]));
 }
+
+/// A turn's starts are split so that no start-record write nears the NATS
+/// message limit, whatever the labels (NATS would refuse a larger write
+/// for good, and the journal would wait on it): 512 starts with 16 labels
+/// of 64-byte names and values go in several writes, each encoded within
+/// the budget.
+#[test]
+fn start_records_are_split_to_fit_a_nats_message() {
+    let mut labels = Labels::new();
+    for i in 0..16 {
+        labels.insert(format!("{i:0>64}"), "v".repeat(64));
+    }
+    let starts: Vec<StartRecord> = (1..=512)
+        .map(|id| StartRecord {
+            id: TaskId(id),
+            pool: PoolName::new("p".repeat(64)).unwrap(),
+            attempt: AttemptRecord {
+                attempt: 1,
+                group: labels.clone(),
+                worker: Some("w".repeat(128)),
+                started_at: Millis(1),
+                ended_at: None,
+                outcome: None,
+                error: None,
+            },
+        })
+        .collect();
+    let budget = start_record_budget(1 << 20);
+    let chunks = start_chunks(starts, budget);
+    assert!(chunks.len() > 2, "{} writes", chunks.len());
+    assert_eq!(chunks.iter().map(Vec::len).sum::<usize>(), 512);
+    for chunk in chunks {
+        let body = wire::encode(&StartRecords {
+            v: PROTOCOL_VERSION,
+            written_at: Millis(1),
+            starts: chunk,
+        });
+        assert!(body.len() <= budget, "{} > {budget}", body.len());
+    }
+    // Small starts: up to MAX_STARTS_PER_RECORD in one write.
+    let small: Vec<StartRecord> = (1..=600)
+        .map(|id| StartRecord {
+            id: TaskId(id),
+            pool: PoolName::default(),
+            attempt: AttemptRecord {
+                attempt: 1,
+                group: Labels::new(),
+                worker: Some("w".into()),
+                started_at: Millis(1),
+                ended_at: None,
+                outcome: None,
+                error: None,
+            },
+        })
+        .collect();
+    let sizes: Vec<usize> = start_chunks(small, budget).iter().map(Vec::len).collect();
+    assert_eq!(
+        sizes,
+        vec![MAX_STARTS_PER_RECORD, 600 - MAX_STARTS_PER_RECORD]
+    );
+}
