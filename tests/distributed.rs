@@ -758,3 +758,65 @@ async fn the_leases_of_one_turn_reach_a_worker_in_one_message() {
     }
     assert_eq!(c.runs().len(), 8, "{:?}", c.runs());
 }
+
+/// A task whose journal record would not fit one NATS message (an output
+/// just under the limit, beside an earlier attempt's error) is stored cut
+/// to fit — its output kept, the earlier attempt left out — and the
+/// journal goes on: NATS refuses a message over its limit for good, and a
+/// record retried forever would hold up every later announcement.
+#[tokio::test]
+async fn a_result_too_large_for_one_nats_message_is_cut_and_the_journal_goes_on() {
+    let c = Cluster::start(&[("cpu", "", 2)]).await;
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let limit = nats.server_info().max_payload;
+    let size = limit - 1_100;
+    let big = c
+        .submit_payload(&format!("big failfirst big={size}"), "")
+        .await;
+    // Runs twice (the first attempt fails), then succeeds.
+    eventually("the second attempt ran", || {
+        let ran = c.runs().iter().any(|r| r.task == big.0 && r.attempt == 2);
+        async move {
+            if ran {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        }
+    })
+    .await;
+    let after = c.submit_payload("after", "").await;
+    assert_eq!(c.finished(after).await.state, TaskState::Succeeded);
+
+    let js = jetstream::new(nats);
+    let bucket = cronoq::wire::Subjects::default().results_bucket();
+    let kv = js.get_key_value(&bucket).await.expect("the results bucket");
+    let record = eventually("the big result is stored", || {
+        let kv = kv.clone();
+        async move {
+            match kv.get(big.0.to_string()).await {
+                Ok(Some(bytes)) => {
+                    let record = cronoq::wire::TaskRecord::decode(&bytes).map_err(|e| e.message)?;
+                    if record.state.is_terminal() {
+                        Ok(record)
+                    } else {
+                        Err(format!("{}", record.state))
+                    }
+                }
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    assert_eq!(record.state, TaskState::Succeeded);
+    assert_eq!(record.output.as_ref().map(|o| o.len()), Some(size));
+    let numbers: Vec<u32> = record.attempts.iter().map(|a| a.attempt).collect();
+    assert_eq!(numbers, vec![2], "the failed first attempt was left out");
+    assert!(
+        c.server
+            .log_tail(200)
+            .contains("cut to fit one NATS message"),
+        "{}",
+        c.server.log_tail(200)
+    );
+}

@@ -870,6 +870,8 @@ async fn lead(
             heartbeat_interval: Millis((worker_timeout.0 / 3).max(100)),
             max_payload_bytes: base.max_payload_bytes,
             max_reply_bytes: base.nats_max_payload.saturating_sub(1024),
+            // The fence headers take about 150 bytes of the message.
+            max_record_bytes: base.nats_max_payload.saturating_sub(512),
             retain_finished: 10_000,
             pools: base.pools.clone(),
             max_workers: s.max_workers,

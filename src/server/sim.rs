@@ -75,6 +75,7 @@ fn settings() -> Settings {
         heartbeat_interval: Millis(HEARTBEAT_EVERY),
         max_payload_bytes: 1 << 16,
         max_reply_bytes: 1 << 20,
+        max_record_bytes: 1 << 20,
         retain_finished: 100_000,
         pools: vec![(PoolName::new(POOL).unwrap(), pool)],
         max_workers: 1_000,

@@ -696,6 +696,87 @@ impl TaskRecord {
         }
     }
 
+    /// Makes the record fit one NATS message of `limit` bytes (encoded):
+    /// a record NATS refuses as too large would be retried for good and
+    /// hold up the journal. Records far below the limit (estimated, not
+    /// encoded: the common case costs nothing) are left alone. Otherwise,
+    /// step by step until it fits: errors cut to [`RECORD_ERROR_CHARS`]
+    /// characters; only the first and the last [`RECORD_KEEP_ATTEMPTS`]
+    /// attempts kept (each keeps its number, so attempt counting goes
+    /// on); errors dropped and only the last attempt kept; and last the
+    /// output dropped, its error saying so. Returns whether it changed.
+    pub fn fit(&mut self, limit: usize) -> bool {
+        if self.estimated_size() <= limit / 2 {
+            return false;
+        }
+        let fits = |r: &TaskRecord| super::encode(r).len() <= limit;
+        if fits(self) {
+            return false;
+        }
+        let cut = |text: &mut String| {
+            if let Some((at, _)) = text.char_indices().nth(RECORD_ERROR_CHARS) {
+                text.truncate(at);
+                text.push('…');
+            }
+        };
+        for a in &mut self.attempts {
+            if let Some(e) = &mut a.error {
+                cut(e);
+            }
+        }
+        if let Some(e) = &mut self.error {
+            cut(e);
+        }
+        if fits(self) {
+            return true;
+        }
+        if self.attempts.len() > RECORD_KEEP_ATTEMPTS + 1 {
+            let last = self
+                .attempts
+                .split_off(self.attempts.len() - RECORD_KEEP_ATTEMPTS);
+            self.attempts.truncate(1);
+            self.attempts.extend(last);
+        }
+        if fits(self) {
+            return true;
+        }
+        let last = self.attempts.pop();
+        self.attempts.clear();
+        self.attempts.extend(last);
+        for a in &mut self.attempts {
+            a.error = None;
+        }
+        self.error = None;
+        if fits(self) {
+            return true;
+        }
+        if let Some(output) = self.output.take() {
+            self.error = Some(format!(
+                "the output ({} bytes) could not be kept: the task's record would not fit one \
+                 NATS message",
+                output.len()
+            ));
+        }
+        true
+    }
+
+    /// Roughly the encoded size.
+    fn estimated_size(&self) -> usize {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        let attempts: usize = self
+            .attempts
+            .iter()
+            .map(|a| {
+                let labels: usize = a.group.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+                128 + labels + text(&a.worker) + text(&a.error)
+            })
+            .sum();
+        256 + self.pool.as_str().len()
+            + self.output.as_ref().map_or(0, Bytes::len)
+            + text(&self.error)
+            + attempts
+    }
+
     fn of_status_keeping_output(s: crate::task::TaskStatus) -> TaskRecord {
         let output = s.output_bytes().map(Bytes::from);
         let mut record = TaskRecord::of_status(s);
@@ -703,6 +784,14 @@ impl TaskRecord {
         record
     }
 }
+
+/// The longest error a journal record keeps per attempt, in characters,
+/// once the record is too large for one NATS message ([`TaskRecord::fit`]).
+pub const RECORD_ERROR_CHARS: usize = 1_000;
+
+/// The latest attempts a journal record too large for one NATS message
+/// keeps (beside the first).
+pub const RECORD_KEEP_ATTEMPTS: usize = 16;
 
 /// The attempts one leader turn started, stored together in the results
 /// bucket under a reused key `s.<n>` ([`start_key`]): one journal write

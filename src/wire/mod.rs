@@ -248,6 +248,65 @@ mod tests {
         );
     }
 
+    /// A journal record too large for one NATS message is cut until it
+    /// fits (NATS would refuse it for good and the journal would wait on
+    /// it): long errors first, then the attempts between the first and the
+    /// last 16 (numbers kept), then all but the last, then the output.
+    #[test]
+    fn a_record_too_large_for_a_nats_message_is_cut_to_fit() {
+        let limit = 1 << 20;
+        let failed = |n: u32, error_len: usize| crate::task::AttemptRecord {
+            error: Some("e".repeat(error_len)),
+            ..attempt(n, true)
+        };
+        let encoded = |r: &TaskRecord| encode(r).len();
+
+        let mut small = record(vec![failed(1, 10)], 1);
+        assert!(!small.fit(limit), "a small record is left alone");
+
+        // Three 400 KB errors: cut to RECORD_ERROR_CHARS each.
+        let mut errors = record((1..=3).map(|n| failed(n, 400_000)).collect(), 1);
+        assert!(errors.fit(limit));
+        assert!(encoded(&errors) <= limit);
+        assert_eq!(errors.attempts.len(), 3);
+        let kept = errors.attempts[0].error.as_ref().unwrap();
+        assert_eq!(
+            kept.chars().count(),
+            RECORD_ERROR_CHARS + 1,
+            "cut, with an ellipsis"
+        );
+
+        // 20,000 attempts: the first and the last 16, numbers kept.
+        let mut many = record((1..=20_000).map(|n| failed(n, 100)).collect(), 1);
+        assert!(many.fit(limit));
+        assert!(encoded(&many) <= limit);
+        let numbers: Vec<u32> = many.attempts.iter().map(|a| a.attempt).collect();
+        assert_eq!(numbers[0], 1);
+        assert_eq!(numbers[1..], (19_985..=20_000).collect::<Vec<u32>>()[..]);
+
+        // An output just under the limit beside earlier failures: only the
+        // last attempt stays, the output is kept.
+        let mut output = record(
+            vec![failed(1, 4_000), failed(2, 4_000), attempt(3, true)],
+            1,
+        );
+        output.state = crate::core::TaskState::Succeeded;
+        output.output = Some(bytes::Bytes::from(vec![b'x'; limit - 1_000]));
+        assert!(output.fit(limit));
+        assert!(encoded(&output) <= limit);
+        assert_eq!(output.output.as_ref().map(|o| o.len()), Some(limit - 1_000));
+        assert_eq!(output.attempts.len(), 1);
+        assert_eq!(output.attempts[0].attempt, 3);
+
+        // An output that cannot fit at all: dropped, and the error says so.
+        let mut huge = record(vec![attempt(1, true)], 1);
+        huge.output = Some(bytes::Bytes::from(vec![b'x'; limit + 1]));
+        assert!(huge.fit(limit));
+        assert!(encoded(&huge) <= limit);
+        assert!(huge.output.is_none());
+        assert!(huge.error.as_deref().unwrap().contains("could not be kept"));
+    }
+
     #[test]
     fn the_start_index_follows_each_slots_latest_message() {
         let mut index = StartIndex::default();

@@ -65,6 +65,14 @@ for option in "$@"; do
     fail)
       echo "$name failed on purpose" >&2
       exit 3 ;;
+    failfirst)
+      if [ "$CRONOQ_ATTEMPT" = 1 ]; then
+        head -c 2000 /dev/zero | tr '\0' e >&2
+        exit 3
+      fi ;;
+    big=*)
+      head -c "${option#big=}" /dev/zero | tr '\0' x
+      exit 0 ;;
   esac
 done
 printf '%s on [%s] by %s' "$name" "$CRONOQ_GROUP" "$TEST_WORKER"

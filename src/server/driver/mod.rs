@@ -174,6 +174,9 @@ pub(crate) struct Settings {
     pub max_payload_bytes: usize,
     /// The largest reply that fits in one NATS message.
     pub max_reply_bytes: usize,
+    /// The largest journal record (the NATS message limit less the fence
+    /// headers): larger ones are cut ([`TaskRecord::fit`]).
+    pub max_record_bytes: usize,
     pub retain_finished: usize,
     pub pools: Vec<(PoolName, PoolConfig)>,
     pub max_workers: usize,
@@ -581,6 +584,7 @@ impl Driver {
                 self.slots.cover(slot, turn);
             }
             record.written_at = Some(self.now);
+            record.fit(self.settings.max_record_bytes);
             out.push(Output::Persist {
                 seq: id.0,
                 record,

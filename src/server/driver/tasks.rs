@@ -309,9 +309,13 @@ impl Driver {
             done.error.clone(),
         );
         self.forget_refresh(done.id);
+        let mut record = TaskRecord::of_outcome(done);
+        if record.fit(self.settings.max_record_bytes) {
+            tracing::warn!(task_id = %done.id, "the task's result was cut to fit one NATS message");
+        }
         self.out.push(Output::Persist {
             seq: done.id.0,
-            record: TaskRecord::of_outcome(done),
+            record,
             dead_letter,
         });
     }

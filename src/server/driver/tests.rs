@@ -11,6 +11,7 @@ fn settings() -> Settings {
         heartbeat_interval: Millis(1_000),
         max_payload_bytes: 1024,
         max_reply_bytes: 1 << 20,
+        max_record_bytes: 1 << 20,
         retain_finished: 100,
         pools: Vec::new(),
         max_workers: 1_000_000,
