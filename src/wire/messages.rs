@@ -572,11 +572,13 @@ pub struct TaskEvent {
     /// The worker of the attempt.
     #[serde(default)]
     pub worker: Option<String>,
-    /// Output, when succeeded.
+    /// Output, when succeeded; left out when the event would not fit one
+    /// NATS message with it (read the task for it).
     #[serde(default)]
     #[schemars(with = "Option<Vec<u8>>")]
     pub output: Option<Bytes>,
-    /// Error of a failed attempt.
+    /// Error of a failed attempt (cut to 1,000 characters when the event
+    /// would not fit one NATS message otherwise).
     #[serde(default)]
     pub error: Option<String>,
     /// When, ms since the epoch.

@@ -272,6 +272,23 @@ impl Driver {
         if !self.settings.events.announces(state) {
             return;
         }
+        // An event NATS cannot carry would be lost: waiters would only
+        // learn of the end by polling. The output stays in the task.
+        let room = self.settings.max_reply_bytes.saturating_sub(4096);
+        let mut output = output;
+        let mut error = error;
+        let size = |o: &Option<Bytes>, e: &Option<String>| {
+            o.as_ref().map_or(0, Bytes::len) + e.as_ref().map_or(0, String::len)
+        };
+        if size(&output, &error) > room {
+            output = None;
+            if let Some(e) = &mut error {
+                if let Some((at, _)) = e.char_indices().nth(wire::RECORD_ERROR_CHARS) {
+                    e.truncate(at);
+                    e.push('…');
+                }
+            }
+        }
         let subject = self.subjects.events(id);
         self.publish(
             subject,

@@ -1329,3 +1329,59 @@ fn start_records_are_split_to_fit_a_nats_message() {
         vec![MAX_STARTS_PER_RECORD, 600 - MAX_STARTS_PER_RECORD]
     );
 }
+
+/// A terminal event that would not fit one NATS message leaves the output
+/// out (waiters read the task for it) instead of being lost.
+#[test]
+fn an_event_too_large_for_a_nats_message_leaves_the_output_out() {
+    let mut d = driver();
+    register(&mut d, "w", "", 1);
+    submit(&mut d, 1, 1, "");
+    submit(&mut d, 1, 2, "");
+    let _ = d.take_outputs();
+    let events = |d: &mut Driver| -> Vec<TaskEvent> {
+        d.take_outputs()
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Publish { subject, body } if subject.contains(".events.") => {
+                    Some(wire::decode::<TaskEvent>(&body).unwrap())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let finish = |d: &mut Driver, task: u64, output: Bytes| {
+        let (tx, _rx) = oneshot::channel();
+        let report = AttemptReport {
+            v: 1,
+            worker_id: "w".into(),
+            task_id: TaskId(task),
+            attempt: 1,
+            epoch: 7,
+            result: AttemptResult::Succeeded { output },
+        };
+        d.handle(Millis(2), Input::Outcome(report, Responder::Local(tx)));
+    };
+    finish(&mut d, 1, Bytes::from(vec![b'x'; 1 << 20]));
+    let big: Vec<_> = events(&mut d)
+        .into_iter()
+        .filter(|e| e.state.is_terminal())
+        .collect();
+    assert_eq!(big.len(), 1);
+    assert_eq!(big[0].state, TaskState::Succeeded);
+    assert_eq!(big[0].output, None);
+    assert!(wire::encode(&big[0]).len() < 1 << 20);
+    // The result keeps it.
+    assert_eq!(
+        d.status(TaskId(1))
+            .and_then(|s| s.output_bytes())
+            .map(|o| o.len()),
+        Some(1 << 20)
+    );
+    finish(&mut d, 2, Bytes::from_static(b"small"));
+    let small: Vec<_> = events(&mut d)
+        .into_iter()
+        .filter(|e| e.state.is_terminal())
+        .collect();
+    assert_eq!(small[0].output.as_deref(), Some(&b"small"[..]));
+}
