@@ -428,6 +428,17 @@ pub struct AttemptRecord {
     pub error: Option<String>,
 }
 
+impl AttemptRecord {
+    /// Roughly what it adds to a MessagePack message (field names
+    /// included): journal records and start records are kept within one
+    /// NATS message by it.
+    pub(crate) fn estimated_size(&self) -> usize {
+        let labels: usize = self.group.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+        let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        128 + labels + text(&self.worker) + text(&self.error)
+    }
+}
+
 /// A finished task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
@@ -530,11 +541,16 @@ impl TaskStatus {
 /// The longest error a [`TaskStatus::summary`] keeps, in characters.
 pub const SUMMARY_ERROR_CHARS: usize = 200;
 
-fn cut(text: &mut String) {
-    if let Some((at, _)) = text.char_indices().nth(SUMMARY_ERROR_CHARS) {
+/// Cuts `text` to `chars` characters, marking the cut with `…`.
+pub(crate) fn cut_chars(text: &mut String, chars: usize) {
+    if let Some((at, _)) = text.char_indices().nth(chars) {
         text.truncate(at);
         text.push('…');
     }
+}
+
+fn cut(text: &mut String) {
+    cut_chars(text, SUMMARY_ERROR_CHARS);
 }
 
 impl TaskStatus {

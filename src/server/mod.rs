@@ -1411,44 +1411,58 @@ async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
 async fn journal_record(results: &kv::Store, seq: u64) -> Result<Option<wire::TaskRecord>, String> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
     let subject = format!("{}{seq}", results.prefix);
-    let mut delay = Duration::from_millis(50);
-    for _ in 0..12 {
-        let got = match results
+    let got = read_retrying(|| async {
+        match results
             .stream
             .get_last_raw_message_by_subject(&subject)
             .await
         {
-            Ok(m) => {
-                let deleted = m
-                    .headers
-                    .get("KV-Operation")
-                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-                Ok((!deleted).then_some(m.payload))
-            }
+            Ok(m) => Ok((!kv_tombstone(Some(&m.headers))).then_some(m.payload)),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(e),
-        };
-        match got {
-            Ok(None) => return Ok(None),
-            Ok(Some(bytes)) => {
-                return match wire::TaskRecord::decode(&bytes) {
-                    Ok(record) => Ok(Some(record)),
-                    Err(e) => {
-                        tracing::warn!(seq, error = %e, "unreadable journal record ignored");
-                        Ok(None)
-                    }
-                }
-            }
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+    .map_err(|e| format!("the journal record of task {seq} could not be read: {e}"))?;
+    Ok(
+        got.and_then(|bytes| match wire::TaskRecord::decode(&bytes) {
+            Ok(record) => Some(record),
             Err(e) => {
-                tracing::debug!(seq, error = %e, "reading a journal record failed; retrying");
+                tracing::warn!(seq, error = %e, "unreadable journal record ignored");
+                None
+            }
+        }),
+    )
+}
+
+/// Tries `read` while NATS does not answer: 12 tries, 50 ms apart at
+/// first and doubling up to 2 s (about 10 s in all); the last error then.
+async fn read_retrying<T, F, Fut>(mut read: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut delay = Duration::from_millis(50);
+    let mut last_error = String::new();
+    for _ in 0..12 {
+        match read().await {
+            Ok(value) => return Ok(value),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the journal failed; retrying");
+                last_error = e;
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
         }
     }
-    Err(format!(
-        "the journal record of task {seq} could not be read"
-    ))
+    Err(last_error)
+}
+
+/// A key-value message that deletes or purges its key.
+fn kv_tombstone(headers: Option<&async_nats::HeaderMap>) -> bool {
+    headers
+        .and_then(|h| h.get("KV-Operation"))
+        .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE")
 }
 
 /// What the submit stream held when a leadership began.
@@ -1471,26 +1485,14 @@ struct Startup {
 /// (taking over without them could run an attempt that still runs
 /// again).
 async fn read_starts(results: &kv::Store) -> Result<wire::StartIndex, Error> {
-    let mut delay = Duration::from_millis(50);
-    let mut last_error = String::new();
-    for _ in 0..12 {
-        match read_starts_once(results).await {
-            Ok(index) => {
-                tracing::info!(slots = index.len(), "start records read");
-                return Ok(index);
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "reading the start records failed; retrying");
-                last_error = e;
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-        }
-    }
-    Err(Error::Nats {
-        context: "reading the journal's start records".into(),
-        source: last_error.into(),
-    })
+    let index = read_retrying(|| read_starts_once(results))
+        .await
+        .map_err(|e| Error::Nats {
+            context: "reading the journal's start records".into(),
+            source: e.into(),
+        })?;
+    tracing::info!(slots = index.len(), "start records read");
+    Ok(index)
 }
 
 async fn read_starts_once(results: &kv::Store) -> Result<wire::StartIndex, String> {
@@ -1531,12 +1533,7 @@ async fn read_starts_once(results: &kv::Store) -> Result<wire::StartIndex, Strin
         let Some(slot) = wire::parse_start_key(key) else {
             continue;
         };
-        let deleted = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("KV-Operation"))
-            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-        if deleted {
+        if kv_tombstone(message.headers.as_ref()) {
             index.set(slot, None);
         } else {
             match wire::decode::<wire::StartRecords>(&message.payload) {
@@ -2255,7 +2252,7 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
                         let body: Bytes = wire::encode(&record).into();
-                        let ok = put_key_retrying(&ctx, &wire::start_key(slot), &body).await;
+                        let ok = put_counted(&ctx, &wire::start_key(slot), &body).await;
                         drop(permit);
                         let _ = done_tx.send(ok);
                     });
@@ -2436,9 +2433,15 @@ async fn store_record(ctx: &CommitCtx, write: Persisted) -> bool {
         .await;
     }
     let body: Bytes = wire::encode(&record).into();
+    put_counted(ctx, &seq.to_string(), &body).await
+}
+
+/// One fenced write under `key` ([`put_key_retrying`]), counted in the
+/// `cronoq_journal_pending_records` gauge while under way.
+async fn put_counted(ctx: &CommitCtx, key: &str, body: &Bytes) -> bool {
     let in_flight = &ctx.results.pending_records;
     in_flight.fetch_add(1, Ordering::Relaxed);
-    let stored = put_retrying(ctx, seq, &body).await;
+    let stored = put_key_retrying(ctx, key, body).await;
     in_flight.fetch_sub(1, Ordering::Relaxed);
     stored
 }

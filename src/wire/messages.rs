@@ -715,12 +715,7 @@ impl TaskRecord {
         if fits(self) {
             return false;
         }
-        let cut = |text: &mut String| {
-            if let Some((at, _)) = text.char_indices().nth(RECORD_ERROR_CHARS) {
-                text.truncate(at);
-                text.push('…');
-            }
-        };
+        let cut = |text: &mut String| crate::task::cut_chars(text, RECORD_ERROR_CHARS);
         for a in &mut self.attempts {
             if let Some(e) = &mut a.error {
                 cut(e);
@@ -764,18 +759,14 @@ impl TaskRecord {
 
     /// Roughly the encoded size.
     fn estimated_size(&self) -> usize {
-        let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
         let attempts: usize = self
             .attempts
             .iter()
-            .map(|a| {
-                let labels: usize = a.group.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
-                128 + labels + text(&a.worker) + text(&a.error)
-            })
+            .map(crate::task::AttemptRecord::estimated_size)
             .sum();
         256 + self.pool.as_str().len()
             + self.output.as_ref().map_or(0, Bytes::len)
-            + text(&self.error)
+            + self.error.as_ref().map_or(0, String::len)
             + attempts
     }
 

@@ -213,13 +213,7 @@ fn start_record_budget(max_reply_bytes: usize) -> usize {
 /// Roughly what one start adds to a [`StartRecords`] message (MessagePack
 /// with field names).
 fn start_size(start: &StartRecord) -> usize {
-    let labels: usize = start
-        .attempt
-        .group
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + 4)
-        .sum();
-    128 + start.pool.as_str().len() + start.attempt.worker.as_ref().map_or(0, String::len) + labels
+    16 + start.pool.as_str().len() + start.attempt.estimated_size()
 }
 
 /// Splits a turn's starts into writes of at most
@@ -594,16 +588,10 @@ impl Driver {
         // Kept for its allocation (nothing above marks a task).
         self.dirty = dirty;
         // Results (and refusals): the task's journal state ends with them.
-        let finished: Vec<TaskId> = self
-            .out
-            .iter()
-            .filter_map(|o| match o {
-                Output::Persist { seq, .. } => Some(TaskId(*seq)),
-                _ => None,
-            })
-            .collect();
-        for id in finished {
-            self.forget_journaled(id, turn);
+        for i in 0..self.out.len() {
+            if let Output::Persist { seq, .. } = self.out[i] {
+                self.forget_journaled(TaskId(seq), turn);
+            }
         }
         let budget = start_record_budget(self.settings.max_reply_bytes);
         for chunk in start_chunks(starts, budget) {

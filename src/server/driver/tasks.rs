@@ -283,10 +283,7 @@ impl Driver {
         if size(&output, &error) > room {
             output = None;
             if let Some(e) = &mut error {
-                if let Some((at, _)) = e.char_indices().nth(wire::RECORD_ERROR_CHARS) {
-                    e.truncate(at);
-                    e.push('…');
-                }
+                crate::task::cut_chars(e, wire::RECORD_ERROR_CHARS);
             }
         }
         let subject = self.subjects.events(id);
