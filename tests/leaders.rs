@@ -195,31 +195,64 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
 /// that succeeded before the kill is not run again.
 #[tokio::test]
 async fn a_cold_takeover_reattaches_running_attempts_and_skips_finished_tasks() {
-    let config = format!("{}\n", procs::SERVER_CONFIG).replacen(
-        "[server]\n",
-        "[server]\nwarm_standby = false\n",
-        1,
-    );
-    assert!(config.contains("warm_standby = false"), "{config}");
-    let mut c = Cluster::start(&[("cpu", "", 4)]).await;
-    // The first server stays warm; the one that takes over reads cold.
-    let mut second =
-        CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;
-    let done = c.submit_payload("done-before", "").await;
-    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
-    let held = running_held(&c, "held", 3, "go").await;
-    c.server.kill9();
-    taken_over_by(&second).await;
-    std::mem::swap(&mut c.server, &mut second);
-    reattached_and_run_once(&c, &held, "go").await;
-    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
-    let runs = c.runs();
-    assert_eq!(runs.len(), 4, "each ran once, as attempt 1: {runs:?}");
-    assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
-    let log = c.server.log_tail(400);
+    let t = ColdTakeover::stage().await;
+    let log = t.kill_leader_and_check_each_ran_once().await;
     assert!(log.contains("warm_standby = false"), "{log}");
     assert!(log.contains("task recovered from the journal"), "{log}");
-    drop(second);
+}
+
+/// A cluster whose first server leads (warm) and whose second reads the
+/// journal cold when it takes over; one task succeeded, three attempts
+/// are held running.
+struct ColdTakeover {
+    c: Cluster,
+    second: CronoqServer,
+    done: TaskId,
+    held: Vec<TaskId>,
+}
+
+impl ColdTakeover {
+    async fn stage() -> ColdTakeover {
+        let config = format!("{}\n", procs::SERVER_CONFIG).replacen(
+            "[server]\n",
+            "[server]\nwarm_standby = false\n",
+            1,
+        );
+        assert!(config.contains("warm_standby = false"), "{config}");
+        let c = Cluster::start(&[("cpu", "", 4)]).await;
+        let second =
+            CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;
+        let done = c.submit_payload("done-before", "").await;
+        assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+        let held = running_held(&c, "held", 3, "go").await;
+        ColdTakeover {
+            c,
+            second,
+            done,
+            held,
+        }
+    }
+
+    /// `kill -9` of the leader; the cold server takes over, re-attaches
+    /// the held attempts, each runs once and the finished task not again.
+    /// The successor's log.
+    async fn kill_leader_and_check_each_ran_once(self) -> String {
+        let ColdTakeover {
+            mut c,
+            mut second,
+            done,
+            held,
+        } = self;
+        c.server.kill9();
+        taken_over_by(&second).await;
+        std::mem::swap(&mut c.server, &mut second);
+        reattached_and_run_once(&c, &held, "go").await;
+        assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+        let runs = c.runs();
+        assert_eq!(runs.len(), 4, "each ran once, as attempt 1: {runs:?}");
+        assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
+        c.server.log_tail(400)
+    }
 }
 
 /// The starts of a leader turn are journaled together (`s.<n>` keys of
@@ -230,19 +263,9 @@ async fn a_cold_takeover_reattaches_running_attempts_and_skips_finished_tasks() 
 /// and run once, the finished task does not run again.
 #[tokio::test]
 async fn a_takeover_reads_start_records_and_skips_hostile_ones() {
-    let config = format!("{}\n", procs::SERVER_CONFIG).replacen(
-        "[server]\n",
-        "[server]\nwarm_standby = false\n",
-        1,
-    );
-    let mut c = Cluster::start(&[("cpu", "", 4)]).await;
-    let mut second =
-        CronoqServer::start_configured(&c.nats, c.dir.path(), &config, &[], false).await;
-    let done = c.submit_payload("done-before", "").await;
-    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
-    let held = running_held(&c, "held", 3, "go").await;
-
-    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let t = ColdTakeover::stage().await;
+    let (done, held) = (t.done, &t.held);
+    let nats = async_nats::connect(t.c.nats_url()).await.expect("nats");
     let js = async_nats::jetstream::new(nats.clone());
     let bucket = cronoq::wire::Subjects::default().results_bucket();
     let kv = js.get_key_value(&bucket).await.expect("the results bucket");
@@ -257,7 +280,7 @@ async fn a_takeover_reads_start_records_and_skips_hostile_ones() {
     );
     // Held attempts have no record of their own yet: their starts are only
     // in start records.
-    for id in &held {
+    for id in held {
         assert!(!keys.contains(&id.0.to_string()), "{id}: {keys:?}");
     }
     let forged = cronoq::wire::StartRecords {
@@ -290,18 +313,9 @@ async fn a_takeover_reads_start_records_and_skips_hostile_ones() {
             .await
             .expect("stored");
     }
-    c.server.kill9();
-    taken_over_by(&second).await;
-    std::mem::swap(&mut c.server, &mut second);
-    reattached_and_run_once(&c, &held, "go").await;
-    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
-    let runs = c.runs();
-    assert_eq!(runs.len(), 4, "each ran once, as attempt 1: {runs:?}");
-    assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
-    let log = c.server.log_tail(400);
+    let log = t.kill_leader_and_check_each_ran_once().await;
     assert!(log.contains("start records read"), "{log}");
     assert!(log.contains("unreadable start record ignored"), "{log}");
-    drop(second);
 }
 
 /// JetStream's max age (`results_ttl`) expires every message of the

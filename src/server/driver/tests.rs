@@ -24,7 +24,12 @@ fn settings() -> Settings {
 }
 
 fn driver() -> Driver {
-    Driver::new(Subjects::default(), 7, settings(), Millis(0))
+    driver_with(7, settings())
+}
+
+/// A driver of `epoch` with `settings`, started at 0.
+fn driver_with(epoch: u64, settings: Settings) -> Driver {
+    Driver::new(Subjects::default(), epoch, settings, Millis(0))
 }
 
 /// Hands local callers their replies (the runner does so once the
@@ -951,23 +956,9 @@ fn a_lease_lives_its_ttl_from_when_it_was_sent() {
 /// at takeover is written again within half a period.
 #[test]
 fn a_live_tasks_record_is_written_again_before_the_bucket_expires_it() {
-    fn persisted(d: &mut Driver) -> Vec<(u64, TaskState, usize)> {
-        let mut records: Vec<_> = d
-            .take_outputs()
-            .into_iter()
-            .filter_map(|o| match o {
-                Output::Persist { seq, record, .. } => {
-                    Some((seq, record.state, record.attempts.len()))
-                }
-                _ => None,
-            })
-            .collect();
-        records.sort_by_key(|r| r.0);
-        records
-    }
+    let persisted = |d: &mut Driver| journal_writes(d).0;
     let period = 1_000;
-    let mut d = Driver::new(
-        Subjects::default(),
+    let mut d = driver_with(
         7,
         Settings {
             record_refresh: Millis(period),
@@ -975,7 +966,6 @@ fn a_live_tasks_record_is_written_again_before_the_bucket_expires_it() {
             worker_timeout: Millis(1_000_000),
             ..settings()
         },
-        Millis(0),
     );
     register(&mut d, "w", "", 2);
     submit(&mut d, 10, 1, "");
@@ -990,18 +980,7 @@ fn a_live_tasks_record_is_written_again_before_the_bucket_expires_it() {
     assert_eq!(d.next_wakeup(), Some(Millis(10 + 2 * period)));
 
     // Task 1 finishes: its result is stored once and never again.
-    let (tx, _rx) = oneshot::channel();
-    let report = AttemptReport {
-        v: 1,
-        worker_id: "w".into(),
-        task_id: TaskId(1),
-        attempt: 1,
-        epoch: 7,
-        result: AttemptResult::Succeeded {
-            output: Bytes::new(),
-        },
-    };
-    d.handle(Millis(1_500), Input::Outcome(report, Responder::Local(tx)));
+    succeed(&mut d, 1_500, 1, 1);
     assert_eq!(persisted(&mut d), vec![(1, TaskState::Succeeded, 1)]);
     d.housekeeping(Millis(10 + 2 * period));
     assert_eq!(persisted(&mut d), vec![(2, TaskState::Running, 1)]);
@@ -1011,14 +990,12 @@ fn a_live_tasks_record_is_written_again_before_the_bucket_expires_it() {
     }
 
     // Read back at takeover: written again within half a period.
-    let mut d = Driver::new(
-        Subjects::default(),
+    let mut d = driver_with(
         8,
         Settings {
             record_refresh: Millis(period),
             ..settings()
         },
-        Millis(0),
     );
     d.catch_up_first();
     recover(&mut d, 100, journaled(5, 2, "w", false));
@@ -1041,15 +1018,13 @@ fn a_live_tasks_record_is_written_again_before_the_bucket_expires_it() {
 #[test]
 fn a_successor_keeps_the_pace_of_record_rewrites() {
     let period = 1_000;
-    let mut d = Driver::new(
-        Subjects::default(),
+    let mut d = driver_with(
         8,
         Settings {
             record_refresh: Millis(period),
             reattach_grace: Millis(1_000_000),
             ..settings()
         },
-        Millis(0),
     );
     d.catch_up_first();
     let mut overdue = journaled(5, 1, "w", true);
@@ -1115,7 +1090,9 @@ fn journal_writes(d: &mut Driver) -> Writes {
     (records, starts)
 }
 
-fn succeed(d: &mut Driver, now: u64, task: u64, attempt: u32) {
+/// Worker `w`'s report (epoch 7), its outputs left for the test (unlike
+/// [`report`], which answers the local callers).
+fn end_attempt(d: &mut Driver, now: u64, task: u64, attempt: u32, result: AttemptResult) {
     let (tx, _rx) = oneshot::channel();
     let report = AttemptReport {
         v: 1,
@@ -1123,16 +1100,18 @@ fn succeed(d: &mut Driver, now: u64, task: u64, attempt: u32) {
         task_id: TaskId(task),
         attempt,
         epoch: 7,
-        result: AttemptResult::Succeeded {
-            output: Bytes::new(),
-        },
+        result,
     };
     d.handle(Millis(now), Input::Outcome(report, Responder::Local(tx)));
 }
 
+fn succeed(d: &mut Driver, now: u64, task: u64, attempt: u32) {
+    let output = Bytes::new();
+    end_attempt(d, now, task, attempt, AttemptResult::Succeeded { output });
+}
+
 fn grouping_driver(record_refresh: u64) -> Driver {
-    Driver::new(
-        Subjects::default(),
+    driver_with(
         7,
         Settings {
             group_starts: true,
@@ -1141,7 +1120,6 @@ fn grouping_driver(record_refresh: u64) -> Driver {
             worker_timeout: Millis(1_000_000),
             ..settings()
         },
-        Millis(0),
     )
 }
 
@@ -1208,19 +1186,11 @@ fn a_due_rewrite_or_an_end_goes_to_the_tasks_own_record() {
     );
     // The attempt fails and the retry starts in the same turn: one record
     // with both attempts (the end must be in the task's own record).
-    let (tx, _rx) = oneshot::channel();
-    let report = AttemptReport {
-        v: 1,
-        worker_id: "w".into(),
-        task_id: TaskId(1),
-        attempt: 1,
-        epoch: 7,
-        result: AttemptResult::Failed {
-            error: "boom".into(),
-            retryable: true,
-        },
+    let failed = AttemptResult::Failed {
+        error: "boom".into(),
+        retryable: true,
     };
-    d.handle(Millis(1_500), Input::Outcome(report, Responder::Local(tx)));
+    end_attempt(&mut d, 1_500, 1, 1, failed);
     let (records, starts) = journal_writes(&mut d);
     assert!(starts.is_empty(), "{starts:?}");
     assert_eq!(records.len(), 1);
@@ -1351,16 +1321,7 @@ fn an_event_too_large_for_a_nats_message_leaves_the_output_out() {
             .collect()
     };
     let finish = |d: &mut Driver, task: u64, output: Bytes| {
-        let (tx, _rx) = oneshot::channel();
-        let report = AttemptReport {
-            v: 1,
-            worker_id: "w".into(),
-            task_id: TaskId(task),
-            attempt: 1,
-            epoch: 7,
-            result: AttemptResult::Succeeded { output },
-        };
-        d.handle(Millis(2), Input::Outcome(report, Responder::Local(tx)));
+        end_attempt(d, 2, task, 1, AttemptResult::Succeeded { output })
     };
     finish(&mut d, 1, Bytes::from(vec![b'x'; 1 << 20]));
     let big: Vec<_> = events(&mut d)
