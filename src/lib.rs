@@ -39,6 +39,7 @@ pub mod embedded;
 pub mod http;
 pub(crate) mod ledger;
 pub mod metrics;
+pub(crate) mod nats;
 pub mod server;
 pub mod task;
 pub mod wire;

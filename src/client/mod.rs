@@ -377,6 +377,7 @@ impl ClientOptions {
             wait_poll_interval: self.wait_poll_interval.unwrap_or(Duration::from_secs(2)),
             inbox_prefix: self.login.inbox().unwrap_or("_INBOX").to_string(),
             refusals,
+            server_max: Default::default(),
         })
     }
 
@@ -410,6 +411,7 @@ pub struct Client {
     wait_poll_interval: Duration,
     inbox_prefix: String,
     refusals: Refusals,
+    server_max: std::sync::Arc<crate::nats::MaxPayload>,
 }
 
 /// What nats-server refused on a client's connection (permission
@@ -594,7 +596,7 @@ impl Client {
         check_key(&task)?;
         let pool = PoolName::new(task.pool_name())?;
         let body = wire::encode(&wire::Submit::from_task(&task));
-        let server_max = self.nats.server_info().max_payload;
+        let server_max = self.server_max.get(&self.nats);
         if server_max > 0 && body.len() > server_max {
             return Err(Rejection::InvalidArgument(format!(
                 "submission of {} bytes is above the NATS server's max_payload of {server_max} bytes",

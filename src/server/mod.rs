@@ -1568,6 +1568,9 @@ async fn consume(
         starts,
         mut catch_up_to,
     } = startup;
+    // Shared, not cloned per submission (a store clone copies its whole
+    // stream configuration).
+    let results = Arc::new(results);
     let mut next_seq = 1u64;
     loop {
         beat();
@@ -2204,6 +2207,22 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
         mpsc::unbounded_channel::<(Vec<(u64, bool, Stored)>, Vec<Output>, u64)>();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let batch_slots = Arc::new(tokio::sync::Semaphore::new(MAX_BATCHES_IN_FLIGHT));
+    // The record writes under way, polled together here: a tokio task per
+    // record would cost a scheduling, and often a thread wake-up, each.
+    let (write_tx, mut write_rx) = mpsc::unbounded_channel::<WriteFuture>();
+    let writer = async {
+        let mut under_way = futures_util::stream::FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                Some(()) = under_way.next(), if !under_way.is_empty() => {}
+                write = write_rx.recv() => match write {
+                    Some(write) => under_way.push(write),
+                    // The launcher is gone: so is the commit.
+                    None => std::future::pending::<()>().await,
+                },
+            }
+        }
+    };
     let launcher = {
         let ctx = ctx.clone();
         let slots = slots.clone();
@@ -2250,12 +2269,15 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     let (done_tx, done) = stored();
                     stored_now.push((0, false, done));
                     let ctx = ctx.clone();
-                    tokio::spawn(async move {
+                    let write = async move {
                         let body: Bytes = wire::encode(&record).into();
                         let ok = put_counted(&ctx, &wire::start_key(slot), &body).await;
                         drop(permit);
                         let _ = done_tx.send(ok);
-                    });
+                    };
+                    if write_tx.send(Box::pin(write)).is_err() {
+                        return;
+                    }
                 }
                 let mut batch = Gathered::new();
                 for (i, write) in writes.into_iter().enumerate() {
@@ -2289,7 +2311,7 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     let before = last_write.insert(write.seq, done.clone());
                     stored_now.push((write.seq, terminal, done));
                     let ctx = ctx.clone();
-                    tokio::spawn(async move {
+                    let write = async move {
                         if let Some(before) = before {
                             if !matches!(before.await, Ok(true)) {
                                 return; // fenced out: done_tx drops, nothing more stored
@@ -2298,7 +2320,10 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                         let ok = store_record(&ctx, write).await;
                         drop(permit);
                         let _ = done_tx.send(ok);
-                    });
+                    };
+                    if write_tx.send(Box::pin(write)).is_err() {
+                        return;
+                    }
                 }
                 if let Some(permit) = batch_slot {
                     if batch.records.is_empty() {
@@ -2404,8 +2429,12 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
     tokio::select! {
         () = launcher => {}
         () = releaser => {}
+        () = writer => {}
     }
 }
+
+/// One record write under way in the committer.
+type WriteFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Stores one record (a refused submission's dead letter first), retrying
 /// while NATS is away; `false` if fenced out — a successor leads and will

@@ -143,6 +143,7 @@ struct Link {
     /// A leader refused `outcomes` as unknown (an older version): report
     /// one outcome per request from then on.
     singles: AtomicBool,
+    max_payload: crate::nats::MaxPayload,
 }
 
 /// A value that differs between processes and between runs of one.
@@ -282,20 +283,25 @@ const REPORTS_IN_FLIGHT: usize = 4;
 /// attempt still retries its own outcome (see [`Attempt::report`]). Ends
 /// when every sender is gone.
 async fn send_reports(link: Arc<Link>, mut queue: mpsc::UnboundedReceiver<PendingReport>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(REPORTS_IN_FLIGHT));
+    // Polled here together rather than a tokio task per request.
+    let mut under_way = futures_util::stream::FuturesUnordered::new();
     let mut carried: Option<PendingReport> = None;
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
+        if under_way.len() >= REPORTS_IN_FLIGHT {
+            under_way.next().await;
+            continue;
+        }
         let first = match carried.take() {
             Some(first) => first,
-            None => match queue.recv().await {
-                Some(first) => first,
-                None => return,
+            None => tokio::select! {
+                Some(()) = under_way.next(), if !under_way.is_empty() => continue,
+                first = queue.recv() => match first {
+                    Some(first) => first,
+                    None => break,
+                },
             },
         };
-        let limit = link.client.server_info().max_payload / 2;
+        let limit = link.max_payload.get(&link.client) / 2;
         let mut size = report_size(&first.0);
         let mut batch = vec![first];
         while batch.len() < wire::MAX_REPORTS {
@@ -309,11 +315,10 @@ async fn send_reports(link: Arc<Link>, mut queue: mpsc::UnboundedReceiver<Pendin
             batch.push(next);
         }
         let link = link.clone();
-        tokio::spawn(async move {
-            report_batch(&link, batch).await;
-            drop(slot);
-        });
+        under_way.push(async move { report_batch(&link, batch).await });
     }
+    // Every sender is gone: finish what is under way.
+    while under_way.next().await.is_some() {}
 }
 
 /// Roughly what a report adds to a request.
@@ -505,6 +510,7 @@ pub(super) async fn run(
             credential,
             session: std::sync::Mutex::new(None),
             singles: AtomicBool::new(false),
+            max_payload: Default::default(),
         }),
         handler,
         pool,
@@ -1253,7 +1259,7 @@ impl Attempt {
     async fn report(&self, lease: &Lease, mut result: AttemptResult) {
         if let AttemptResult::Succeeded { output } = &result {
             // An output NATS cannot carry would be retried forever.
-            let limit = self.link.client.server_info().max_payload;
+            let limit = self.link.max_payload.get(&self.link.client);
             if limit > 0 && output.len() + 1024 > limit {
                 result = AttemptResult::Failed {
                     error: format!(
