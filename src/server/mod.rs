@@ -1114,7 +1114,9 @@ impl Fenced {
         }
         // Our own renewal, stored before its acknowledgement reached the
         // renewal loop: still ours.
-        if self.election.reclaim_fence(self.epoch, expected).await {
+        // Boxed: rare, and its read of the leader key would otherwise
+        // make every record write's future as large as its own.
+        if Box::pin(self.election.reclaim_fence(self.epoch, expected)).await {
             return true;
         }
         let _ = self.lost.send(Some(
@@ -2311,13 +2313,15 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     let before = last_write.insert(write.seq, done.clone());
                     stored_now.push((write.seq, terminal, done));
                     let ctx = ctx.clone();
+                    // Encoded here: the future keeps the bytes, not the record.
+                    let encoded = Encoded::of(write);
                     let write = async move {
                         if let Some(before) = before {
                             if !matches!(before.await, Ok(true)) {
                                 return; // fenced out: done_tx drops, nothing more stored
                             }
                         }
-                        let ok = store_record(&ctx, write).await;
+                        let ok = store_record(&ctx, encoded).await;
                         drop(permit);
                         let _ = done_tx.send(ok);
                     };
@@ -2440,29 +2444,49 @@ type WriteFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send
 /// while NATS is away; `false` if fenced out — a successor leads and will
 /// finish the task itself (the submission stays pending: this server
 /// purges nothing past it).
-async fn store_record(ctx: &CommitCtx, write: Persisted) -> bool {
-    let Persisted {
+async fn store_record(ctx: &CommitCtx, write: Encoded) -> bool {
+    let Encoded {
         seq,
-        record,
+        body,
         dead_letter,
     } = write;
-    if let Some(reason) = dead_letter {
+    if let Some(dead_letter) = dead_letter {
+        let (pool, reason) = *dead_letter;
         let max_payload = ctx.client.server_info().max_payload;
         // Boxed: the rare path would otherwise make every record's write
-        // future (moved into its own task) as large as its own.
+        // future as large as its own.
         Box::pin(dead_letter_copy(
             &ctx.js,
             &ctx.submit_stream,
             &ctx.subjects,
             seq,
-            &record.pool,
+            &pool,
             &reason,
             max_payload,
         ))
         .await;
     }
-    let body: Bytes = wire::encode(&record).into();
     put_counted(ctx, &seq.to_string(), &body).await
+}
+
+/// A record write as the committer keeps it while under way: the encoded
+/// record, and (rarely) the pool and reason of a dead letter to copy first.
+struct Encoded {
+    seq: u64,
+    body: Bytes,
+    dead_letter: Option<Box<(PoolName, WireError)>>,
+}
+
+impl Encoded {
+    fn of(write: Persisted) -> Encoded {
+        Encoded {
+            seq: write.seq,
+            body: wire::encode(&write.record).into(),
+            dead_letter: write
+                .dead_letter
+                .map(|reason| Box::new((write.record.pool, reason))),
+        }
+    }
 }
 
 /// One fenced write under `key` ([`put_key_retrying`]), counted in the
