@@ -60,12 +60,6 @@
 
 mod common;
 
-// The allocator of the `cronoq` binary (src/main.rs), so the in-process
-// server, workers and client allocate as they do when deployed. The
-// ceiling runs in this process too and gets it as well.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use cronoq::api::Api as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -5,14 +5,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// The allocator: the server, the worker and the client allocate and free
-/// small and mid-sized buffers and futures per message (many above glibc's
-/// per-thread cache limit of about 1 KiB); mimalloc serves them without
-/// glibc's locking and consolidation. `cargo bench --bench distributed`
-/// runs with it too, as this binary does.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = cronoq::cli::Cli::parse();
     // Long-running commands log what they do; one-shot client commands
