@@ -42,6 +42,8 @@ pub mod metrics;
 pub(crate) mod nats;
 pub mod server;
 pub mod task;
+#[cfg(test)]
+pub(crate) mod test_nats;
 pub mod wire;
 pub mod worker;
 
