@@ -2171,10 +2171,11 @@ impl Gathered {
         }
     }
 
-    /// Writes the batch (once the earlier writes of its tasks are stored).
-    fn spawn(self, ctx: &Arc<CommitCtx>, permit: tokio::sync::OwnedSemaphorePermit) {
+    /// The batch's write (once the earlier writes of its tasks are
+    /// stored), for the committer's writer.
+    fn write(self, ctx: &Arc<CommitCtx>, permit: tokio::sync::OwnedSemaphorePermit) -> WriteFuture {
         let ctx = ctx.clone();
-        tokio::spawn(async move {
+        Box::pin(async move {
             for before in self.before {
                 if !matches!(before.await, Ok(true)) {
                     return; // fenced out: done_tx drops, nothing more stored
@@ -2183,7 +2184,7 @@ impl Gathered {
             let ok = store_batch(&ctx, self.records).await;
             drop(permit);
             let _ = self.done_tx.send(ok);
-        });
+        })
     }
 }
 
@@ -2209,8 +2210,9 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
         mpsc::unbounded_channel::<(Vec<(u64, bool, Stored)>, Vec<Output>, u64)>();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let batch_slots = Arc::new(tokio::sync::Semaphore::new(MAX_BATCHES_IN_FLIGHT));
-    // The record writes under way, polled together here: a tokio task per
-    // record would cost a scheduling, and often a thread wake-up, each.
+    // The writes under way (records, start records, atomic batches),
+    // polled together here: a tokio task per write would cost a
+    // scheduling, and often a thread wake-up, each.
     let (write_tx, mut write_rx) = mpsc::unbounded_channel::<WriteFuture>();
     let writer = async {
         let mut under_way = futures_util::stream::FuturesUnordered::new();
@@ -2271,8 +2273,9 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     let (done_tx, done) = stored();
                     stored_now.push((0, false, done));
                     let ctx = ctx.clone();
+                    // Encoded here, as task records are (`Encoded`).
+                    let body: Bytes = wire::encode(&record).into();
                     let write = async move {
-                        let body: Bytes = wire::encode(&record).into();
                         let ok = put_counted(&ctx, &wire::start_key(slot), &body).await;
                         drop(permit);
                         let _ = done_tx.send(ok);
@@ -2292,7 +2295,10 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                             let Some(permit) = batch_slot.take() else {
                                 return;
                             };
-                            std::mem::replace(&mut batch, Gathered::new()).spawn(&ctx, permit);
+                            let full = std::mem::replace(&mut batch, Gathered::new());
+                            if write_tx.send(full.write(&ctx, permit)).is_err() {
+                                return;
+                            }
                             batch_slot = match batch_slots.clone().acquire_owned().await {
                                 Ok(permit) => Some(permit),
                                 Err(_) => return,
@@ -2334,7 +2340,9 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                         // Nobody waits on an empty batch's `done`.
                         drop(permit);
                     } else {
-                        batch.spawn(&ctx, permit);
+                        if write_tx.send(batch.write(&ctx, permit)).is_err() {
+                            return;
+                        }
                     }
                 }
                 if staged_tx.send((stored_now, announce, number)).is_err() {
