@@ -44,7 +44,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
@@ -67,16 +68,6 @@ pub const CLOCK_SKEW: Millis = Millis(60_000);
 
 /// How long a registration nonce stays valid.
 pub const NONCE_TTL: Millis = Millis(30_000);
-
-/// The most registration nonces outstanding; beyond it a challenge is
-/// refused `RESOURCE_EXHAUSTED`.
-pub const MAX_NONCES: usize = 16_384;
-
-/// The most registration nonces outstanding for one worker id: a further
-/// challenge for that id replaces its oldest. So a flood of challenges
-/// under one id (a NATS user may publish under its own id only, see
-/// `deploy/nats/`) cannot use up [`MAX_NONCES`] and lock other workers out.
-pub const MAX_NONCES_PER_WORKER: usize = 4;
 
 /// The most client nonces remembered (each for 2 × [`CLOCK_SKEW`]): about
 /// 2,500 signed client requests a second, sustained, and some 50 MB at
@@ -159,7 +150,20 @@ pub struct Principal {
     pools: Vec<PoolName>,
     /// Labels a worker with it may claim; `None`: any (anonymous only).
     labels: Option<Vec<LabelRule>>,
+    /// The most workers it may have registered at once.
+    pub max_workers: u32,
+    /// The most slots its workers may offer together.
+    pub max_slots: u64,
 }
+
+/// A credential's `max_workers` unless its config says otherwise: one
+/// credential must not fill the server's `max_workers` with silent workers.
+pub const DEFAULT_MAX_WORKERS_PER_CREDENTIAL: u32 = 1_000;
+
+/// A credential's `max_slots` unless its config says otherwise: what its
+/// workers' messages may make the leader do (revokes for attempts a
+/// heartbeat lists, at most a worker's slots an interval) is bounded by it.
+pub const DEFAULT_MAX_SLOTS_PER_CREDENTIAL: u64 = 10_000;
 
 impl Principal {
     /// Everyone, when auth is off: may do anything.
@@ -169,6 +173,8 @@ impl Principal {
             role: Role::Admin,
             pools: Vec::new(),
             labels: None,
+            max_workers: u32::MAX,
+            max_slots: u64::MAX,
         }
     }
 
@@ -274,8 +280,15 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The headers besides `Cronoq-*` that a receiver reads, so a proof
+/// covers them: changing one would change the message's meaning
+/// (`Content-Type` picks MessagePack or a plain publish, the trace
+/// context is carried into the task, `Nats-Msg-Id` de-duplicates).
+pub const COVERED_HEADERS: [&str; 4] = ["nats-msg-id", "content-type", "traceparent", "tracestate"];
+
 /// What a proof covers: scheme, id, nonce, subject, the `Cronoq-*`
-/// headers but `Cronoq-Auth` and `Nats-Msg-Id` (sorted by name), the body.
+/// headers but `Cronoq-Auth` and the [`COVERED_HEADERS`] (sorted by
+/// name), the body.
 pub fn signing_input(
     scheme: &str,
     id: &str,
@@ -290,7 +303,9 @@ pub fn signing_input(
         for (name, values) in headers.iter() {
             let name = name.to_string();
             let lower = name.to_ascii_lowercase();
-            if (lower.starts_with("cronoq-") && lower != "cronoq-auth") || lower == "nats-msg-id" {
+            if (lower.starts_with("cronoq-") && lower != "cronoq-auth")
+                || COVERED_HEADERS.contains(&lower.as_str())
+            {
                 for v in values {
                     covered.push((lower.clone(), v.as_str().to_string()));
                 }
@@ -581,6 +596,8 @@ impl Authenticator {
                 role,
                 pools,
                 labels: Some(labels),
+                max_workers: t.max_workers.unwrap_or(DEFAULT_MAX_WORKERS_PER_CREDENTIAL),
+                max_slots: t.max_slots.unwrap_or(DEFAULT_MAX_SLOTS_PER_CREDENTIAL),
             };
             if auth
                 .tokens
@@ -612,6 +629,8 @@ impl Authenticator {
                 role,
                 pools,
                 labels: Some(labels),
+                max_workers: k.max_workers.unwrap_or(DEFAULT_MAX_WORKERS_PER_CREDENTIAL),
+                max_slots: k.max_slots.unwrap_or(DEFAULT_MAX_SLOTS_PER_CREDENTIAL),
             };
             if auth.nkeys.insert(pair.public_key(), principal).is_some() {
                 return Err(invalid(format!("{at}: {} is listed twice", k.public_key)));
@@ -709,19 +728,12 @@ pub fn check_nonce_time(nonce: &str, at: Millis) -> Result<(), WireError> {
     Ok(())
 }
 
-/// Nonces of one kind: the registration nonces the leader issued (each
-/// valid once, for [`NONCE_TTL`], at most [`MAX_NONCES_PER_WORKER`] per
-/// worker id), or the client nonces it has seen lately. A leader keeps one
-/// of each, apart: a busy stream of signed client requests must not fill
-/// the registrations' room.
+/// The client nonces a leader has seen lately (each remembered until it
+/// could no longer pass the time check), at most [`MAX_SEEN_NONCES`].
 #[derive(Debug, Default)]
 pub struct Nonces {
-    /// Nonce → (valid until, the worker id it was issued to; empty for a
-    /// client nonce).
-    live: HashMap<String, (Millis, String)>,
+    live: HashMap<String, Millis>,
     order: VecDeque<(Millis, String)>,
-    /// The outstanding registration nonces of each worker id, oldest first.
-    by_worker: HashMap<String, VecDeque<String>>,
 }
 
 impl Nonces {
@@ -731,66 +743,9 @@ impl Nonces {
                 break;
             }
             let (until, nonce) = self.order.pop_front().expect("front exists");
-            if self.live.get(&nonce).is_some_and(|(u, _)| *u == until) {
-                self.forget(&nonce);
+            if self.live.get(&nonce) == Some(&until) {
+                self.live.remove(&nonce);
             }
-        }
-    }
-
-    /// Removes a live nonce; `Some(valid until)` if it was live.
-    fn forget(&mut self, nonce: &str) -> Option<Millis> {
-        let (until, worker) = self.live.remove(nonce)?;
-        if let Some(issued) = self.by_worker.get_mut(&worker) {
-            issued.retain(|n| n != nonce);
-            if issued.is_empty() {
-                self.by_worker.remove(&worker);
-            }
-        }
-        Some(until)
-    }
-
-    /// A fresh registration nonce for `worker_id`, valid once for
-    /// [`NONCE_TTL`]; it replaces that id's oldest outstanding one if it
-    /// has [`MAX_NONCES_PER_WORKER`].
-    pub fn issue(&mut self, worker_id: &str, now: Millis) -> Result<String, WireError> {
-        self.expire(now);
-        let oldest = self
-            .by_worker
-            .get(worker_id)
-            .filter(|issued| issued.len() >= MAX_NONCES_PER_WORKER)
-            .and_then(|issued| issued.front().cloned());
-        if let Some(oldest) = oldest {
-            self.forget(&oldest);
-        }
-        if self.live.len() >= MAX_NONCES {
-            return Err(WireError::new(
-                ErrorCode::RESOURCE_EXHAUSTED,
-                "too many registrations under way; retry in a few seconds",
-            ));
-        }
-        let nonce = format!("n{}", hex(&random_bytes::<16>()));
-        let until = now.plus(NONCE_TTL);
-        self.live
-            .insert(nonce.clone(), (until, worker_id.to_string()));
-        self.order.push_back((until, nonce.clone()));
-        self.by_worker
-            .entry(worker_id.to_string())
-            .or_default()
-            .push_back(nonce.clone());
-        Ok(nonce)
-    }
-
-    /// Uses up a registration nonce this leader issued.
-    pub fn redeem(&mut self, nonce: &str, now: Millis) -> Result<(), WireError> {
-        self.expire(now);
-        match self.forget(nonce) {
-            Some(until) if until > now && nonce.starts_with('n') => Ok(()),
-            // Not UNAUTHENTICATED: a new leader does not know the old one's
-            // nonces, and the worker should just ask again.
-            _ => Err(WireError::new(
-                ErrorCode::FAILED_PRECONDITION,
-                "unknown, used or expired registration nonce (ask for a new challenge)",
-            )),
         }
     }
 
@@ -809,8 +764,130 @@ impl Nonces {
             ));
         }
         let until = now.plus(CLOCK_SKEW).plus(CLOCK_SKEW);
-        self.live.insert(nonce.to_string(), (until, String::new()));
+        self.live.insert(nonce.to_string(), until);
         self.order.push_back((until, nonce.to_string()));
+        Ok(())
+    }
+}
+
+/// The most registrations one credential may make within [`NONCE_TTL`]:
+/// a further one is refused `RESOURCE_EXHAUSTED` for that credential
+/// alone.
+pub const MAX_REGISTRATIONS_PER_CREDENTIAL: usize = 4096;
+
+/// Registration challenges. A challenge keeps no state: its nonce is
+/// `n<unix ms>.<random>.<mac>`, the MAC (keyed with this leadership's
+/// secret) binding the time and the worker id it was asked for. So any
+/// number of challenges, under any number of worker ids, costs the leader
+/// nothing to remember and locks nobody out. A nonce is used once: a
+/// registration that verifies (which takes a credential) records it until
+/// it expires, at most [`MAX_REGISTRATIONS_PER_CREDENTIAL`] per credential.
+pub struct Challenges {
+    key: [u8; 32],
+    /// Per credential: the nonces it redeemed, with when they expire.
+    used: HashMap<String, VecDeque<(Millis, String)>>,
+    /// Every nonce redeemed and not yet expired (at most the sum of the
+    /// above).
+    redeemed: std::collections::HashSet<String>,
+}
+
+impl fmt::Debug for Challenges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Challenges")
+            .field("credentials", &self.used.len())
+            .finish()
+    }
+}
+
+impl Default for Challenges {
+    fn default() -> Self {
+        Challenges::new()
+    }
+}
+
+impl Challenges {
+    /// Challenges under a fresh secret (one per leadership).
+    pub fn new() -> Challenges {
+        Challenges {
+            key: random_bytes::<32>(),
+            used: HashMap::new(),
+            redeemed: std::collections::HashSet::new(),
+        }
+    }
+
+    fn mac(&self, worker_id: &str, issued: &str, random: &str) -> String {
+        let input = format!("cronoq-challenge\n{worker_id}\n{issued}\n{random}");
+        hex(&hmac_sign(&self.key, input.as_bytes())[..16])
+    }
+
+    /// A fresh registration nonce for `worker_id`, valid once for
+    /// [`NONCE_TTL`].
+    pub fn issue(&self, worker_id: &str, now: Millis) -> String {
+        let issued = now.0.to_string();
+        let random = hex(&random_bytes::<8>());
+        let mac = self.mac(worker_id, &issued, &random);
+        format!("n{issued}.{random}.{mac}")
+    }
+
+    /// Uses up a nonce this leadership issued for `worker_id`, in a
+    /// registration by `credential` (whose proof has verified).
+    pub fn redeem(
+        &mut self,
+        nonce: &str,
+        worker_id: &str,
+        credential: &str,
+        now: Millis,
+    ) -> Result<(), WireError> {
+        // Not UNAUTHENTICATED: a new leader does not know the old one's
+        // nonces, and the worker should just ask again.
+        let unknown = || {
+            WireError::new(
+                ErrorCode::FAILED_PRECONDITION,
+                "unknown, used or expired registration nonce (ask for a new challenge)",
+            )
+        };
+        let mut parts = nonce.strip_prefix('n').unwrap_or("").split('.');
+        let (Some(issued), Some(random), Some(mac), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(unknown());
+        };
+        let expected = self.mac(worker_id, issued, random);
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(
+            expected.as_bytes(),
+            mac.as_bytes(),
+        )) {
+            return Err(unknown());
+        }
+        let issued = Millis(issued.parse().map_err(|_| unknown())?);
+        let until = issued.plus(NONCE_TTL);
+        if until <= now || issued.0 > now.0.saturating_add(CLOCK_SKEW.0) {
+            return Err(unknown());
+        }
+        for used in self.used.values_mut() {
+            while used.front().is_some_and(|(u, _)| *u <= now) {
+                if let Some((_, gone)) = used.pop_front() {
+                    self.redeemed.remove(&gone);
+                }
+            }
+        }
+        self.used.retain(|_, u| !u.is_empty());
+        if self.redeemed.contains(nonce) {
+            return Err(unknown());
+        }
+        let used = self.used.entry(credential.to_string()).or_default();
+        if used.len() >= MAX_REGISTRATIONS_PER_CREDENTIAL {
+            return Err(WireError::new(
+                ErrorCode::RESOURCE_EXHAUSTED,
+                format!(
+                    "credential {credential} registered {} workers in the last {} s; retry in a few seconds",
+                    used.len(),
+                    NONCE_TTL.0 / 1000
+                ),
+            ));
+        }
+        used.push_back((until, nonce.to_string()));
+        self.redeemed.insert(nonce.to_string());
         Ok(())
     }
 }
@@ -838,6 +915,91 @@ struct Session {
     principal: String,
     key: [u8; 32],
     last_used: Millis,
+    /// The count of the last message the leader signed to the worker.
+    sent: u64,
+    /// The counts of the worker's messages taken.
+    received: ReplayWindow,
+}
+
+/// How far behind the newest count a session message may arrive and
+/// still be taken (once): messages of one session leave one process in
+/// order but from several tasks, so a few overtake one another.
+pub const REPLAY_WINDOW: u64 = 4096;
+
+/// The counts taken from one sender of a session: every session message
+/// carries a count (its nonce is `<unix ms>.<count>`, each side counting
+/// from 1), and a count is taken once, and only while it is within
+/// [`REPLAY_WINDOW`] of the newest. So a replayed heartbeat, outcome,
+/// lease or revoke is refused however long ago the original came,
+/// whatever else either side still remembers: its count was taken, or
+/// has fallen behind the window.
+#[derive(Clone)]
+pub struct ReplayWindow {
+    newest: u64,
+    /// Bit `n % REPLAY_WINDOW` set: count `n` (within the window) was taken.
+    seen: Box<[u64; (REPLAY_WINDOW / 64) as usize]>,
+}
+
+impl Default for ReplayWindow {
+    fn default() -> Self {
+        ReplayWindow {
+            newest: 0,
+            seen: Box::new([0; (REPLAY_WINDOW / 64) as usize]),
+        }
+    }
+}
+
+impl fmt::Debug for ReplayWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ReplayWindow(newest {})", self.newest)
+    }
+}
+
+impl ReplayWindow {
+    fn bit(n: u64) -> (usize, u64) {
+        let i = n % REPLAY_WINDOW;
+        ((i / 64) as usize, 1u64 << (i % 64))
+    }
+
+    /// Takes count `n`: `false` if it was taken before, is 0, or is older
+    /// than the window.
+    pub fn take(&mut self, n: u64) -> bool {
+        if n == 0 {
+            return false;
+        }
+        if n > self.newest {
+            if n - self.newest >= REPLAY_WINDOW {
+                self.seen.fill(0);
+            } else {
+                for skipped in self.newest + 1..n {
+                    let (word, mask) = Self::bit(skipped);
+                    self.seen[word] &= !mask;
+                }
+            }
+            self.newest = n;
+            let (word, mask) = Self::bit(n);
+            self.seen[word] |= mask;
+            return true;
+        }
+        if self.newest - n >= REPLAY_WINDOW {
+            return false;
+        }
+        let (word, mask) = Self::bit(n);
+        if self.seen[word] & mask != 0 {
+            return false;
+        }
+        self.seen[word] |= mask;
+        true
+    }
+}
+
+/// The count in a session nonce (`<unix ms>.<count>`).
+fn session_count(nonce: &str) -> Option<u64> {
+    let (_, count) = nonce.split_once('.')?;
+    if count.is_empty() || count.len() > 20 || !count.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    count.parse().ok()
 }
 
 /// The leader's worker sessions (one per worker id).
@@ -933,6 +1095,8 @@ impl Sessions {
                 principal: principal.name.clone(),
                 key,
                 last_used: now,
+                sent: 0,
+                received: ReplayWindow::default(),
             },
         );
         Ok(Grant {
@@ -972,6 +1136,13 @@ impl Sessions {
             return Err(unauthenticated("invalid session proof"));
         }
         check_nonce_time(&proof.nonce, now)?;
+        let count = session_count(&proof.nonce)
+            .ok_or_else(|| unauthenticated("a session proof's nonce must be <unix ms>.<count>"))?;
+        if !session.received.take(count) {
+            return Err(unauthenticated(
+                "this session message was taken before, or is too old (a replay)",
+            ));
+        }
         session.last_used = now;
         Ok(())
     }
@@ -979,22 +1150,21 @@ impl Sessions {
     /// Signs a message to `worker_id` (a lease or revoke) with its session
     /// key; `false` when it has no session.
     pub fn sign(
-        &self,
+        &mut self,
         worker_id: &str,
         subject: &str,
         headers: &mut HeaderMap,
         body: &[u8],
         now: SystemTime,
     ) -> bool {
-        let Some(session) = self
-            .by_worker
-            .get(worker_id)
-            .and_then(|s| self.by_id.get(s))
-        else {
+        let Some(id) = self.by_worker.get(worker_id) else {
             return false;
         };
-        let id = &self.by_worker[worker_id];
-        session_sign(id, &session.key, now, subject, headers, body);
+        let Some(session) = self.by_id.get_mut(id) else {
+            return false;
+        };
+        session.sent += 1;
+        session_sign(id, &session.key, now, session.sent, subject, headers, body);
         true
     }
 
@@ -1067,11 +1237,16 @@ fn session_sign(
     id: &str,
     key: &[u8; 32],
     now: SystemTime,
+    count: u64,
     subject: &str,
     headers: &mut HeaderMap,
     body: &[u8],
 ) {
-    let nonce = client_nonce(now);
+    let ms = now
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let nonce = format!("{ms}.{count}");
     let input = signing_input("session", id, &nonce, subject, Some(headers), body);
     let proof = hmac_sign(key, &input);
     headers.insert(
@@ -1123,6 +1298,8 @@ impl WorkerKeys {
         Ok(WorkerSession {
             id: grant.id.clone(),
             key,
+            sent: Arc::new(AtomicU64::new(0)),
+            received: Arc::new(Mutex::new(ReplayWindow::default())),
         })
     }
 }
@@ -1133,6 +1310,11 @@ impl WorkerKeys {
 pub struct WorkerSession {
     id: String,
     key: [u8; 32],
+    /// The count of the last message this worker signed (shared by its
+    /// clones: every task of the worker counts on).
+    sent: Arc<AtomicU64>,
+    /// The counts of the leader's messages taken.
+    received: Arc<Mutex<ReplayWindow>>,
 }
 
 impl fmt::Debug for WorkerSession {
@@ -1144,18 +1326,29 @@ impl fmt::Debug for WorkerSession {
 impl WorkerSession {
     /// Adds the session proof to a message the worker sends.
     pub fn sign(&self, subject: &str, headers: &mut HeaderMap, body: &[u8]) {
+        let count = self.sent.fetch_add(1, Ordering::Relaxed) + 1;
         session_sign(
             &self.id,
             &self.key,
             SystemTime::now(),
+            count,
             subject,
             headers,
             body,
         );
     }
 
-    /// Whether a lease or revoke came from the leader of this session.
-    pub fn verify(&self, subject: &str, headers: Option<&HeaderMap>, body: &[u8]) -> bool {
+    /// Whether a lease or revoke came from the leader of this session, now
+    /// (its time within [`CLOCK_SKEW`] of `now`), and for the first time:
+    /// a captured lease published again is refused, however many attempts
+    /// ran here since ([`ReplayWindow`]).
+    pub fn verify(
+        &self,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        body: &[u8],
+        now: SystemTime,
+    ) -> bool {
         let Ok(Some(proof)) = Proof::of(headers) else {
             return false;
         };
@@ -1163,7 +1356,23 @@ impl WorkerSession {
             return false;
         }
         let input = signing_input("session", &proof.id, &proof.nonce, subject, headers, body);
-        hmac_verify(&self.key, &input, &proof.proof)
+        if !hmac_verify(&self.key, &input, &proof.proof) {
+            return false;
+        }
+        let now = Millis(
+            now.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        );
+        if check_nonce_time(&proof.nonce, now).is_err() {
+            return false;
+        }
+        let Some(count) = session_count(&proof.nonce) else {
+            return false;
+        };
+        self.received
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(count)
     }
 }
 

@@ -567,7 +567,7 @@ impl Inner {
                     };
                     let entry = st
                         .ledger
-                        .started(*task, *attempt, labels.clone(), None, now)
+                        .started(*task, *attempt, labels.clone(), None, None, now)
                         .expect("started task has an entry");
                     let (abort, registration) = AbortHandle::new_pair();
                     let run = entry.run_extra();

@@ -243,6 +243,7 @@ impl<X, R: Default> Ledger<X, R> {
         attempt: u32,
         group: Labels,
         worker: Option<String>,
+        credential: Option<String>,
         now: Millis,
     ) -> Option<&mut Entry<X, R>> {
         let entry = self.live.get_mut(id)?;
@@ -260,6 +261,7 @@ impl<X, R: Default> Ledger<X, R> {
             attempt,
             group,
             worker,
+            credential,
             started_at: now,
             ended_at: None,
             outcome: None,
@@ -622,7 +624,14 @@ mod tests {
     fn an_attempt_stopped_for_its_timeout_is_lost_with_reason_timeout() {
         let mut l = ledger(10);
         accept(&mut l, 1, None, 0);
-        l.started(TaskId(1), 1, Labels::new(), Some("w".into()), Millis(1));
+        l.started(
+            TaskId(1),
+            1,
+            Labels::new(),
+            Some("w".into()),
+            None,
+            Millis(1),
+        );
         l.timed_out(TaskId(1), 1);
         // However the stop is reported (embedded: aborted = cancelled;
         // remote: failed or cancelled), it is lost with reason timeout.
@@ -635,7 +644,7 @@ mod tests {
             Millis(5),
         );
         assert_eq!(told, AttemptOutcome::Lost);
-        l.started(TaskId(1), 2, Labels::new(), None, Millis(6));
+        l.started(TaskId(1), 2, Labels::new(), None, None, Millis(6));
         let told = l.ended(
             TaskId(1),
             2,
@@ -657,7 +666,7 @@ mod tests {
     fn a_success_after_the_timeout_revoke_still_counts() {
         let mut l = ledger(10);
         accept(&mut l, 1, None, 0);
-        l.started(TaskId(1), 1, Labels::new(), None, Millis(1));
+        l.started(TaskId(1), 1, Labels::new(), None, None, Millis(1));
         l.timed_out(TaskId(1), 1);
         let told = l.ended(
             TaskId(1),
@@ -674,7 +683,7 @@ mod tests {
     fn finishing_closes_an_open_attempt_as_cancelled() {
         let mut l = ledger(10);
         accept(&mut l, 3, None, 0);
-        l.started(TaskId(3), 1, Labels::new(), None, Millis(1));
+        l.started(TaskId(3), 1, Labels::new(), None, None, Millis(1));
         let done = finish(&mut l, 3, TaskState::Cancelled);
         assert_eq!(done.attempts[0].outcome.as_deref(), Some("cancelled"));
         assert_eq!(done.attempts[0].ended_at, Some(Millis(9)));
@@ -742,7 +751,7 @@ mod tests {
     fn a_retried_then_succeeded_task_counts_once_submitted_twice_started() {
         let mut l = ledger(10);
         accept(&mut l, 1, None, 1_000);
-        l.started(TaskId(1), 1, Labels::new(), None, Millis(1_250));
+        l.started(TaskId(1), 1, Labels::new(), None, None, Millis(1_250));
         let failed = AttemptOutcome::Failed { retryable: true };
         l.ended(
             TaskId(1),
@@ -752,7 +761,7 @@ mod tests {
             Some("boom".into()),
             Millis(1_350),
         );
-        l.started(TaskId(1), 2, Labels::new(), None, Millis(2_000));
+        l.started(TaskId(1), 2, Labels::new(), None, None, Millis(2_000));
         l.ended(
             TaskId(1),
             2,
@@ -777,7 +786,7 @@ mod tests {
     fn a_lost_attempt_counts_lost_and_its_run() {
         let mut l = ledger(10);
         accept(&mut l, 1, None, 0);
-        l.started(TaskId(1), 1, Labels::new(), None, Millis(0));
+        l.started(TaskId(1), 1, Labels::new(), None, None, Millis(0));
         l.timed_out(TaskId(1), 1);
         l.ended(
             TaskId(1),
@@ -787,7 +796,7 @@ mod tests {
             None,
             Millis(60_000),
         );
-        l.started(TaskId(1), 2, Labels::new(), None, Millis(61_000));
+        l.started(TaskId(1), 2, Labels::new(), None, None, Millis(61_000));
         l.ended(
             TaskId(1),
             2,
@@ -809,7 +818,7 @@ mod tests {
         let mut l = ledger(10);
         accept(&mut l, 1, None, 0);
         accept(&mut l, 2, None, 0);
-        l.started(TaskId(1), 1, Labels::new(), None, Millis(10));
+        l.started(TaskId(1), 1, Labels::new(), None, None, Millis(10));
         finish(&mut l, 1, TaskState::Cancelled); // running: closed at 9… (clock ran back)
         finish(&mut l, 2, TaskState::Cancelled); // waiting: no run
         let m = figures(&l);

@@ -416,6 +416,11 @@ pub struct AttemptRecord {
     /// The worker that ran it (distributed mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
+    /// The credential that registered that worker (auth on): after a
+    /// leader change, only a worker of this credential may re-attach the
+    /// attempt or report its outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
     /// When it started, ms since the Unix epoch.
     pub started_at: Millis,
     /// When it ended.
@@ -435,7 +440,7 @@ impl AttemptRecord {
     pub(crate) fn estimated_size(&self) -> usize {
         let labels: usize = self.group.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
         let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
-        128 + labels + text(&self.worker) + text(&self.error)
+        128 + labels + text(&self.worker) + text(&self.credential) + text(&self.error)
     }
 }
 

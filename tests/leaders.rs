@@ -295,6 +295,7 @@ async fn a_takeover_reads_start_records_and_skips_hostile_ones() {
                     attempt,
                     group: cronoq::core::Labels::new(),
                     worker: Some("cpu".into()),
+                    credential: None,
                     started_at: cronoq::core::Millis(1),
                     ended_at: None,
                     outcome: None,

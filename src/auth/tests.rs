@@ -153,44 +153,86 @@ fn an_old_or_future_nonce_is_refused_and_a_seen_one_too() {
 }
 
 #[test]
-fn registration_nonces_are_good_once_and_expire() {
-    let mut n = Nonces::default();
+fn registration_nonces_are_good_once_for_their_worker_and_expire() {
+    let mut c = Challenges::new();
     let now = Millis(1_000_000);
-    let a = n.issue("w", now).unwrap();
-    n.redeem(&a, now).unwrap();
-    assert!(n.redeem(&a, now).is_err(), "used twice");
-    let b = n.issue("w", now).unwrap();
-    assert!(n.redeem(&b, now.plus(NONCE_TTL)).is_err(), "expired");
-    assert!(n.redeem("n00", now).is_err(), "never issued");
+    let a = c.issue("w", now);
+    c.redeem(&a, "w", "token:A", now).unwrap();
+    assert!(c.redeem(&a, "w", "token:A", now).is_err(), "used twice");
+    assert!(
+        c.redeem(&a, "w", "token:B", now).is_err(),
+        "used twice, by another"
+    );
+    let b = c.issue("w", now);
+    assert!(c.redeem(&b, "other", "token:A", now).is_err(), "another id");
+    assert!(
+        c.redeem(&b, "w", "token:A", now.plus(NONCE_TTL)).is_err(),
+        "expired"
+    );
+    assert!(
+        c.redeem("n00", "w", "token:A", now).is_err(),
+        "never issued"
+    );
+    let forged = format!("n{}.00.00", now.0);
+    assert!(c.redeem(&forged, "w", "token:A", now).is_err(), "forged");
+    // Another leadership's nonce.
+    let other = Challenges::new().issue("w", now);
+    assert!(c.redeem(&other, "w", "token:A", now).is_err());
 }
 
-/// A flood of challenges under one worker id replaces that id's own
-/// nonces: it never uses up the room every other worker registers in.
+/// A flood of challenges under any number of worker ids costs nothing to
+/// remember and locks no other worker out; a credential registering
+/// beyond its bound is refused alone.
 #[test]
-fn a_challenge_flood_under_one_id_locks_no_other_worker_out() {
-    let mut n = Nonces::default();
+fn a_challenge_flood_under_many_ids_locks_no_other_worker_out() {
+    let mut c = Challenges::new();
     let now = Millis(1_000_000);
-    let first = n.issue("flooder", now).unwrap();
-    let mut last = String::new();
-    for _ in 0..MAX_NONCES + 10 {
-        last = n.issue("flooder", now).unwrap();
+    for i in 0..100_000 {
+        c.issue(&format!("w{i}"), now);
     }
-    assert!(n.redeem(&first, now).is_err(), "replaced by later ones");
-    n.redeem(&last, now).unwrap();
-    let other = n.issue("honest", now).unwrap();
-    n.redeem(&other, now).unwrap();
-    // Many ids at once still meet the global bound.
-    let room = MAX_NONCES - n.live.len();
-    assert!(room >= MAX_NONCES - MAX_NONCES_PER_WORKER, "{room}");
-    for i in 0..room {
-        n.issue(&format!("w{i}"), now).unwrap();
+    let honest = c.issue("honest", now);
+    c.redeem(&honest, "honest", "token:H", now).unwrap();
+    for i in 0..MAX_REGISTRATIONS_PER_CREDENTIAL {
+        let id = format!("f{i}");
+        c.redeem(&c.issue(&id, now), &id, "token:F", now).unwrap();
     }
+    let one_more = c.issue("f-last", now);
     assert_eq!(
-        n.issue("one-more", now).unwrap_err().code,
+        c.redeem(&one_more, "f-last", "token:F", now)
+            .unwrap_err()
+            .code,
         ErrorCode::RESOURCE_EXHAUSTED
     );
+    let other = c.issue("honest2", now);
+    c.redeem(&other, "honest2", "token:H", now).unwrap();
     // They expire.
-    n.issue("one-more", now.plus(NONCE_TTL)).unwrap();
+    let later = now.plus(NONCE_TTL);
+    c.redeem(&c.issue("f-last", later), "f-last", "token:F", later)
+        .unwrap();
+}
+
+/// A session message is taken once: a replayed heartbeat or lease is
+/// refused whether it is a moment or thousands of messages old, and
+/// messages that overtake one another within the window are all taken.
+#[test]
+fn the_replay_window_takes_each_count_once() {
+    let mut w = ReplayWindow::default();
+    assert!(!w.take(0));
+    assert!(w.take(1));
+    assert!(!w.take(1));
+    assert!(w.take(3));
+    assert!(w.take(2), "overtaken, still taken once");
+    assert!(!w.take(2));
+    assert!(w.take(10_000));
+    assert!(!w.take(3), "behind the window");
+    assert!(w.take(10_000 - REPLAY_WINDOW + 1));
+    assert!(!w.take(10_000 - REPLAY_WINDOW));
+    for n in 10_001..20_000 {
+        assert!(w.take(n));
+    }
+    for n in 10_000..20_000 {
+        assert!(!w.take(n), "{n} again");
+    }
 }
 
 #[test]
@@ -340,9 +382,30 @@ fn a_session_binds_a_worker_id_to_its_credential() {
         b"L",
         SystemTime::now()
     ));
-    assert!(session.verify("cronoq.worker.w1.lease", Some(&lease), b"L"));
-    assert!(!session.verify("cronoq.worker.w1.lease", Some(&lease), b"forged"));
-    assert!(!session.verify("cronoq.worker.w1.lease", None, b"L"));
+    let at = SystemTime::now();
+    assert!(!session.verify("cronoq.worker.w1.lease", Some(&lease), b"forged", at));
+    assert!(!session.verify("cronoq.worker.w1.lease", None, b"L", at));
+    assert!(session.verify("cronoq.worker.w1.lease", Some(&lease), b"L", at));
+    // Taken once: the same lease again is a replay.
+    assert!(!session.verify("cronoq.worker.w1.lease", Some(&lease), b"L", at));
+    // A lease made long ago (or far ahead) is refused, even never seen.
+    let mut old = HeaderMap::new();
+    assert!(sessions.sign(
+        "w1",
+        "cronoq.worker.w1.lease",
+        &mut old,
+        b"L",
+        at - std::time::Duration::from_secs(120)
+    ));
+    assert!(!session.verify("cronoq.worker.w1.lease", Some(&old), b"L", at));
+    // The worker's heartbeat again: refused at the leader too.
+    assert_eq!(
+        sessions
+            .verify("w1", "cronoq.w.w1.heartbeat", Some(&h), b"hb", now)
+            .unwrap_err()
+            .code,
+        ErrorCode::UNAUTHENTICATED
+    );
     // Someone who sees the grant cannot open it without the worker's key.
     assert!(WorkerKeys::new().open(&grant).is_err());
     // Once idle past the hold, the id is free again; the old session is gone.
@@ -402,7 +465,7 @@ fn a_refused_registration_leaves_the_holders_session_alone() {
     assert!(!proves(&mut sessions, &second));
     let mut lease = HeaderMap::new();
     assert!(sessions.sign("w1", "l", &mut lease, b"", SystemTime::now()));
-    assert!(first.verify("l", Some(&lease), b""));
+    assert!(first.verify("l", Some(&lease), b"", SystemTime::now()));
     // Registering again, accepted: the new session replaces the first.
     let (third, third_id) = open(&mut sessions);
     sessions.settle("w1", &third_id, true);

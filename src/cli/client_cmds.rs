@@ -603,6 +603,7 @@ mod tests {
                     attempt: i as u32 + 1,
                     group: crate::core::Labels::parse(group).unwrap(),
                     worker: Some(worker.to_string()).filter(|w| !w.is_empty()),
+                    credential: None,
                     started_at: Millis(0),
                     ended_at: outcome.map(|_| Millis(1)),
                     outcome: outcome.map(|o| o.to_string().into()),

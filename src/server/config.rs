@@ -376,6 +376,14 @@ pub struct TokenSection {
     /// (none when empty).
     #[serde(default)]
     pub labels: Vec<String>,
+    /// The most workers it may have registered at once (default
+    /// [`crate::auth::DEFAULT_MAX_WORKERS_PER_CREDENTIAL`]).
+    #[serde(default)]
+    pub max_workers: Option<u32>,
+    /// The most slots its workers may offer together (default
+    /// [`crate::auth::DEFAULT_MAX_SLOTS_PER_CREDENTIAL`]).
+    #[serde(default)]
+    pub max_slots: Option<u64>,
 }
 
 /// `[[auth.nkeys]]`.
@@ -395,6 +403,14 @@ pub struct NkeySection {
     /// Labels it may claim.
     #[serde(default)]
     pub labels: Vec<String>,
+    /// The most workers it may have registered at once (default
+    /// [`crate::auth::DEFAULT_MAX_WORKERS_PER_CREDENTIAL`]).
+    #[serde(default)]
+    pub max_workers: Option<u32>,
+    /// The most slots its workers may offer together (default
+    /// [`crate::auth::DEFAULT_MAX_SLOTS_PER_CREDENTIAL`]).
+    #[serde(default)]
+    pub max_slots: Option<u64>,
 }
 
 impl ServerSection {

@@ -11,7 +11,8 @@ use std::time::SystemTime;
 
 use async_nats::HeaderMap;
 
-use crate::auth::{Authenticator, Nonces, Principal, Sessions};
+use super::driver::Registrant;
+use crate::auth::{Authenticator, Challenges, Nonces, Principal, Sessions};
 use crate::core::{ErrorCode, Millis, PoolName};
 use crate::task::Task;
 use crate::wire::{self, ChallengeReply, Register, SessionGrant, Subjects, WireError};
@@ -19,8 +20,8 @@ use crate::wire::{self, ChallengeReply, Register, SessionGrant, Subjects, WireEr
 /// Credentials, nonces and sessions of one leadership.
 pub(crate) struct Guard {
     auth: Arc<Authenticator>,
-    /// Registration nonces issued.
-    challenges: Mutex<Nonces>,
+    /// Registration challenges (stateless; the nonces redeemed).
+    challenges: Mutex<Challenges>,
     /// Client nonces seen.
     nonces: Mutex<Nonces>,
     sessions: Mutex<Sessions>,
@@ -37,7 +38,7 @@ impl Guard {
     pub(crate) fn new(auth: Arc<Authenticator>, subjects: Subjects, hold: Millis) -> Guard {
         Guard {
             auth,
-            challenges: Mutex::new(Nonces::default()),
+            challenges: Mutex::new(Challenges::new()),
             nonces: Mutex::new(Nonces::default()),
             sessions: Mutex::new(Sessions::new(hold)),
             subjects,
@@ -65,6 +66,17 @@ impl Guard {
             return Ok(task);
         }
         let principal = self.auth.caller(subject, headers, body, stored)?;
+        // Without it, JetStream would store a replayed copy as a new
+        // submission, and within the nonce's time the copy would run again.
+        let has_msg_id = headers
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .is_some_and(|v| !v.as_str().is_empty());
+        if !has_msg_id {
+            return Err(WireError::new(
+                ErrorCode::UNAUTHENTICATED,
+                "a signed submission must carry a Nats-Msg-Id (covered by its proof), so a replayed copy is dropped as a duplicate",
+            ));
+        }
         principal.may_submit(pool)?;
         task.idempotency_key = task.idempotency_key.map(|k| principal.scoped_key(&k));
         task.owner = Some(principal.name);
@@ -110,7 +122,7 @@ impl Guard {
     ) -> Result<ChallengeReply, WireError> {
         Ok(ChallengeReply {
             v: wire::PROTOCOL_VERSION,
-            nonce: lock(&self.challenges).issue(worker_id, now)?,
+            nonce: lock(&self.challenges).issue(worker_id, now),
         })
     }
 
@@ -128,12 +140,12 @@ impl Guard {
         body: &[u8],
         r: &Register,
         now: Millis,
-    ) -> Result<Option<SessionGrant>, WireError> {
+    ) -> Result<Option<(SessionGrant, Registrant)>, WireError> {
         if !self.required() {
             return Ok(None);
         }
         let (principal, nonce) = self.auth.verify(subject, headers, body)?;
-        lock(&self.challenges).redeem(&nonce, now)?;
+        lock(&self.challenges).redeem(&nonce, &r.worker_id, &principal.name, now)?;
         principal.may_register(&r.pool, &r.labels)?;
         if r.xkey.is_none() {
             return Err(WireError::new(
@@ -147,11 +159,14 @@ impl Guard {
             r.xkey.as_deref().unwrap_or_default(),
             now,
         )?;
-        Ok(Some(SessionGrant {
-            id: grant.id,
-            sealed_key: grant.sealed_key.into(),
-            server_xkey: grant.server_xkey,
-        }))
+        Ok(Some((
+            SessionGrant {
+                id: grant.id,
+                sealed_key: grant.sealed_key.into(),
+                server_xkey: grant.server_xkey,
+            },
+            Registrant::of(&principal),
+        )))
     }
 
     /// Checks that a worker request proves `worker_id`'s session.
@@ -216,11 +231,13 @@ mod tests {
                 .unwrap()
                 .as_millis() as u64,
         );
-        for _ in 0..crate::auth::MAX_NONCES + 100 {
+        for _ in 0..20_000 {
             let nonce = crate::auth::client_nonce(at);
             lock(&guard.nonces).first_use(&nonce, now).unwrap();
         }
         let reply = guard.challenge("w1", now).unwrap();
-        lock(&guard.challenges).redeem(&reply.nonce, now).unwrap();
+        lock(&guard.challenges)
+            .redeem(&reply.nonce, "w1", "token:W", now)
+            .unwrap();
     }
 }

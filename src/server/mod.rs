@@ -58,7 +58,7 @@ use crate::core::{ErrorCode, Millis, PoolName, Snapshot, TaskId, TaskState};
 use crate::metrics::{MetricsSnapshot, ServerMetrics};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{self, Subjects, WireError};
-use driver::{Driver, Input, Output, Responder, Settings};
+use driver::{Driver, Input, Output, Registrant, Responder, Settings};
 use guard::Guard;
 
 /// A server error, with a stable code.
@@ -1789,8 +1789,8 @@ fn worker_request(
             same_id(&r.worker_id)?;
             // Auth on: the session is open already (see `Guard::register`);
             // a registration the driver refuses settles it back.
-            let Some(grant) = guard.register(subject, headers, body, &r, now)? else {
-                return Ok(Some(Input::Register(r, reply!())));
+            let Some((grant, registrant)) = guard.register(subject, headers, body, &r, now)? else {
+                return Ok(Some(Input::Register(r, Registrant::default(), reply!())));
             };
             let (tx, rx) = oneshot::channel();
             let guard = guard.clone();
@@ -1806,7 +1806,7 @@ fn worker_request(
                     reply
                 })
             });
-            Ok(Some(Input::Register(r, Responder::Local(tx))))
+            Ok(Some(Input::Register(r, registrant, Responder::Local(tx))))
         }
         "heartbeat" => {
             let h: wire::Heartbeat = wire::decode_request(body)?;

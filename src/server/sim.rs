@@ -644,7 +644,8 @@ impl World {
                 instance: Some(id.clone()),
                 running,
             };
-            if self.request(|| Input::Register(register, Responder::Local(tx))) {
+            if self.request(|| Input::Register(register, Default::default(), Responder::Local(tx)))
+            {
                 self.workers[w].waiting.push(Waiting::Register(rx));
             }
             return;

@@ -190,6 +190,7 @@ mod tests {
             attempt: n,
             group: crate::core::Labels::new(),
             worker: Some("w".into()),
+            credential: None,
             started_at: Millis(n as u64),
             ended_at: ended.then_some(Millis(n as u64 + 1)),
             outcome: ended.then(|| "failed".into()),

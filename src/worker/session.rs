@@ -221,6 +221,7 @@ impl Link {
                 message.subject.as_str(),
                 message.headers.as_ref(),
                 &message.payload,
+                SystemTime::now(),
             )
         })
     }

@@ -83,7 +83,9 @@ pub(crate) enum Input {
     /// The consumer delivered every submission stored before this
     /// leadership began: the journal is read.
     CaughtUp,
-    Register(Register, Responder<RegisterReply>),
+    /// A registration, with who made it (auth on) and what that
+    /// credential may hold.
+    Register(Register, Registrant, Responder<RegisterReply>),
     Heartbeat(Heartbeat, Responder<HeartbeatReply>),
     Deregister(Deregister, Responder<Ack>),
     Renew(Renew, Responder<RenewReply>),
@@ -110,6 +112,32 @@ pub(crate) enum Input {
     /// stored: start-record slots whose entries those writes covered may
     /// be written again.
     Stored(u64),
+}
+
+/// Who registered a worker: its credential and that credential's bounds
+/// (from `[[auth.tokens]]`/`[[auth.nkeys]]`). `Default`: auth off, no
+/// bound but the server's `max_workers`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Registrant {
+    /// The credential's name (`token:<env>`, `nkey:<key>`); journaled
+    /// with each attempt its workers start, so after a leader change only
+    /// this credential may re-attach the attempt or report its outcome.
+    pub credential: Option<String>,
+    /// The most workers it may have registered at once.
+    pub max_workers: u32,
+    /// The most slots all its workers together may offer.
+    pub max_slots: u64,
+}
+
+impl Registrant {
+    /// A credential's registrant.
+    pub(crate) fn of(principal: &crate::auth::Principal) -> Registrant {
+        Registrant {
+            credential: Some(principal.name.clone()),
+            max_workers: principal.max_workers,
+            max_slots: principal.max_slots,
+        }
+    }
 }
 
 /// Something the runner must do. Writes (`Persist`) and announcements
@@ -348,6 +376,9 @@ struct Parked {
     spec: crate::core::TaskSpec,
     attempt: u32,
     worker: String,
+    /// The credential that registered its worker (journaled): only that
+    /// credential may re-attach it.
+    credential: Option<String>,
     group: Labels,
 }
 
@@ -366,6 +397,15 @@ struct WorkerState {
     running: BTreeSet<(TaskId, u32)>,
     /// It takes several leases in one message (`Register::lease_batches`).
     lease_batches: bool,
+    /// The credential that registered it (auth on).
+    credential: Option<String>,
+    /// Revokes its heartbeats may still cause in the current heartbeat
+    /// interval (at most its slots an interval): a heartbeat listing
+    /// attempts this leader does not know costs one revoke each, and a
+    /// worker may not turn one message into unbounded work.
+    revoke_budget: u32,
+    /// When the current interval began.
+    budget_from: Millis,
 }
 
 impl WorkerState {
@@ -424,6 +464,8 @@ pub(crate) struct Driver {
     epoch: u64,
     settings: Settings,
     workers: BTreeMap<String, WorkerState>,
+    /// Per credential: its registered workers and their slots.
+    held_by: FxHashMap<String, (u32, u64)>,
     groups: FxHashMap<(PoolName, Labels), GroupState>,
     leases: FxHashMap<TaskId, LeaseState>,
     /// The driver's own timers beside the core's, in `next_wakeup`: lease
@@ -457,7 +499,7 @@ pub(crate) struct Driver {
     /// (a worker lists its attempts once, so the journal must be read),
     /// and reports on attempts not known yet are answered UNAVAILABLE.
     catching_up: bool,
-    deferred: Vec<(Register, Responder<RegisterReply>)>,
+    deferred: Vec<(Register, Registrant, Responder<RegisterReply>)>,
     /// Submit-stream sequences of unfinished tasks, and the next sequence
     /// not yet seen: together they bound what may be purged.
     live_seqs: BTreeSet<u64>,
@@ -491,6 +533,7 @@ impl Driver {
             epoch,
             settings,
             workers: BTreeMap::new(),
+            held_by: FxHashMap::default(),
             groups: FxHashMap::default(),
             leases: FxHashMap::default(),
             lease_deadlines: BTreeSet::new(),
@@ -785,16 +828,16 @@ impl Driver {
                     // before.
                     self.reattach_until = now.plus(self.settings.reattach_grace);
                     tracing::info!(parked = self.parked.len(), "journal read; serving workers");
-                    for (r, to) in std::mem::take(&mut self.deferred) {
-                        let result = self.register(now, r);
+                    for (r, who, to) in std::mem::take(&mut self.deferred) {
+                        let result = self.register(now, r, &who);
                         self.respond(to, result);
                     }
                 }
             }
-            Input::Register(r, to) if self.catching_up => {
+            Input::Register(r, who, to) if self.catching_up => {
                 const MAX_DEFERRED: usize = 100_000;
                 if self.deferred.len() < MAX_DEFERRED {
-                    self.deferred.push((r, to));
+                    self.deferred.push((r, who, to));
                 } else {
                     let e =
                         WireError::new(ErrorCode::UNAVAILABLE, "the leader is reading its journal");
@@ -809,8 +852,8 @@ impl Driver {
                 record,
                 start_slot,
             } => self.recovered(now, seq, pool, task, record, start_slot),
-            Input::Register(r, to) => {
-                let result = self.register(now, r);
+            Input::Register(r, who, to) => {
+                let result = self.register(now, r, &who);
                 self.respond(to, result);
             }
             Input::Heartbeat(h, to) => {

@@ -108,6 +108,7 @@ impl Driver {
         };
         let (attempt, open) = (last.attempt, last.outcome.is_none());
         let running_on = last.worker.clone().zip(Some(last.group.clone()));
+        let credential = last.credential.clone();
         self.ledger.accept(
             id,
             &spec.pool,
@@ -149,6 +150,7 @@ impl Driver {
                             spec,
                             attempt,
                             worker,
+                            credential,
                             group,
                         },
                     );
@@ -357,11 +359,16 @@ impl Driver {
                     );
                     return;
                 };
+                let credential = self
+                    .workers
+                    .get(&worker_id)
+                    .and_then(|w| w.credential.clone());
                 let Some(entry) = self.ledger.started(
                     task,
                     attempt,
                     labels.clone(),
                     Some(worker_id.clone()),
+                    credential,
                     now,
                 ) else {
                     return;

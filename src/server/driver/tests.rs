@@ -79,7 +79,10 @@ fn try_register(
 /// Hands `register` to the driver; its answer.
 fn send_register(d: &mut Driver, now: u64, register: Register) -> Result<RegisterReply, WireError> {
     let (tx, mut rx) = oneshot::channel();
-    d.handle(Millis(now), Input::Register(register, Responder::Local(tx)));
+    d.handle(
+        Millis(now),
+        Input::Register(register, Default::default(), Responder::Local(tx)),
+    );
     answer(d);
     rx.try_recv().unwrap()
 }
@@ -556,6 +559,7 @@ fn journaled(seq: u64, attempt: u32, worker: &str, open: bool) -> TaskRecord {
             attempt: n,
             group: Labels::new(),
             worker: Some(worker.into()),
+            credential: None,
             started_at: Millis(1),
             ended_at: (n < attempt || !open).then_some(Millis(2)),
             outcome: (n < attempt || !open).then(|| "lost".into()),
@@ -767,6 +771,7 @@ fn registrations_wait_until_the_journal_is_read() {
                     attempt: 1,
                 }],
             },
+            Default::default(),
             Responder::Local(tx),
         ),
     );
@@ -1258,6 +1263,7 @@ fn start_records_are_split_to_fit_a_nats_message() {
                 attempt: 1,
                 group: labels.clone(),
                 worker: Some("w".repeat(128)),
+                credential: None,
                 started_at: Millis(1),
                 ended_at: None,
                 outcome: None,
@@ -1286,6 +1292,7 @@ fn start_records_are_split_to_fit_a_nats_message() {
                 attempt: 1,
                 group: Labels::new(),
                 worker: Some("w".into()),
+                credential: None,
                 started_at: Millis(1),
                 ended_at: None,
                 outcome: None,
@@ -1345,4 +1352,174 @@ fn an_event_too_large_for_a_nats_message_leaves_the_output_out() {
         .filter(|e| e.state.is_terminal())
         .collect();
     assert_eq!(small[0].output.as_deref(), Some(&b"small"[..]));
+}
+
+fn registrant(credential: &str, max_workers: u32, max_slots: u64) -> Registrant {
+    Registrant {
+        credential: Some(credential.into()),
+        max_workers,
+        max_slots,
+    }
+}
+
+fn register_as(
+    d: &mut Driver,
+    now: u64,
+    id: &str,
+    slots: u32,
+    who: &Registrant,
+    running: &[(u64, u32)],
+) -> Result<RegisterReply, WireError> {
+    let register = Register {
+        lease_batches: false,
+        v: 1,
+        worker_id: id.into(),
+        pool: PoolName::new("p").unwrap(),
+        labels: Labels::new(),
+        slots,
+        xkey: None,
+        instance: Some(format!("{id}-{}", who.credential.as_deref().unwrap_or(""))),
+        running: running
+            .iter()
+            .map(|&(t, attempt)| RunningAttempt {
+                task_id: TaskId(t),
+                attempt,
+            })
+            .collect(),
+    };
+    let (tx, mut rx) = oneshot::channel();
+    d.handle(
+        Millis(now),
+        Input::Register(register, who.clone(), Responder::Local(tx)),
+    );
+    answer(d);
+    rx.try_recv().unwrap()
+}
+
+fn heartbeat_listing(d: &mut Driver, now: u64, worker: &str, tasks: std::ops::Range<u64>) -> usize {
+    let (tx, _rx) = oneshot::channel();
+    d.handle(
+        Millis(now),
+        Input::Heartbeat(
+            Heartbeat {
+                v: 1,
+                worker_id: worker.into(),
+                free_slots: 0,
+                running: tasks
+                    .map(|i| RunningAttempt {
+                        task_id: TaskId(i),
+                        attempt: 1,
+                    })
+                    .collect(),
+            },
+            Responder::Local(tx),
+        ),
+    );
+    d.take_outputs()
+        .iter()
+        .filter(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".revoke")))
+        .count()
+}
+
+/// Issue 20 finding 1: heartbeats listing attempts this leader does not
+/// know cost one revoke per distinct attempt, at most the worker's slots
+/// per heartbeat interval however many heartbeats come — not one revoke
+/// per listed entry per heartbeat.
+#[test]
+fn revokes_for_unknown_attempts_are_bounded_per_interval_and_deduplicated() {
+    let mut d = driver();
+    register(&mut d, "a", "", 4);
+    // The same attempt listed many times: one revoke.
+    let (tx, _rx) = oneshot::channel();
+    d.handle(
+        Millis(1),
+        Input::Heartbeat(
+            Heartbeat {
+                v: 1,
+                worker_id: "a".into(),
+                free_slots: 0,
+                running: vec![
+                    RunningAttempt {
+                        task_id: TaskId(9),
+                        attempt: 1
+                    };
+                    4
+                ],
+            },
+            Responder::Local(tx),
+        ),
+    );
+    let revokes = d
+        .take_outputs()
+        .iter()
+        .filter(|o| matches!(o, Output::Publish { subject, .. } if subject.ends_with(".revoke")))
+        .count();
+    assert_eq!(revokes, 1);
+    // Many heartbeats within one interval: at most its slots in all.
+    let mut total = 0;
+    for i in 0..100 {
+        total += heartbeat_listing(&mut d, 2 + i, "a", i * 10..i * 10 + 10);
+    }
+    assert!(total <= 3, "{total} revokes within one interval");
+    // The next interval grants its slots again.
+    assert_eq!(heartbeat_listing(&mut d, 1_500, "a", 5_000..5_010), 4);
+}
+
+/// Issue 20 finding 1 and 11: a credential holds at most its
+/// `max_workers` workers and `max_slots` slots; others are not affected,
+/// and a removed worker gives its share back.
+#[test]
+fn a_credential_holds_at_most_its_workers_and_slots() {
+    let mut d = driver();
+    let gpu = registrant("token:GPU", 2, 10);
+    register_as(&mut d, 0, "g1", 6, &gpu, &[]).unwrap();
+    let e = register_as(&mut d, 0, "g2", 5, &gpu, &[]).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RESOURCE_EXHAUSTED, "{e:?}");
+    assert!(e.message.contains("max_slots"), "{}", e.message);
+    register_as(&mut d, 0, "g2", 4, &gpu, &[]).unwrap();
+    let e = register_as(&mut d, 0, "g3", 1, &registrant("token:GPU", 2, 100), &[]).unwrap_err();
+    assert_eq!(e.code, ErrorCode::RESOURCE_EXHAUSTED);
+    assert!(e.message.contains("max_workers"), "{}", e.message);
+    // Another credential is not affected.
+    register_as(&mut d, 0, "o1", 10, &registrant("token:OTHER", 2, 10), &[]).unwrap();
+    deregister(&mut d, 1, "g1");
+    register_as(&mut d, 1, "g3", 6, &gpu, &[]).unwrap();
+    assert_eq!(snapshot(&mut d).workers.len(), 3);
+}
+
+/// Issue 20 finding 2: after a leader change, a worker id whose attempt
+/// the journal recorded under credential A cannot be taken by credential
+/// B (refused while the attempt is parked), nor can B adopt the attempt;
+/// A's worker re-attaches it.
+#[test]
+fn only_the_journaled_credential_reattaches_an_attempt() {
+    let mut d = driver();
+    let mut record = journaled(1, 1, "vw1", true);
+    record.attempts[0].credential = Some("token:GPU1".into());
+    recover(&mut d, 1, record);
+    let thief = registrant("token:GPU2", 10, 100);
+    let e = register_as(&mut d, 2, "vw1", 1, &thief, &[(1, 1)]).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PERMISSION_DENIED, "{e:?}");
+    assert!(snapshot(&mut d).workers.is_empty(), "nothing registered");
+    let owner = registrant("token:GPU1", 10, 100);
+    let reply = register_as(&mut d, 3, "vw1", 1, &owner, &[(1, 1)]).unwrap();
+    assert_eq!(reply.adopted.len(), 1);
+    // An attempt journaled without a credential (auth off then) is not
+    // adopted by a credential now: it is lost and retried instead.
+    let mut d = driver();
+    recover(&mut d, 1, journaled(1, 1, "vw2", true));
+    let reply = register_as(&mut d, 2, "vw2", 1, &owner, &[(1, 1)]).unwrap();
+    assert!(reply.adopted.is_empty());
+}
+
+/// Issue 20 finding 2: the attempts a worker starts are journaled with
+/// the credential that registered it.
+#[test]
+fn an_attempt_is_journaled_with_its_workers_credential() {
+    let mut d = driver();
+    register_as(&mut d, 0, "a", 1, &registrant("token:GPU1", 10, 100), &[]).unwrap();
+    submit(&mut d, 1, 1, "");
+    assert_eq!(leases(&mut d).len(), 1);
+    let status = d.status(TaskId(1)).unwrap();
+    assert_eq!(status.attempts[0].credential.as_deref(), Some("token:GPU1"));
 }

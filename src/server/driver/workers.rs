@@ -87,6 +87,7 @@ impl Driver {
         &mut self,
         now: Millis,
         r: Register,
+        who: &Registrant,
     ) -> Result<RegisterReply, WireError> {
         wire::validate_worker_id(&r.worker_id)?;
         r.labels.validate()?;
@@ -108,7 +109,8 @@ impl Driver {
             }
         }
         if let Some(w) = self.workers.get(&r.worker_id) {
-            let same_process = r.instance.is_some() && w.instance == r.instance;
+            let same_process =
+                r.instance.is_some() && w.instance == r.instance && w.credential == who.credential;
             if !same_process {
                 // Alive (it would have been removed after worker_timeout of
                 // silence): a second process must not take over its id.
@@ -150,6 +152,7 @@ impl Driver {
                 format!("{} workers are registered, the limit", self.workers.len()),
             ));
         }
+        self.check_registrant(&r, who)?;
         tracing::info!(worker_id = %r.worker_id, pool = %r.pool, group = %r.labels, slots = r.slots, "worker registered");
         let key = (r.pool.clone(), r.labels.clone());
         let group = self.groups.entry(key).or_default();
@@ -165,11 +168,19 @@ impl Driver {
                 instance: r.instance,
                 running: BTreeSet::new(),
                 lease_batches: r.lease_batches,
+                credential: who.credential.clone(),
+                revoke_budget: r.slots.max(1),
+                budget_from: now,
             },
         );
+        if let Some(c) = &who.credential {
+            let held = self.held_by.entry(c.clone()).or_default();
+            held.0 += 1;
+            held.1 += u64::from(r.slots);
+        }
         self.silence_deadlines
             .insert((now.plus(self.settings.worker_timeout), r.worker_id.clone()));
-        let adopted = self.reattach(now, &r.worker_id, &r.running, r.slots);
+        let adopted = self.reattach(now, &r.worker_id, &who.credential, &r.running, r.slots);
         let slots = r.slots;
         self.update_worker(now, &r.worker_id, |w| w.slots = slots);
         let mut reply = self.register_reply();
@@ -186,6 +197,7 @@ impl Driver {
         &mut self,
         now: Millis,
         worker_id: &str,
+        credential: &Option<String>,
         running: &[RunningAttempt],
         slots: u32,
     ) -> Vec<RunningAttempt> {
@@ -202,6 +214,7 @@ impl Driver {
             let fits = self.parked.get(&a.task_id).is_some_and(|p| {
                 p.attempt == a.attempt
                     && p.worker == worker_id
+                    && &p.credential == credential
                     && p.group == labels
                     && p.spec.pool == pool
             });
@@ -239,6 +252,51 @@ impl Driver {
             adopted.push(*a);
         }
         adopted
+    }
+
+    /// With auth on: the worker id is not one the journal says another
+    /// credential's worker holds (an attempt parked for it across a leader
+    /// change), and the credential stays within its bounds on workers and
+    /// slots.
+    fn check_registrant(&self, r: &Register, who: &Registrant) -> Result<(), WireError> {
+        let Some(credential) = &who.credential else {
+            return Ok(());
+        };
+        // (An attempt journaled without a credential — auth was off — is
+        // adopted by nobody: it is lost and retried after the grace.)
+        let taken = self.parked.values().any(|p| {
+            p.worker == r.worker_id && p.credential.as_ref().is_some_and(|c| c != credential)
+        });
+        if taken {
+            return Err(WireError::new(
+                ErrorCode::PERMISSION_DENIED,
+                format!(
+                    "worker id {} ran an attempt for another credential before the leader changed; \
+                     it is that credential's until the attempt is re-attached or lost",
+                    r.worker_id
+                ),
+            ));
+        }
+        let (workers, slots) = self.held_by.get(credential).copied().unwrap_or_default();
+        if workers >= who.max_workers {
+            return Err(WireError::new(
+                ErrorCode::RESOURCE_EXHAUSTED,
+                format!(
+                    "credential {credential} has {workers} workers registered, its max_workers"
+                ),
+            ));
+        }
+        if slots + u64::from(r.slots) > who.max_slots {
+            return Err(WireError::new(
+                ErrorCode::RESOURCE_EXHAUSTED,
+                format!(
+                    "credential {credential} would hold {} slots with this worker, above its max_slots of {}",
+                    slots + u64::from(r.slots),
+                    who.max_slots
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether a worker may join `pool`: declared, or undeclared ones
@@ -285,17 +343,31 @@ impl Driver {
             });
         }
         self.touch(&h.worker_id, now);
-        let w = &self.workers[&h.worker_id];
+        let interval = self.settings.heartbeat_interval;
+        let w = self.workers.get_mut(&h.worker_id).expect("checked");
+        if now >= w.budget_from.plus(interval) {
+            w.revoke_budget = w.slots.max(1);
+            w.budget_from = now;
+        }
         // A worker runs at most its slots: anything past that in one
-        // heartbeat is not a real report, and costs nothing.
+        // heartbeat is not a real report, and costs nothing. Each attempt
+        // listed is revoked once, and at most its slots an interval: what
+        // one heartbeat can cost is bounded by what its credential may
+        // hold (`max_slots`), however it is sent.
         let bound = w.slots as usize + w.running.len();
-        let unknown: Vec<RunningAttempt> = h
-            .running
-            .iter()
-            .take(bound)
-            .filter(|a| !w.running.contains(&(a.task_id, a.attempt)))
-            .copied()
-            .collect();
+        let mut listed = FxHashSet::default();
+        let mut unknown: Vec<RunningAttempt> = Vec::new();
+        for a in h.running.iter().take(bound) {
+            if w.revoke_budget == 0 {
+                break;
+            }
+            let key = (a.task_id, a.attempt);
+            if w.running.contains(&key) || !listed.insert(key) {
+                continue;
+            }
+            w.revoke_budget -= 1;
+            unknown.push(*a);
+        }
         for a in unknown {
             // Usually an attempt whose outcome crossed this heartbeat (the
             // worker stops nothing then); else one of an older leadership.
@@ -342,6 +414,15 @@ impl Driver {
         };
         tracing::info!(worker_id = %worker_id, pool = %w.pool, group = %w.labels, running = w.running.len(), why, "worker removed");
         let key = (w.pool.clone(), w.labels.clone());
+        if let Some(c) = &w.credential {
+            if let Some(held) = self.held_by.get_mut(c) {
+                held.0 = held.0.saturating_sub(1);
+                held.1 = held.1.saturating_sub(u64::from(w.slots));
+                if held.0 == 0 {
+                    self.held_by.remove(c);
+                }
+            }
+        }
         // Its share leaves the group first (no slots, nothing running), so
         // the core never offers its slots again.
         let mut running = BTreeSet::new();
