@@ -10,9 +10,10 @@
 //! Cronoq-Auth: v1 <scheme> <id> <nonce> <proof, base64url>
 //! ```
 //!
-//! over the subject, the nonce, the `Cronoq-*` and `Nats-Msg-Id` headers
-//! and the body ([`signing_input`]), so a proof cannot be moved to another
-//! subject, body or set of options. No secret ever travels:
+//! over the subject, the nonce, every header a receiver reads (the
+//! `Cronoq-*` ones and [`COVERED_HEADERS`]) and the body
+//! ([`signing_input`]), so a proof cannot be moved to another subject,
+//! body or set of options. No secret ever travels:
 //!
 //! | scheme | id | proof | used by |
 //! |---|---|---|---|
@@ -21,11 +22,13 @@
 //! | `session` | a session id | HMAC-SHA256 keyed with the session key | a registered worker, and the leader's leases and revokes to it |
 //!
 //! Nonces stop replays: a worker registers over a nonce the leader issued
-//! moments before ([`Nonces::issue`], used once); a client's nonce is
-//! `<unix ms>.<random>`, refused when more than [`CLOCK_SKEW`] away from
-//! the leader's clock (for a submission: from the time the stream stored
-//! it) or seen before. A submission's `Nats-Msg-Id` is covered too, so
-//! JetStream's duplicate window drops a replayed one.
+//! moments before for that worker id ([`Challenges`]: stateless, used
+//! once); a client's nonce is `<unix ms>.<random>`, refused when more than
+//! [`CLOCK_SKEW`] away from the leader's clock (for a submission: from the
+//! time the stream stored it) or seen before. A signed submission must
+//! carry a `Nats-Msg-Id` (covered), so JetStream's duplicate window drops a
+//! replayed one. A session message's nonce is `<unix ms>.<count>`, and
+//! each side takes a count once ([`ReplayWindow`]).
 //!
 //! A registration opens a **session** bound to (credential, worker id).
 //! Its key is random, sealed to a curve key the worker made for this
