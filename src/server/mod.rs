@@ -36,6 +36,7 @@ pub(crate) mod driver;
 pub mod election;
 mod guard;
 mod journal;
+pub mod seal;
 #[cfg(test)]
 mod sim;
 mod warm;

@@ -1,0 +1,277 @@
+//! Storage that cannot be forged: the leader seals what it stores in
+//! JetStream (journal records, start records, the leader record) with the
+//! servers' shared storage key, and every reader — a successor taking
+//! over, a warm standby, a lookup of a finished task, a follower watching
+//! the leader subject — ignores (and logs, and counts) what is unsealed or
+//! sealed under another key. So on a NATS where anyone may write the
+//! results bucket, a forged result, a record that marks a queued task
+//! succeeded, or a leader record naming "evil" changes nothing a server
+//! does; they only stop being readable.
+//!
+//! The key comes from `[server] storage_key_env` (the name of an
+//! environment variable holding at least 32 characters, the same on every
+//! server). Without it nothing is sealed and everything is read as before;
+//! `cronoq server` warns when it runs with `[auth] required = true` and no
+//! storage key.
+//!
+//! A sealed value is `CQS1`, a 32-byte HMAC-SHA256, then the body, the
+//! MAC taken over the value's KV key and the body: a sealed record cannot
+//! be moved to another task's key. (Someone who can write the bucket can
+//! still put back an older sealed value of the same key, or delete one:
+//! only NATS permissions stop that — see SECURITY.md.) A MessagePack
+//! record never starts with `C` (0x43 is a positive integer, not a map),
+//! so sealed and unsealed values are told apart. The leader record is
+//! JSON, read by workers too: its seal is a field, `seal`, over its other
+//! fields.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::core::ErrorCode;
+use crate::wire::WireError;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// What a sealed value starts with.
+const MAGIC: &[u8; 4] = b"CQS1";
+const MAC_LEN: usize = 32;
+
+/// The shortest storage key accepted.
+pub const MIN_STORAGE_KEY_LEN: usize = 32;
+
+/// Values refused as unsealed or forged since the process started (the
+/// `cronoq_storage_refused_total` counter).
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// How many stored values were refused as unsealed or forged.
+pub fn refused_total() -> u64 {
+    REFUSED.load(Ordering::Relaxed)
+}
+
+/// Why a stored value was not taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// A storage key is set and the value carries no seal.
+    Unsealed,
+    /// Its seal is not the storage key's (forged, or another key's).
+    Forged,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refused::Unsealed => "not sealed with the servers' storage key",
+            Refused::Forged => "sealed under another key (forged)",
+        })
+    }
+}
+
+/// The servers' storage key, or none.
+#[derive(Clone, Default)]
+pub struct Seal {
+    key: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for Seal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.key.is_some() {
+            "Seal(key set)"
+        } else {
+            "Seal(none)"
+        })
+    }
+}
+
+impl Seal {
+    /// No storage key: nothing sealed, everything read.
+    pub fn none() -> Seal {
+        Seal::default()
+    }
+
+    /// A storage key from its secret (at least [`MIN_STORAGE_KEY_LEN`]
+    /// characters).
+    pub fn from_secret(secret: &str) -> Result<Seal, WireError> {
+        if secret.len() < MIN_STORAGE_KEY_LEN {
+            return Err(WireError::new(
+                ErrorCode::INVALID_ARGUMENT,
+                format!(
+                    "the storage key is shorter than {MIN_STORAGE_KEY_LEN} characters (openssl rand -hex 32 makes one)"
+                ),
+            ));
+        }
+        let digest = Sha256::digest(format!("cronoq-storage-key-v1\n{secret}").as_bytes());
+        Ok(Seal {
+            key: Some(digest.into()),
+        })
+    }
+
+    /// From `[server] storage_key_env`, read through `env`.
+    pub fn from_env(
+        var: Option<&str>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Seal, WireError> {
+        let Some(var) = var else {
+            return Ok(Seal::none());
+        };
+        let secret = env(var).unwrap_or_default();
+        if secret.is_empty() {
+            return Err(WireError::new(
+                ErrorCode::INVALID_ARGUMENT,
+                format!("[server] storage_key_env: env var {var} is not set"),
+            ));
+        }
+        Seal::from_secret(&secret)
+    }
+
+    /// Whether a storage key is set.
+    pub fn is_set(&self) -> bool {
+        self.key.is_some()
+    }
+
+    fn mac(key: &[u8; 32], what: &str, body: &[u8]) -> [u8; MAC_LEN] {
+        let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+        mac.update(b"cronoq-store-v1\n");
+        mac.update(what.as_bytes());
+        mac.update(b"\n");
+        mac.update(body);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// The value to store under KV key `kv_key`.
+    pub fn seal(&self, kv_key: &str, body: Bytes) -> Bytes {
+        let Some(key) = &self.key else {
+            return body;
+        };
+        let mut out = Vec::with_capacity(MAGIC.len() + MAC_LEN + body.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&Seal::mac(key, kv_key, &body));
+        out.extend_from_slice(&body);
+        out.into()
+    }
+
+    /// The body of a value read under `kv_key`, if it may be taken: with
+    /// a key set, only when sealed with it (a refusal is counted; the
+    /// caller logs it and treats the value as absent).
+    pub fn open<'a>(&self, kv_key: &str, stored: &'a [u8]) -> Result<&'a [u8], Refused> {
+        let sealed = stored.len() >= MAGIC.len() + MAC_LEN && stored.starts_with(MAGIC);
+        let Some(key) = &self.key else {
+            // No key here: a sealed value cannot be checked, only read.
+            return Ok(if sealed {
+                &stored[MAGIC.len() + MAC_LEN..]
+            } else {
+                stored
+            });
+        };
+        let refused = |why| {
+            REFUSED.fetch_add(1, Ordering::Relaxed);
+            Err(why)
+        };
+        if !sealed {
+            return refused(Refused::Unsealed);
+        }
+        let (mac, body) = stored[MAGIC.len()..].split_at(MAC_LEN);
+        let mut check = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+        check.update(b"cronoq-store-v1\n");
+        check.update(kv_key.as_bytes());
+        check.update(b"\n");
+        check.update(body);
+        if check.verify_slice(mac).is_err() {
+            return refused(Refused::Forged);
+        }
+        Ok(body)
+    }
+
+    /// The seal of a leader record's fields (hex), `None` without a key.
+    pub fn leader_seal(
+        &self,
+        id: &str,
+        instance: &str,
+        epoch: u64,
+        resigned: bool,
+        http: &str,
+    ) -> Option<String> {
+        let key = self.key.as_ref()?;
+        let text = format!("{id}\n{instance}\n{epoch}\n{resigned}\n{http}");
+        let mac = Seal::mac(key, "_leader", text.as_bytes());
+        Some(mac.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// Whether a leader record's `seal` is right (always, without a key);
+    /// a wrong one is counted.
+    pub fn leader_ok(
+        &self,
+        seal: Option<&str>,
+        id: &str,
+        instance: &str,
+        epoch: u64,
+        resigned: bool,
+        http: &str,
+    ) -> bool {
+        let Some(expected) = self.leader_seal(id, instance, epoch, resigned, http) else {
+            return true;
+        };
+        let ok = seal.is_some_and(|s| {
+            bool::from(subtle::ConstantTimeEq::ct_eq(
+                s.as_bytes(),
+                expected.as_bytes(),
+            ))
+        });
+        if !ok {
+            REFUSED.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+}
+
+/// Logs a refused value (`what`: which kind of record).
+pub(crate) fn log_refused(what: &str, kv_key: &str, why: Refused) {
+    tracing::warn!(key = kv_key, why = %why, "{what} ignored: {why}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_sealed_value_opens_under_its_key_only() {
+        let seal = Seal::from_secret(SECRET).unwrap();
+        let other = Seal::from_secret(&format!("{SECRET}x")).unwrap();
+        let body = Bytes::from_static(b"\x82record");
+        let stored = seal.seal("7", body.clone());
+        assert_eq!(seal.open("7", &stored).unwrap(), &body[..]);
+        assert_eq!(other.open("7", &stored), Err(Refused::Forged));
+        assert_eq!(seal.open("8", &stored), Err(Refused::Forged), "moved to another key");
+        assert_eq!(seal.open("7", &body), Err(Refused::Unsealed));
+        let mut tampered = stored.to_vec();
+        *tampered.last_mut().unwrap() ^= 1;
+        assert_eq!(seal.open("7", &tampered), Err(Refused::Forged));
+        // Without a key: everything is read, sealed or not.
+        assert_eq!(Seal::none().open("7", &stored).unwrap(), &body[..]);
+        assert_eq!(Seal::none().open("7", &body).unwrap(), &body[..]);
+        assert_eq!(Seal::none().seal("7", body.clone()), body);
+    }
+
+    #[test]
+    fn a_leader_record_seal_covers_its_fields() {
+        let seal = Seal::from_secret(SECRET).unwrap();
+        let s = seal.leader_seal("s1", "i", 5, false, "h");
+        assert!(seal.leader_ok(s.as_deref(), "s1", "i", 5, false, "h"));
+        assert!(!seal.leader_ok(s.as_deref(), "evil", "i", 5, false, "h"));
+        assert!(!seal.leader_ok(s.as_deref(), "s1", "i", 99_999_999, false, "h"));
+        assert!(!seal.leader_ok(None, "s1", "i", 5, false, "h"));
+        assert!(Seal::none().leader_ok(None, "evil", "", 1, false, ""));
+    }
+
+    #[test]
+    fn a_short_or_unset_key_is_refused() {
+        assert!(Seal::from_secret("short").is_err());
+        let env = |_: &str| None;
+        assert!(Seal::from_env(Some("UNSET"), &env).is_err());
+        assert!(!Seal::from_env(None, &env).unwrap().is_set());
+    }
+}
