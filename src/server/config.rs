@@ -113,6 +113,13 @@ pub struct ServerSection {
     /// per unfinished task and a mark per finished one still stored).
     #[serde(default = "default_true")]
     pub warm_standby: bool,
+    /// The environment variable holding the servers' storage key (at
+    /// least 32 characters, the same on every server): the leader seals
+    /// what it stores with it and every server refuses stored values not
+    /// sealed with it ([`super::seal`]). Unset: nothing is sealed (a
+    /// warning at start when `[auth] required = true`).
+    #[serde(default)]
+    pub storage_key_env: Option<String>,
     /// Which task events the leader publishes on `P.events.<task_id>`:
     /// `"finished"` (default: the terminal event that waiting clients
     /// listen for), `"all"` (also `queued`, `scheduled` and `running`:
@@ -237,6 +244,7 @@ impl Default for ServerSection {
             replicas: default_replicas(),
             journal_batches: None,
             warm_standby: true,
+            storage_key_env: None,
             events: Events::default(),
             election_timeout: default_election_timeout(),
             allow_undeclared_pools: default_true(),

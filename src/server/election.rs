@@ -64,7 +64,7 @@ impl Standby {
     /// ```
     /// use cronoq::core::Millis;
     /// use cronoq::server::election::{LeaderRecord, Observed, Standby};
-    /// let rec = |id: &str| Some(LeaderRecord { id: "s".into(), http: String::new(), epoch: 3, resigned: false, instance: id.into() });
+    /// let rec = |id: &str| Some(LeaderRecord { id: "s".into(), http: String::new(), epoch: 3, resigned: false, instance: id.into(), seal: None });
     /// let mut s = Standby::default();
     /// let seen = Observed { seq: 9, record: rec("a") };
     /// assert_eq!(s.consider(Millis(0), Millis(750), &seen, "b"), None);
@@ -126,6 +126,25 @@ pub struct LeaderRecord {
     /// with the same server id (a mistake) are still told apart.
     #[serde(default)]
     pub instance: String,
+    /// The servers' storage seal over the fields above
+    /// ([`super::seal`]); with a storage key set, a record without the
+    /// right one is no record at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
+}
+
+impl LeaderRecord {
+    /// Whether `seal` vouches for it (always, without a storage key).
+    pub fn sealed_by(&self, seal: &super::seal::Seal) -> bool {
+        seal.leader_ok(
+            self.seal.as_deref(),
+            &self.id,
+            &self.instance,
+            self.epoch,
+            self.resigned,
+            &self.http,
+        )
+    }
 }
 
 /// The last record on the leader subject and its sequence (0: none).
@@ -182,6 +201,9 @@ pub(crate) struct Election {
     /// The leader's last sequence on the subject (0: not leading): the
     /// value every fenced write expects.
     pub fence: Arc<AtomicU64>,
+    /// The servers' storage key: seals this process's records, and a
+    /// record not sealed with it is none.
+    seal: super::seal::Seal,
 }
 
 /// The header pair that fences a write on `subject`'s last sequence.
@@ -212,18 +234,31 @@ impl Election {
             http,
             timeout,
             fence: Arc::new(AtomicU64::new(0)),
+            seal: super::seal::Seal::none(),
         }
+    }
+
+    /// Seals its records with the servers' storage key, and takes only
+    /// records sealed with it.
+    pub(crate) fn with_seal(mut self, seal: super::seal::Seal) -> Election {
+        self.seal = seal;
+        self
     }
 
     /// A record of this process (epoch 0: a takeover).
     fn record(&self, epoch: u64, resigned: bool) -> LeaderRecord {
-        LeaderRecord {
+        let mut record = LeaderRecord {
             id: self.server_id.clone(),
             http: self.http.clone(),
             epoch,
             resigned,
             instance: self.instance.clone(),
-        }
+            seal: None,
+        };
+        record.seal =
+            self.seal
+                .leader_seal(&record.id, &record.instance, epoch, resigned, &record.http);
+        record
     }
 
     /// The leader subject.
@@ -253,10 +288,23 @@ impl Election {
             .await
             .map_err(|e| e.to_string())?;
         match stream.get_last_raw_message_by_subject(&self.subject).await {
-            Ok(m) => Ok(Observed {
-                seq: m.sequence,
-                record: serde_json::from_slice(&m.payload).ok(),
-            }),
+            Ok(m) => {
+                let record = serde_json::from_slice::<LeaderRecord>(&m.payload)
+                    .ok()
+                    .filter(|r| {
+                        let ok = r.sealed_by(&self.seal);
+                        if !ok {
+                            // Forged (an open NATS), or another
+                            // deployment's key: it leads nothing.
+                            tracing::warn!(seq = m.sequence, id = %r.id, epoch = r.epoch, "leader record not sealed with the servers' storage key ignored");
+                        }
+                        ok
+                    });
+                Ok(Observed {
+                    seq: m.sequence,
+                    record,
+                })
+            }
             Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
                 Ok(Observed::default())
             }

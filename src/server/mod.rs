@@ -172,6 +172,8 @@ struct LeaderInner {
     journal_pending: Arc<AtomicU64>,
     /// Credentials and worker sessions of this leadership.
     guard: Arc<Guard>,
+    /// The servers' storage key.
+    seal: seal::Seal,
 }
 
 /// A loop that has not turned for this long is not making progress.
@@ -220,8 +222,15 @@ impl LeaderApi {
 
     /// A finished task's result from the bucket.
     async fn stored_result(&self, id: TaskId) -> Result<Option<TaskStatus>, WireError> {
-        match self.inner.results.get(id.to_string()).await {
-            Ok(Some(bytes)) => Ok(Some(wire::TaskRecord::decode(&bytes)?.into_status())),
+        let key = id.to_string();
+        match self.inner.results.get(&key).await {
+            Ok(Some(bytes)) => match self.inner.seal.open(&key, &bytes) {
+                Ok(body) => Ok(Some(wire::TaskRecord::decode(body)?.into_status())),
+                Err(why) => {
+                    seal::log_refused("stored result", &key, why);
+                    Ok(None)
+                }
+            },
             Ok(None) => Ok(None),
             Err(e) => Err(unavailable(format!("results bucket: {e}"))),
         }
@@ -540,6 +549,14 @@ pub async fn serve(
     config.check()?;
     let auth = Arc::new(config.authenticator().map_err(Error::Auth)?);
     let s = &config.server;
+    let seal = seal::Seal::from_env(s.storage_key_env.as_deref(), &|var| std::env::var(var).ok())
+        .map_err(Error::Auth)?;
+    if config.auth.required && !seal.is_set() {
+        tracing::warn!(
+            "[auth] required = true but no [server] storage_key_env: what the leader stores is not sealed, \
+             so anyone who can write to JetStream can forge results and leader records (see SECURITY.md)"
+        );
+    }
     let subjects = Subjects::new(&s.subject_prefix)?;
     let server_id = s.id.clone().unwrap_or_else(default_server_id);
     let pools = config
@@ -658,7 +675,8 @@ pub async fn serve(
         server_id.clone(),
         http_addr.to_string(),
         s.election_timeout,
-    );
+    )
+    .with_seal(seal.clone());
     let remote = crate::client::ClientOptions::new()
         .prefix(subjects.prefix())
         .nats_login(login)
@@ -721,8 +739,9 @@ pub async fn serve(
         atomic_batches,
         takeovers: Arc::default(),
         auth,
-        warm: warm::WarmJournal::default(),
+        warm: warm::WarmJournal::sealed(seal.clone()),
         warm_paused,
+        seal: seal.clone(),
     };
     // Standing by warm: the journal is followed from the start, so a
     // takeover reads it from memory.
@@ -815,6 +834,8 @@ struct Base {
     auth: Arc<Authenticator>,
     /// This process's warm copy of the journal.
     warm: warm::WarmJournal,
+    /// The servers' storage key.
+    seal: seal::Seal,
     /// True while this process leads: the copy is not followed
     /// ([`warm::follow`]).
     warm_paused: watch::Sender<bool>,
@@ -923,6 +944,7 @@ async fn lead(
             takeovers: base.takeovers.clone(),
             journal_pending: journal_pending.clone(),
             guard: guard.clone(),
+            seal: base.seal.clone(),
         }),
     };
     let startup = base
@@ -947,7 +969,7 @@ async fn lead(
     // The start records (a few keys: one per recent turn with attempts
     // still running), read from the bucket whether warm or not.
     let starts = match catch_up_to {
-        Some(_) => read_starts(&base.results).await?,
+        Some(_) => read_starts(&base.results, &base.seal).await?,
         None => wire::StartIndex::default(),
     };
     // The only writer now: no need to follow its own writes.
@@ -1002,6 +1024,7 @@ async fn lead(
             submit_stream: base.submit_stream.clone(),
             subjects: base.subjects.clone(),
             guard,
+            seal: base.seal.clone(),
         },
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
@@ -1411,7 +1434,11 @@ async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
 /// a KV get is a direct get, which any replica of a replicated bucket may
 /// answer, however far behind (nats-server#6557, no read-after-write) — a
 /// takeover that missed a stored `succeeded` would run the task again.
-async fn journal_record(results: &kv::Store, seq: u64) -> Result<Option<wire::TaskRecord>, String> {
+async fn journal_record(
+    results: &kv::Store,
+    seal: &seal::Seal,
+    seq: u64,
+) -> Result<Option<wire::TaskRecord>, String> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
     let subject = format!("{}{seq}", results.prefix);
     let got = read_retrying(|| async {
@@ -1427,15 +1454,20 @@ async fn journal_record(results: &kv::Store, seq: u64) -> Result<Option<wire::Ta
     })
     .await
     .map_err(|e| format!("the journal record of task {seq} could not be read: {e}"))?;
-    Ok(
-        got.and_then(|bytes| match wire::TaskRecord::decode(&bytes) {
+    let key = seq.to_string();
+    Ok(got.and_then(|bytes| {
+        let body = seal
+            .open(&key, &bytes)
+            .map_err(|why| seal::log_refused("journal record", &key, why))
+            .ok()?;
+        match wire::TaskRecord::decode(body) {
             Ok(record) => Some(record),
             Err(e) => {
                 tracing::warn!(seq, error = %e, "unreadable journal record ignored");
                 None
             }
-        }),
-    )
+        }
+    }))
 }
 
 /// Tries `read` while NATS does not answer: 12 tries, 50 ms apart at
@@ -1487,8 +1519,8 @@ struct Startup {
 /// key). Retries while NATS does not answer; an error after about 10 s
 /// (taking over without them could run an attempt that still runs
 /// again).
-async fn read_starts(results: &kv::Store) -> Result<wire::StartIndex, Error> {
-    let index = read_retrying(|| read_starts_once(results))
+async fn read_starts(results: &kv::Store, seal: &seal::Seal) -> Result<wire::StartIndex, Error> {
+    let index = read_retrying(|| read_starts_once(results, seal))
         .await
         .map_err(|e| Error::Nats {
             context: "reading the journal's start records".into(),
@@ -1498,7 +1530,10 @@ async fn read_starts(results: &kv::Store) -> Result<wire::StartIndex, Error> {
     Ok(index)
 }
 
-async fn read_starts_once(results: &kv::Store) -> Result<wire::StartIndex, String> {
+async fn read_starts_once(
+    results: &kv::Store,
+    seal: &seal::Seal,
+) -> Result<wire::StartIndex, String> {
     let mut index = wire::StartIndex::default();
     let mut consumer = results
         .stream
@@ -1539,9 +1574,15 @@ async fn read_starts_once(results: &kv::Store) -> Result<wire::StartIndex, Strin
         if kv_tombstone(message.headers.as_ref()) {
             index.set(slot, None);
         } else {
-            match wire::decode::<wire::StartRecords>(&message.payload) {
-                Ok(records) => index.set(slot, Some(records)),
-                Err(e) => tracing::warn!(slot, error = %e, "unreadable start record ignored"),
+            match seal.open(key, &message.payload) {
+                Err(why) => {
+                    seal::log_refused("start record", key, why);
+                    index.set(slot, None);
+                }
+                Ok(body) => match wire::decode::<wire::StartRecords>(body) {
+                    Ok(records) => index.set(slot, Some(records)),
+                    Err(e) => tracing::warn!(slot, error = %e, "unreadable start record ignored"),
+                },
             }
         }
         if left == 0 {
@@ -1613,6 +1654,7 @@ async fn consume(
             .map(|message| {
                 let results = results.clone();
                 let warm = warm.clone();
+                let seal = api.inner.seal.clone();
                 async move {
                     let seq = message
                         .as_ref()
@@ -1622,7 +1664,9 @@ async fn consume(
                     let record = match seq {
                         Some(seq) if seq <= startup_last => match &warm {
                             Some(warm) => Ok(warm.known(seq)),
-                            None => journal_record(&results, seq).await.map(warm::Known::of),
+                            None => journal_record(&results, &seal, seq)
+                                .await
+                                .map(warm::Known::of),
                         },
                         _ => Ok(warm::Known::None),
                     };
@@ -2141,6 +2185,8 @@ struct CommitCtx {
     subjects: Subjects,
     /// Signs leases and revokes with the worker's session (auth on).
     guard: Arc<Guard>,
+    /// Seals every record written (the servers' storage key).
+    seal: seal::Seal,
 }
 
 /// One record's write: done with `true` once stored, `false` if fenced out.
@@ -2275,9 +2321,10 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     stored_now.push((0, false, done));
                     let ctx = ctx.clone();
                     // Encoded here, as task records are (`Encoded`).
-                    let body: Bytes = wire::encode(&record).into();
+                    let key = wire::start_key(slot);
+                    let body = ctx.seal.seal(&key, wire::encode(&record).into());
                     let write = async move {
-                        let ok = put_counted(&ctx, &wire::start_key(slot), &body).await;
+                        let ok = put_counted(&ctx, &key, &body).await;
                         drop(permit);
                         let _ = done_tx.send(ok);
                     };
@@ -2309,7 +2356,9 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                             batch.before.push(before);
                         }
                         stored_now.push((write.seq, terminal, batch.done.clone()));
-                        let body: Bytes = wire::encode(&write.record).into();
+                        let body = ctx
+                            .seal
+                            .seal(&write.seq.to_string(), wire::encode(&write.record).into());
                         batch.records.push((write.seq, body));
                         continue;
                     }
@@ -2321,7 +2370,7 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                     stored_now.push((write.seq, terminal, done));
                     let ctx = ctx.clone();
                     // Encoded here: the future keeps the bytes, not the record.
-                    let encoded = Encoded::of(write);
+                    let encoded = Encoded::of(write, &ctx.seal);
                     let write = async move {
                         if let Some(before) = before {
                             if !matches!(before.await, Ok(true)) {
@@ -2487,10 +2536,10 @@ struct Encoded {
 }
 
 impl Encoded {
-    fn of(write: Persisted) -> Encoded {
+    fn of(write: Persisted, seal: &seal::Seal) -> Encoded {
         Encoded {
             seq: write.seq,
-            body: wire::encode(&write.record).into(),
+            body: seal.seal(&write.seq.to_string(), wire::encode(&write.record).into()),
             dead_letter: write
                 .dead_letter
                 .map(|reason| Box::new((write.record.pool, reason))),

@@ -245,7 +245,11 @@ mod tests {
         let stored = seal.seal("7", body.clone());
         assert_eq!(seal.open("7", &stored).unwrap(), &body[..]);
         assert_eq!(other.open("7", &stored), Err(Refused::Forged));
-        assert_eq!(seal.open("8", &stored), Err(Refused::Forged), "moved to another key");
+        assert_eq!(
+            seal.open("8", &stored),
+            Err(Refused::Forged),
+            "moved to another key"
+        );
         assert_eq!(seal.open("7", &body), Err(Refused::Unsealed));
         let mut tampered = stored.to_vec();
         *tampered.last_mut().unwrap() ^= 1;

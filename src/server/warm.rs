@@ -58,9 +58,19 @@ impl Known {
 #[derive(Clone, Default)]
 pub(crate) struct WarmJournal {
     copy: Arc<Mutex<Copy>>,
+    /// The servers' storage key: an entry not sealed with it is none.
+    seal: super::seal::Seal,
 }
 
 impl WarmJournal {
+    /// An empty copy that takes only entries sealed with `seal`.
+    pub(crate) fn sealed(seal: super::seal::Seal) -> WarmJournal {
+        WarmJournal {
+            seal,
+            ..WarmJournal::default()
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Copy> {
         self.copy.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -73,8 +83,19 @@ impl WarmJournal {
         let Ok(seq) = entry.key.parse::<u64>() else {
             return;
         };
+        let body = match entry.operation {
+            kv::Operation::Put => match self.seal.open(&entry.key, &entry.value) {
+                Ok(body) => Some(body),
+                // Forged over a record: keep the one this copy had.
+                Err(why) => {
+                    super::seal::log_refused("journal record", &entry.key, why);
+                    return;
+                }
+            },
+            _ => None,
+        };
         match entry.operation {
-            kv::Operation::Put => match TaskRecord::decode(&entry.value) {
+            kv::Operation::Put => match TaskRecord::decode(body.unwrap_or_default()) {
                 Ok(record) if record.state.is_terminal() => {
                     copy.live.remove(&seq);
                     copy.finished.insert(seq);

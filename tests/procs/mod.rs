@@ -689,9 +689,18 @@ impl Cluster {
 
     /// The same with the server's config file as given.
     pub async fn start_configured(config: &str, workers: &[(&str, &str, u32)]) -> Cluster {
+        Cluster::start_with_env(config, &[], workers).await
+    }
+
+    /// The same with extra environment for the server (secrets).
+    pub async fn start_with_env(
+        config: &str,
+        env: &[(&str, &str)],
+        workers: &[(&str, &str, u32)],
+    ) -> Cluster {
         let dir = temp_dir("test");
         let nats = NatsServer::start();
-        let server = CronoqServer::start_configured(&nats, dir.path(), config, &[], true).await;
+        let server = CronoqServer::start_configured(&nats, dir.path(), config, env, true).await;
         let client = ClientOptions::new()
             .request_timeout(Duration::from_secs(2))
             .wait_poll_interval(Duration::from_millis(200))
