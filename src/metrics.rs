@@ -168,6 +168,11 @@ pub struct ServerMetrics {
     pub takeovers: u64,
     /// Journal records written but not yet acknowledged by JetStream.
     pub journal_pending: u64,
+    /// Stored values (journal, start and leader records) this process
+    /// refused as not sealed with the servers' storage key: forged, or
+    /// another deployment's.
+    #[serde(default)]
+    pub storage_refused: u64,
 }
 
 /// The recorder the ledger owns: figures per pool slot.

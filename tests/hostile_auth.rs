@@ -482,4 +482,12 @@ async fn a_challenge_flood_across_many_ids_locks_no_registration_out() {
     register_as(&s, &gpu, "after-flood", "gpu=a100", 1, &[])
         .await
         .expect("a registration right after the flood");
+    // This server runs with auth required on an open NATS and no storage
+    // key: it said so when it started.
+    let log = s._server.log_tail(2_000);
+    assert!(
+        log.contains("without credentials ([server] nats_creds)"),
+        "{log}"
+    );
+    assert!(log.contains("no [server] storage_key_env"), "{log}");
 }

@@ -108,6 +108,15 @@ async fn forged_journal_records_are_not_taken() {
         log.contains("not sealed with the servers' storage key"),
         "{log}"
     );
+    // The metrics say so too.
+    let (status, metrics) = procs::http_get(&format!("{}/metrics", standby.http_url())).await;
+    assert_eq!(status, 200);
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("cronoq_storage_refused_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no cronoq_storage_refused_total in {metrics}"));
+    assert!(refused >= 1, "{metrics}");
     standby.kill9();
 }
 

@@ -65,6 +65,7 @@ pub fn load_config(args: &ServerArgs) -> anyhow::Result<ServerConfig> {
 /// server list or HTTP address. For `--check-config`.
 fn check_startable(config: &ServerConfig) -> Result<(), WireError> {
     let s = &config.server;
+    config.seal()?;
     let invalid = |m: String| WireError::new(ErrorCode::INVALID_ARGUMENT, format!("config: {m}"));
     let servers = crate::wire::server_list(&s.nats_url);
     if servers.is_empty() {

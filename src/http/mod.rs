@@ -1239,6 +1239,13 @@ pub fn counters_text(m: &crate::metrics::MetricsSnapshot) -> String {
             "Journal records (task results) being written and not yet acknowledged by JetStream.",
         )
         .sample("cronoq_journal_pending_records", &[], s.journal_pending);
+        Family::start(
+            &mut out,
+            "cronoq_storage_refused_total",
+            "counter",
+            "Stored values refused as not sealed with the servers' storage key (forged, or another deployment's).",
+        )
+        .sample("cronoq_storage_refused_total", &[], s.storage_refused);
     }
     out
 }

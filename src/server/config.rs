@@ -489,6 +489,14 @@ impl ServerConfig {
         crate::auth::Authenticator::from_config(&self.auth, &|var| std::env::var(var).ok())
     }
 
+    /// The servers' storage key (`[server] storage_key_env`, read from
+    /// the environment); none when unset.
+    pub fn seal(&self) -> Result<super::seal::Seal, crate::wire::WireError> {
+        super::seal::Seal::from_env(self.server.storage_key_env.as_deref(), &|var| {
+            std::env::var(var).ok()
+        })
+    }
+
     /// Checks what serde cannot.
     pub fn check(&self) -> Result<(), Rejection> {
         crate::wire::Subjects::new(&self.server.subject_prefix)?;

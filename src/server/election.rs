@@ -534,6 +534,7 @@ mod tests {
             epoch: 3,
             resigned: false,
             instance: instance.into(),
+            seal: None,
         })
     }
 

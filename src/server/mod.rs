@@ -368,6 +368,7 @@ impl LeaderApi {
         m.server = Some(ServerMetrics {
             takeovers: self.inner.takeovers.load(Ordering::Relaxed),
             journal_pending: self.inner.journal_pending.load(Ordering::Relaxed),
+            storage_refused: seal::refused_total(),
         });
         Ok(m)
     }
@@ -549,8 +550,14 @@ pub async fn serve(
     config.check()?;
     let auth = Arc::new(config.authenticator().map_err(Error::Auth)?);
     let s = &config.server;
-    let seal = seal::Seal::from_env(s.storage_key_env.as_deref(), &|var| std::env::var(var).ok())
-        .map_err(Error::Auth)?;
+    let seal = config.seal().map_err(Error::Auth)?;
+    if config.auth.required && s.nats_creds.is_none() {
+        tracing::warn!(
+            "[auth] required = true but this server connects to NATS without credentials ([server] nats_creds): \
+             on a NATS without accounts and permissions anyone can read every payload, write to JetStream \
+             and delete cronoq's streams; production needs deploy/nats/ (see SECURITY.md)"
+        );
+    }
     if config.auth.required && !seal.is_set() {
         tracing::warn!(
             "[auth] required = true but no [server] storage_key_env: what the leader stores is not sealed, \
