@@ -46,7 +46,12 @@ async fn leader(s: &Setup) -> (String, u64) {
 /// goes on running tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_worker_credential_cannot_depose_the_leader_with_heartbeats() {
-    let mut s = Setup::start().await;
+    // A long worker_timeout: this test's debug build sends the flood,
+    // slower than a heartbeat interval on a busy machine.
+    let mut s = Setup::start_with(|text| {
+        text.replace("worker_timeout = \"2s\"", "worker_timeout = \"60s\"")
+    })
+    .await;
     s.token_worker("honest", "gpu=a100");
     s.worker_registered("honest").await;
     let before = leader(&s).await;
@@ -69,35 +74,19 @@ async fn one_worker_credential_cannot_depose_the_leader_with_heartbeats() {
         .unwrap();
     s.client.flush().await.unwrap();
 
-    let subject = s.subjects.worker_api("flood", "heartbeat");
     let started = Instant::now();
     const HEARTBEATS: u64 = 60;
     const LISTED: u64 = 30_000;
-    for n in 0..HEARTBEATS {
-        let body = wire::encode(&wire::Heartbeat {
-            v: PROTOCOL_VERSION,
-            worker_id: "flood".into(),
-            free_slots: 0,
-            running: (n * LISTED..(n + 1) * LISTED)
-                .map(|t| wire::RunningAttempt {
-                    task_id: TaskId(1_000_000 + t),
-                    attempt: 1,
-                })
-                .collect(),
-        });
-        let mut headers = HeaderMap::new();
-        session.0.sign(&subject, &mut headers, &body);
-        s.client
-            .publish_with_reply_and_headers(
-                subject.clone(),
-                "flood.replies".to_string(),
-                headers,
-                body.into(),
-            )
-            .await
-            .unwrap();
-    }
-    s.client.flush().await.unwrap();
+    heartbeat_flood(
+        &s.client,
+        &s.subjects,
+        &session,
+        "flood",
+        "flood.replies",
+        HEARTBEATS,
+        LISTED,
+    )
+    .await;
 
     // The leader still leads and still runs tasks.
     let sub = Credential::token(SUB_A);

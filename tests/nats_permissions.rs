@@ -25,6 +25,7 @@
 //! a later message on the same connection has arrived (NATS keeps one
 //! publisher's order to one connection).
 
+mod auth_kit;
 mod procs;
 
 use std::net::{SocketAddr, TcpStream};
@@ -634,4 +635,143 @@ async fn deploy_nats_permissions_hold_end_to_end() {
 
     // The permitted users saw no violation of their own all along.
     server.no_violation().await;
+}
+
+/// Issue 20 finding 1, through the shipped permissions: with `[auth]
+/// required = true` on top of `deploy/nats/auth.conf`, the NATS user of
+/// worker gpu-a100-1 holding that fleet's worker token registers its own
+/// id with all the slots the credential may hold and sends the heaviest
+/// heartbeat flood it can (60 signed heartbeats of 30,000 made-up
+/// attempts, each about a NATS message, as fast as its connection takes
+/// them). Every message is within its permissions (no violation); the
+/// leader answers with at most the worker's slots in revokes per
+/// heartbeat interval and keeps its leadership: the worker's next
+/// heartbeat is answered by the same epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_credentials_heartbeat_flood_through_the_shipped_permissions_keeps_the_leader() {
+    const WORKER_TOKEN: &str = "gpu-fleet-worker-token-0123456789";
+    const ADMIN_TOKEN: &str = "admin-token-for-the-flood-test-0123";
+    let dir = tempfile::Builder::new()
+        .prefix("cronoq-natsperm-flood-")
+        .disable_cleanup(std::env::var_os("TEST_KEEP_DIRS").is_some())
+        .tempdir()
+        .unwrap();
+    let dir = dir.path();
+    let users = Users::new(dir);
+    let (_nats, url) = start_nats(dir, &users);
+    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let config = dir.join("cronoq.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[auth]\nrequired = true\n\n[[auth.tokens]]\ntoken_env = \"T_GPU\"\nrole = \"worker\"\npools = [\"default\"]\nlabels = [\"gpu=a100\"]\n\n[[auth.tokens]]\ntoken_env = \"T_ADMIN\"\nrole = \"admin\"\n",
+            // Long: the test's own debug build sends the flood, slower
+            // than a heartbeat interval on a busy machine.
+            server_config(&url, http, &users).replace("worker_timeout = \"2s\"", "worker_timeout = \"60s\"")
+        ),
+    )
+    .unwrap();
+    let mut cmd = procs::command(procs::cronoq_binary());
+    cmd.args(["server", "--id", "srv-1", "--config"])
+        .arg(&config)
+        .env("T_GPU", WORKER_TOKEN)
+        .env("T_ADMIN", ADMIN_TOKEN)
+        .env("CRONOQ_LOG", "info,cronoq=debug,async_nats=warn");
+    let _server = Proc::spawn("cronoq server", cmd, &dir.join("server.log"));
+    let admin = ClientOptions::new()
+        .token(ADMIN_TOKEN)
+        .request_timeout(Duration::from_secs(2))
+        .http(&format!("http://{http}"))
+        .unwrap();
+    let leader = eventually("the server to lead", || async {
+        let snap = admin.snapshot().await.map_err(|e| e.to_string())?;
+        snap.leader.ok_or_else(|| "no leader yet".to_string())
+    })
+    .await;
+
+    let mut gpu = Probe::login(&url, &users.gpu).await;
+    let subjects = cronoq::wire::Subjects::default();
+    let credential = cronoq::auth::Credential::token(WORKER_TOKEN);
+    let e = auth_kit::register_on(
+        &gpu.nats,
+        &subjects,
+        "default",
+        &credential,
+        GPU,
+        "gpu=a100",
+        100_000,
+        &[],
+    )
+    .await
+    .err()
+    .expect("more slots than the credential may hold");
+    assert_eq!(e.code, ErrorCode::RESOURCE_EXHAUSTED, "{e}");
+    let (session, reply) = auth_kit::register_on(
+        &gpu.nats,
+        &subjects,
+        "default",
+        &credential,
+        GPU,
+        "gpu=a100",
+        10_000,
+        &[],
+    )
+    .await
+    .expect("registered within max_slots");
+    let interval = Duration::from_millis(reply.heartbeat_interval.0);
+    let mut revokes = gpu.subscribe(&subjects.revoke(GPU)).await;
+    let started = Instant::now();
+    auth_kit::heartbeat_flood(
+        &gpu.nats,
+        &subjects,
+        &session,
+        GPU,
+        "_INBOX.worker.gpu-a100-1.flood",
+        60,
+        30_000,
+    )
+    .await;
+    gpu.no_violation().await;
+    // The leader took every heartbeat: the next one is answered, by the
+    // same epoch, for a registered worker.
+    let subject = subjects.worker_api(GPU, "heartbeat");
+    let body = cronoq::wire::encode(&cronoq::wire::Heartbeat {
+        v: cronoq::wire::PROTOCOL_VERSION,
+        worker_id: GPU.into(),
+        free_slots: 10_000,
+        running: Vec::new(),
+    });
+    let mut headers = async_nats::HeaderMap::new();
+    session.0.sign(&subject, &mut headers, &body);
+    let answer = tokio::time::timeout(
+        DEADLINE,
+        gpu.nats.request_with_headers(subject, headers, body.into()),
+    )
+    .await
+    .expect("the leader answers after the flood")
+    .expect("a reply");
+    let elapsed = started.elapsed();
+    match cronoq::wire::decode::<cronoq::wire::Reply<cronoq::wire::HeartbeatReply>>(&answer.payload)
+        .unwrap()
+    {
+        cronoq::wire::Reply::Ok(r) => {
+            assert!(r.registered, "the worker was dropped");
+            assert_eq!(r.epoch, leader.epoch, "leadership changed hands");
+        }
+        cronoq::wire::Reply::Error(e) => panic!("{e}"),
+    }
+    let snap = admin.snapshot().await.unwrap();
+    assert_eq!(
+        snap.leader.map(|l| (l.id, l.epoch)),
+        Some((leader.id, leader.epoch))
+    );
+    let mut seen = 0u64;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), revokes.next()).await {
+        seen += 1;
+    }
+    let intervals = elapsed.as_millis() as u64 / interval.as_millis().max(1) as u64 + 2;
+    assert!(
+        seen <= 10_000 * intervals,
+        "{seen} revokes in {elapsed:?} ({intervals} intervals of {interval:?})"
+    );
 }

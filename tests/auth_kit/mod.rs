@@ -352,19 +352,50 @@ pub async fn register_as(
     slots: u32,
     running: &[(u64, u32)],
 ) -> Result<(HandSession, wire::RegisterReply), WireError> {
-    let challenge: wire::ChallengeReply = s
+    register_on(
+        &s.client,
+        &s.subjects,
+        "default",
+        cred,
+        id,
+        labels,
+        slots,
+        running,
+    )
+    .await
+}
+
+/// [`register_as`] over any NATS connection (one logged in as a worker's
+/// NATS user, say), in `pool`.
+#[allow(clippy::too_many_arguments)]
+pub async fn register_on(
+    client: &async_nats::Client,
+    subjects: &Subjects,
+    pool: &str,
+    cred: &Credential,
+    id: &str,
+    labels: &str,
+    slots: u32,
+    running: &[(u64, u32)],
+) -> Result<(HandSession, wire::RegisterReply), WireError> {
+    let unavailable = |e: String| WireError::new(ErrorCode::UNAVAILABLE, e);
+    let reply = client
         .request(
-            None,
-            &s.subjects.worker_api(id, "challenge"),
-            &wire::Challenge::default(),
+            subjects.worker_api(id, "challenge"),
+            wire::encode(&wire::Challenge::default()).into(),
         )
-        .await?;
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+    let challenge = match wire::decode::<Reply<wire::ChallengeReply>>(&reply.payload).unwrap() {
+        Reply::Ok(c) => c,
+        Reply::Error(e) => return Err(e),
+    };
     let keys = cronoq::auth::WorkerKeys::new();
     let register = wire::Register {
         lease_batches: false,
         v: PROTOCOL_VERSION,
         worker_id: id.into(),
-        pool: PoolName::new("default").unwrap(),
+        pool: PoolName::new(pool).unwrap(),
         labels: Labels::parse(labels).unwrap(),
         slots,
         xkey: Some(keys.public_key()),
@@ -377,15 +408,14 @@ pub async fn register_as(
             })
             .collect(),
     };
-    let subject = s.subjects.worker_api(id, "register");
+    let subject = subjects.worker_api(id, "register");
     let body = wire::encode(&register);
     let mut headers = HeaderMap::new();
     cred.sign_message(&challenge.nonce, &subject, &mut headers, &body);
-    let reply = s
-        .client
+    let reply = client
         .request_with_headers(subject, headers, body.into())
         .await
-        .map_err(|e| WireError::new(ErrorCode::UNAVAILABLE, e.to_string()))?;
+        .map_err(|e| unavailable(e.to_string()))?;
     let reply = match wire::decode::<Reply<wire::RegisterReply>>(&reply.payload).unwrap() {
         Reply::Ok(r) => r,
         Reply::Error(e) => return Err(e),
@@ -399,6 +429,47 @@ pub async fn register_as(
         })
         .expect("the session key opens");
     Ok((HandSession(session), reply))
+}
+
+/// The heaviest flood one worker credential can send with its session:
+/// `heartbeats` signed heartbeats, each listing `listed` attempts nobody
+/// leased (a NATS message's worth at 30,000), published as fast as the
+/// connection takes them, replies to `reply_to` (never read).
+pub async fn heartbeat_flood(
+    client: &async_nats::Client,
+    subjects: &Subjects,
+    session: &HandSession,
+    worker_id: &str,
+    reply_to: &str,
+    heartbeats: u64,
+    listed: u64,
+) {
+    let subject = subjects.worker_api(worker_id, "heartbeat");
+    for n in 0..heartbeats {
+        let body = wire::encode(&wire::Heartbeat {
+            v: PROTOCOL_VERSION,
+            worker_id: worker_id.into(),
+            free_slots: 0,
+            running: (n * listed..(n + 1) * listed)
+                .map(|t| wire::RunningAttempt {
+                    task_id: TaskId(1_000_000 + t),
+                    attempt: 1,
+                })
+                .collect(),
+        });
+        let mut headers = HeaderMap::new();
+        session.0.sign(&subject, &mut headers, &body);
+        client
+            .publish_with_reply_and_headers(
+                subject.clone(),
+                reply_to.to_string(),
+                headers,
+                body.into(),
+            )
+            .await
+            .unwrap();
+    }
+    client.flush().await.unwrap();
 }
 
 pub fn labelled(payload: &str, labels: &str) -> Task {
