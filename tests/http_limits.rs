@@ -106,7 +106,7 @@ fn parse(answer: &str) -> (u16, Value) {
     (status, json)
 }
 
-const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n";
 
 #[tokio::test]
 async fn a_stalled_head_is_closed_after_the_header_timeout() {
@@ -178,7 +178,8 @@ async fn connections_beyond_the_limit_are_refused_while_the_others_are_held() {
 #[tokio::test]
 async fn too_many_headers_is_431_with_a_json_code() {
     let served = Served::start(HttpLimits::default()).await;
-    let mut request = String::from("GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n");
+    let mut request =
+        String::from("GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n");
     for i in 0..200 {
         request.push_str(&format!("x-h{i}: v\r\n"));
     }
@@ -193,7 +194,7 @@ async fn too_many_headers_is_431_with_a_json_code() {
     // answers: unread bytes at close would reset the connection and could
     // lose the answer.)
     let request = format!(
-        "GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-big: {}\r\n\r\n",
         "v".repeat(65 * 1024)
     );
     let (status, body) = parse(&served.exchange(request.as_bytes()).await);
@@ -217,7 +218,7 @@ async fn too_many_headers_is_431_with_a_json_code() {
 
 fn post(path: &str, body: &str) -> Vec<u8> {
     format!(
-        "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-type: application/json\r\n\
          content-length: {}\r\n\r\n{body}",
         body.len()
     )
@@ -251,7 +252,7 @@ async fn a_huge_bad_value_is_not_echoed_back() {
 /// The head of a `POST /v1/tasks` announcing a 100-byte body, and the
 /// first few bytes of that body; the rest never comes.
 const STALLED_BODY: &[u8] =
-    b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"pool\": ";
+    b"POST /v1/tasks HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"pool\": ";
 
 #[tokio::test]
 async fn a_stalled_body_is_closed_after_the_idle_timeout() {
@@ -288,7 +289,7 @@ async fn shutdown_closes_idle_connections_and_returns() {
     let served = Served::start(HttpLimits::default()).await;
     // An idle keep-alive connection after one answered request.
     let mut idle = served.connect().await;
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     let mut buf = [0u8; 1024];
@@ -344,7 +345,7 @@ async fn shutdown_lets_a_request_in_flight_finish_and_accepts_no_more() {
     let served = Served::start_with(gate.clone(), HttpLimits::default()).await;
     let addr = served.addr;
     let mut conn = served.connect().await;
-    conn.write_all(b"GET /v1/snapshot HTTP/1.1\r\nhost: x\r\n\r\n")
+    conn.write_all(b"GET /v1/snapshot HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     timeout(DEADLINE, gate.entered.notified())

@@ -15,6 +15,7 @@
 //! | a body over the router's limit (2 MB) | 413 | `INVALID_ARGUMENT` |
 //! | a request not answered within `request_timeout` | 503 | `UNAVAILABLE` |
 //! | a connection over `max_connections` | 503 | `UNAVAILABLE` |
+//! | a `Host` or `Origin` that is not this server ([`super::origin`]) | 403 | `PERMISSION_DENIED` |
 //!
 //! The oversized and malformed requests are `INVALID_ARGUMENT`, like an
 //! oversized payload: sending the same request again never helps, whereas
@@ -91,6 +92,9 @@ pub struct HttpLimits {
     /// On shutdown, how long requests in flight may take to finish before
     /// their connections are dropped. Default 10 s.
     pub shutdown_grace: Duration,
+    /// The `Host` names answered besides IP addresses and `localhost`
+    /// (DNS rebinding; see [`super::origin`]). Default: none.
+    pub allowed_hosts: super::AllowedHosts,
 }
 
 impl Default for HttpLimits {
@@ -103,6 +107,7 @@ impl Default for HttpLimits {
             max_headers: 100,
             max_header_bytes: 64 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            allowed_hosts: super::AllowedHosts::default(),
         }
     }
 }
@@ -141,10 +146,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let limits = Arc::new(limits);
-    let router = router.layer(axum::middleware::from_fn_with_state(
-        limits.request_timeout,
-        request_timeout,
-    ));
+    let router = router
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(limits.allowed_hosts.clone()),
+            super::origin::check_host,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            limits.request_timeout,
+            request_timeout,
+        ));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

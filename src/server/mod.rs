@@ -696,6 +696,8 @@ pub async fn serve(
         header_timeout: s.http_header_timeout,
         idle_timeout: s.http_idle_timeout,
         max_connections: s.http_max_connections,
+        // Checked when the config was loaded.
+        allowed_hosts: config.allowed_hosts().unwrap_or_default(),
         ..Default::default()
     };
     let http = tokio::spawn(crate::http::serve(
