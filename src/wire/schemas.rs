@@ -1066,7 +1066,8 @@ const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
         "No server answers a request on `P.api.*` in time; JetStream does not acknowledge a \
          submission; the submit stream or results bucket cannot be read; the leader's driver \
          has stopped; `/healthz` or `/readyz` when not live or not ready; over HTTP, a request \
-         not answered within 30 s, or a connection beyond `http_max_connections` (then closed). \
+         not answered within 30 s, or a connection beyond `http_max_connections` while every \
+         open one is in a request (then closed). \
          Clients and workers \
          retry it.",
     ),
