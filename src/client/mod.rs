@@ -35,8 +35,9 @@
 //! is **confirmed**: the leader checks the proof only when it takes the
 //! submission from the stream (the stream cannot), so after the stream's
 //! acknowledgement [`Client::submit`] looks the task up for a few seconds
-//! and returns the leader's refusal (`UNAUTHENTICATED`,
-//! `PERMISSION_DENIED`) if there is one. Secrets are never logged: the
+//! and returns the leader's refusal if there is one, with its code
+//! (`UNAUTHENTICATED`, `PERMISSION_DENIED`, or a limit only the leader
+//! knows: `RESOURCE_EXHAUSTED` …). Secrets are never logged: the
 //! `Debug` of options, clients and credentials shows none.
 //!
 //! NATS credentials ([`ClientOptions::nats_creds`]: a `.creds` file or an
@@ -540,10 +541,13 @@ impl Client {
     /// With a credential, the submission is signed and then confirmed:
     /// the leader checks it when it takes it from the stream, so this looks
     /// the task up (for up to [`CONFIRM_FOR`]) and returns the leader's
-    /// refusal, `UNAUTHENTICATED` or `PERMISSION_DENIED`, as
-    /// [`Error::Refused`]. A task the leader has not taken within that time
-    /// (no leader at the moment, a backlog) is returned as accepted: the
-    /// stream holds it, and a refusal then shows in its status.
+    /// refusal with its code as [`Error::Refused`]: `UNAUTHENTICATED` or
+    /// `PERMISSION_DENIED` for the credential, or what only the leader
+    /// knows (`RESOURCE_EXHAUSTED` for a limit such as `max_pools`,
+    /// `NOT_FOUND` for an undeclared pool, `INVALID_ARGUMENT`). A task the
+    /// leader has not taken within that time (no leader at the moment, a
+    /// backlog) is returned as accepted: the stream holds it, and a
+    /// refusal then shows in its status.
     pub async fn submit(&self, task: Task) -> Result<TaskId, Error> {
         let id = self.publish_submission(task).await?;
         if self.credential.is_some() {
@@ -828,8 +832,11 @@ fn just_accepted(status: &TaskStatus) -> bool {
 }
 
 /// The refusal a task's status records when the leader refused its
-/// submission for its credential (`submission refused: <message>
-/// [UNAUTHENTICATED]` or `[PERMISSION_DENIED]`, as the driver writes it).
+/// submission (`submission refused: <message> [CODE]`, as the driver
+/// writes it): for its credential (`UNAUTHENTICATED`,
+/// `PERMISSION_DENIED`) or for anything else only the leader knows (a
+/// limit: `RESOURCE_EXHAUSTED`; a payload over its limit:
+/// `INVALID_ARGUMENT`; an undeclared pool: `NOT_FOUND`), with that code.
 fn refusal_of(status: &TaskStatus) -> Option<WireError> {
     if status.state != crate::core::TaskState::Failed || !status.attempts.is_empty() {
         return None;
@@ -839,11 +846,10 @@ fn refusal_of(status: &TaskStatus) -> Option<WireError> {
         .as_deref()?
         .strip_prefix("submission refused: ")?;
     let (message, code) = text.strip_suffix(']')?.rsplit_once(" [")?;
-    let code = match code {
-        "UNAUTHENTICATED" => ErrorCode::UNAUTHENTICATED,
-        "PERMISSION_DENIED" => ErrorCode::PERMISSION_DENIED,
-        _ => return None,
-    };
+    if code.is_empty() || !code.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+        return None;
+    }
+    let code = ErrorCode(code.to_string().into());
     Some(WireError::new(
         code,
         format!("task {} refused by the leader: {message}", status.id),

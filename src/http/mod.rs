@@ -43,6 +43,17 @@
 //! asks for a token and sends it as Bearer. A 401 carries
 //! `WWW-Authenticate: Bearer`.
 //!
+//! A submission with a credential goes through the submit stream, which
+//! the leader reads later, so its answer waits for the leader's verdict
+//! ([`crate::client::Client::submit`]): what can be checked before
+//! publishing is (the payload against the server's limit in force:
+//! `INVALID_ARGUMENT`, nothing published), then the leader's refusal is the
+//! answer with its code and status (`PERMISSION_DENIED` 403,
+//! `RESOURCE_EXHAUSTED` 429 for the `max_pools`-th-plus-one pool, …). Only
+//! a submission no leader takes within [`crate::client::CONFIRM_FOR`] (no
+//! leader at the moment) is answered 200 with its id unconfirmed: it is
+//! durable in the stream, and a later refusal shows in its status.
+//!
 //! **Where requests come from** ([`origin`]): a `POST` with a body or a
 //! `Content-Type` must say `Content-Type: application/json` (else 415
 //! `INVALID_ARGUMENT`), so a web page cannot post to the API through a

@@ -658,8 +658,11 @@ pub async fn serve(
         http_addr.to_string(),
         s.election_timeout,
     );
+    // Also the HTTP API's client with credentials: it checks a payload
+    // against the limit in force before publishing it.
     let remote = crate::client::ClientOptions::new()
         .prefix(subjects.prefix())
+        .max_payload_bytes(max_payload_bytes)
         .nats_login(login)
         .connect(&s.nats_url)
         .await
