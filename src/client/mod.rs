@@ -768,8 +768,12 @@ impl Client {
     /// no event falls in between) and looks the task up again every couple
     /// of seconds in case events were lost during a reconnect. A task the
     /// server does not know yet (just submitted) is waited for a few
-    /// seconds; a server that stops answering after the first lookup is
-    /// waited for (a leader may be taking over).
+    /// seconds. A server that does not answer (`UNAVAILABLE`: no responders
+    /// while a leader takes over, or no server at all yet) is asked again
+    /// with backoff, from the first lookup on, for as long as the wait
+    /// lasts: the task is in the stream and a leader will take it. The wait
+    /// has no deadline of its own (a task may run for hours); drop the
+    /// future, or wrap it in a timeout, to stop waiting.
     pub async fn wait(&self, id: TaskId) -> Result<TaskStatus, Error> {
         let subject = self.subjects.events(id);
         let mut events = self
@@ -778,15 +782,12 @@ impl Client {
             .await
             .map_err(|e| Error::unavailable(format!("subscribing to {subject}"), e))?;
         let started = Instant::now();
-        if let Some(done) = first_look(self.get(id).await)? {
+        let mut pace = Pace::new(self.wait_poll_interval);
+        if let Some(done) = pace.look(self.get(id).await, started)? {
             return Ok(done);
         }
-        let mut ticker = tokio::time::interval_at(
-            tokio::time::Instant::now() + self.wait_poll_interval,
-            self.wait_poll_interval,
-        );
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events_open = true;
+        let mut next_look = tokio::time::Instant::now() + pace.pause();
         loop {
             tokio::select! {
                 message = events.next(), if events_open => {
@@ -808,10 +809,11 @@ impl Client {
                         Err(_) => return Ok(status_of_event(&event)),
                     }
                 }
-                _ = ticker.tick() => {
-                    if let Some(done) = later_look(self.get(id).await, started)? {
+                () = tokio::time::sleep_until(next_look) => {
+                    if let Some(done) = pace.look(self.get(id).await, started)? {
                         return Ok(done);
                     }
+                    next_look = tokio::time::Instant::now() + pace.pause();
                 }
             }
         }
@@ -856,35 +858,64 @@ fn refusal_of(status: &TaskStatus) -> Option<WireError> {
     ))
 }
 
-/// The first lookup of a wait: a finished task ends it; a task not known
-/// yet and a live one go on; any other error ends it.
-fn first_look(r: Result<TaskStatus, Error>) -> Result<Option<TaskStatus>, Error> {
-    match r {
-        Ok(status) if status.state.is_terminal() => Ok(Some(status)),
-        Ok(_) => Ok(None),
-        Err(e) if e.code() == ErrorCode::NOT_FOUND => Ok(None),
-        Err(e) => Err(e),
+/// When a wait looks its task up next: every `interval` while the server
+/// answers; after an `UNAVAILABLE`, sooner at first and then less often
+/// (from [`Pace::FIRST_RETRY`], doubling up to `interval`), so a takeover
+/// is noticed quickly without a tight loop while nobody answers.
+struct Pace {
+    interval: Duration,
+    next: Duration,
+}
+
+impl Pace {
+    const FIRST_RETRY: Duration = Duration::from_millis(50);
+
+    fn new(interval: Duration) -> Pace {
+        Pace {
+            interval,
+            next: interval,
+        }
+    }
+
+    fn pause(&self) -> Duration {
+        self.next
+    }
+
+    /// One lookup of a wait: a finished task ends it (`Some`); a live one,
+    /// one not known yet (for [`NOT_FOUND_GRACE`] from `started`) and a
+    /// server that does not answer go on (`None`); any other error ends
+    /// it.
+    fn look(
+        &mut self,
+        r: Result<TaskStatus, Error>,
+        started: Instant,
+    ) -> Result<Option<TaskStatus>, Error> {
+        match r {
+            Ok(status) if status.state.is_terminal() => Ok(Some(status)),
+            Ok(_) => {
+                self.next = self.interval;
+                Ok(None)
+            }
+            Err(e) if e.code() == ErrorCode::UNAVAILABLE => {
+                self.next = if self.next >= self.interval {
+                    Pace::FIRST_RETRY.min(self.interval)
+                } else {
+                    (self.next * 2).min(self.interval)
+                };
+                tracing::debug!(error = %e, retry_in_ms = self.next.as_millis() as u64, "no answer while waiting; trying again");
+                Ok(None)
+            }
+            Err(e) if e.code() == ErrorCode::NOT_FOUND && started.elapsed() < NOT_FOUND_GRACE => {
+                self.next = self.interval;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
-/// A later lookup: also tolerates a server that does not answer for a
-/// while, and a task unknown for [`NOT_FOUND_GRACE`].
-fn later_look(r: Result<TaskStatus, Error>, started: Instant) -> Result<Option<TaskStatus>, Error> {
-    match r {
-        Ok(status) if status.state.is_terminal() => Ok(Some(status)),
-        Ok(_) => Ok(None),
-        Err(e) if e.code() == ErrorCode::UNAVAILABLE => {
-            tracing::debug!(error = %e, "no answer while waiting; trying again");
-            Ok(None)
-        }
-        Err(e) if e.code() == ErrorCode::NOT_FOUND && started.elapsed() < NOT_FOUND_GRACE => {
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Waits by looking the task up every `interval` (what the HTTP client does).
+/// Waits by looking the task up every `interval` (what the HTTP client
+/// does), riding out a server that does not answer like [`Client::wait`].
 pub(crate) async fn wait_by_polling<F, Fut>(
     interval: Duration,
     mut get: F,
@@ -894,14 +925,12 @@ where
     Fut: Future<Output = Result<TaskStatus, Error>>,
 {
     let started = Instant::now();
-    if let Some(done) = first_look(get().await)? {
-        return Ok(done);
-    }
+    let mut pace = Pace::new(interval);
     loop {
-        tokio::time::sleep(interval).await;
-        if let Some(done) = later_look(get().await, started)? {
+        if let Some(done) = pace.look(get().await, started)? {
             return Ok(done);
         }
+        tokio::time::sleep(pace.pause()).await;
     }
 }
 
