@@ -8,7 +8,8 @@
 //! Now the payload is checked against the limit in force before anything
 //! is published (400 `INVALID_ARGUMENT`, nothing in the stream), and a
 //! refusal only the leader can make is the answer with its code (429
-//! `RESOURCE_EXHAUSTED`).
+//! `RESOURCE_EXHAUSTED`). Without credentials too: the HTTP API answers a
+//! submission once the leader has decided.
 
 mod procs;
 
@@ -22,14 +23,7 @@ const MAX_POOLS: usize = 2;
 
 fn config() -> String {
     format!(
-        r#"
-[server]
-worker_timeout = "2s"
-lease_ttl = "3s"
-election_timeout = "3s"
-max_payload_bytes = {MAX_PAYLOAD}
-max_pools = {MAX_POOLS}
-
+        r#"{LIMITS}
 [auth]
 required = true
 
@@ -44,6 +38,15 @@ role = "admin"
         SUBMITTER.0, ADMIN.0
     )
 }
+
+const LIMITS: &str = r#"
+[server]
+worker_timeout = "2s"
+lease_ttl = "3s"
+election_timeout = "3s"
+max_payload_bytes = 1000
+max_pools = 2
+"#;
 
 /// An HTTP request with a Bearer token: status and JSON body.
 async fn call(http: &str, method: &str, path: &str, token: &str, body: &str) -> (u16, Value) {
@@ -82,10 +85,20 @@ async fn task_ids(http: &str) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_submission_the_leader_refuses_is_not_answered_200() {
+    refusals_are_answered(&config()).await;
+}
+
+#[tokio::test]
+async fn without_credentials_too() {
+    // The Bearer token is ignored with auth off.
+    refusals_are_answered(LIMITS).await;
+}
+
+async fn refusals_are_answered(config: &str) {
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start();
     let config_file = dir.path().join("cronoq.toml");
-    std::fs::write(&config_file, config()).unwrap();
+    std::fs::write(&config_file, config).unwrap();
     let http_addr = format!("127.0.0.1:{}", procs::free_port());
     let mut cmd = procs::command(procs::cronoq_binary());
     cmd.arg("server")

@@ -827,7 +827,7 @@ pub const CONFIRM_FOR: Duration = Duration::from_secs(5);
 /// What the leader answers for a task the stream holds and it has not
 /// taken yet: queued, with no reason (a task it has taken and that waits
 /// always has one) and no attempt.
-fn just_accepted(status: &TaskStatus) -> bool {
+pub(crate) fn just_accepted(status: &TaskStatus) -> bool {
     status.state == crate::core::TaskState::Queued
         && status.reason.is_none()
         && status.attempts.is_empty()
@@ -839,7 +839,7 @@ fn just_accepted(status: &TaskStatus) -> bool {
 /// `PERMISSION_DENIED`) or for anything else only the leader knows (a
 /// limit: `RESOURCE_EXHAUSTED`; a payload over its limit:
 /// `INVALID_ARGUMENT`; an undeclared pool: `NOT_FOUND`), with that code.
-fn refusal_of(status: &TaskStatus) -> Option<WireError> {
+pub(crate) fn refusal_of(status: &TaskStatus) -> Option<WireError> {
     if status.state != crate::core::TaskState::Failed || !status.attempts.is_empty() {
         return None;
     }
