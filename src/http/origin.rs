@@ -9,18 +9,18 @@
 //!   "simple" request (a form post, or `fetch` in `no-cors` mode) to
 //!   another origin: method `POST`, a `Content-Type` of `text/plain`,
 //!   `application/x-www-form-urlencoded` or `multipart/form-data`, or no
-//!   body. So [`require_json`] answers a `POST` (any method but `GET`,
+//!   body. So `require_json` answers a `POST` (any method but `GET`,
 //!   `HEAD`, `OPTIONS`) with a body or a `Content-Type` other than
 //!   `application/json` with **415 `INVALID_ARGUMENT`**: a JSON request
 //!   from another origin needs a CORS preflight, which fails (no
 //!   `Access-Control-*` header is ever sent). A bodiless `POST` (a
 //!   cancel) needs no `Content-Type`; a browser sends `Origin` with it, and
-//!   [`check_host`] refuses an `Origin` that is not this server (**403
+//!   `check_host` refuses an `Origin` that is not this server (**403
 //!   `PERMISSION_DENIED`**): it must name the request's own `Host`, or a
 //!   host listed in `http_allowed_hosts`.
 //! - **DNS rebinding**: a page of `evil.example` points its name at
 //!   `127.0.0.1`; its requests are then same-origin to the browser, with
-//!   `Host: evil.example:7070`. [`check_host`] answers a `Host` that is not
+//!   `Host: evil.example:7070`. `check_host` answers a `Host` that is not
 //!   allowed with **403 `PERMISSION_DENIED`**. Allowed: an IP address
 //!   (v4, or v6 in brackets) and `localhost`, any port (such a name cannot
 //!   be rebound: the browser connected to exactly that address), and the
