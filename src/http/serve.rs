@@ -37,10 +37,13 @@
 //! its place ([`Connections`]). So idle or slow-loris connections cannot
 //! lock others out: they only displace each other. A connection is in a
 //! request from when its head has arrived until its response has been
-//! written; only when all `max_connections` are, is a new one refused (503
-//! `UNAVAILABLE`). (If an idle connection's head completes just as it is
-//! chosen, that request is dropped with the connection: the client sees a
-//! reset, as with any keep-alive connection the server closes.)
+//! written. When every connection is, one whose request body is still
+//! arriving (a slow upload, or a slow-body attack) makes room, the one
+//! whose request started first; only when every connection is in a request
+//! with its body read (the server is working on them) is a new one refused
+//! (503 `UNAVAILABLE`). (If an idle connection's head completes just as it
+//! is chosen, that request is dropped with the connection: the client sees
+//! a reset, as with any keep-alive connection the server closes.)
 //!
 //! A connection whose head does not arrive within `header_timeout` is
 //! closed without an answer (there is no request to answer, and hyper gives
@@ -56,6 +59,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use axum::body::HttpBody as _;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -94,8 +98,9 @@ pub struct HttpLimits {
     /// answered 503 `UNAVAILABLE`. Default 30 s.
     pub request_timeout: Duration,
     /// Connections open at once (at least 1). One more closes the open
-    /// connection idle longest (not in a request) and takes its place;
-    /// when every open one is in a request, it is answered 503
+    /// connection idle longest (not in a request), or else one whose
+    /// request body is still arriving, and takes its place; when every
+    /// open one is in a request with its body read, it is answered 503
     /// `UNAVAILABLE` and closed at once. Default 1,024.
     pub max_connections: usize,
     /// Headers in one request; more is 431. Default 100.
@@ -215,6 +220,21 @@ pub async fn serve(
             let (router, slot) = (TowerToHyperService::new(router.clone()), slot.clone());
             hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                 let in_request = slot.in_request();
+                let request = if request.body().is_end_stream() {
+                    request.map(axum::body::Body::new)
+                } else {
+                    // Displaceable until its body has been read (or dropped).
+                    let reading = slot.reading_body();
+                    request.map(|body| {
+                        axum::body::Body::new(http_body_util::BodyExt::map_frame(
+                            body,
+                            move |frame| {
+                                let _ = &reading;
+                                frame
+                            },
+                        ))
+                    })
+                };
                 let response = hyper::service::Service::call(&router, request);
                 async move {
                     let response = response.await?;
@@ -289,6 +309,8 @@ struct ConnectionState {
     /// Since when it has been out of any request (accepted, or its last
     /// response written).
     idle_since: Instant,
+    /// Since when its request's body has been arriving, while it is.
+    body_since: Option<Instant>,
     /// Notified when it is chosen to make room.
     displace: Arc<tokio::sync::Notify>,
 }
@@ -304,13 +326,21 @@ impl Connections {
     fn admit(self: &Arc<Self>, max: usize) -> Option<Slot> {
         let mut inner = self.lock();
         if inner.open.len() >= max {
-            let oldest = inner
+            let idle = inner
                 .open
                 .iter()
                 .filter(|(_, c)| c.in_requests == 0)
-                .min_by_key(|(id, c)| (c.idle_since, **id))
-                .map(|(id, _)| *id)?;
-            if let Some(displaced) = inner.open.remove(&oldest) {
+                .min_by_key(|(id, c)| (c.idle_since, **id));
+            let reading = || {
+                inner
+                    .open
+                    .iter()
+                    .filter_map(|(id, c)| Some((id, c.body_since?)))
+                    .min_by_key(|(id, since)| (*since, **id))
+                    .map(|(id, _)| *id)
+            };
+            let victim = idle.map(|(id, _)| *id).or_else(reading)?;
+            if let Some(displaced) = inner.open.remove(&victim) {
                 displaced.displace.notify_one();
             }
         }
@@ -322,6 +352,7 @@ impl Connections {
             ConnectionState {
                 in_requests: 0,
                 idle_since: Instant::now(),
+                body_since: None,
                 displace: displace.clone(),
             },
         );
@@ -359,9 +390,28 @@ impl Slot {
         InRequest(self.0.clone())
     }
 
+    /// Marks the request's body as arriving until the guard is dropped.
+    fn reading_body(&self) -> ReadingBody {
+        if let Some(c) = self.0.connections.lock().open.get_mut(&self.0.id) {
+            c.body_since = Some(Instant::now());
+        }
+        ReadingBody(self.0.clone())
+    }
+
     /// Resolves when the connection was chosen to make room.
     async fn displaced(&self) {
         self.0.displace.notified().await;
+    }
+}
+
+/// A request body being read (see [`Slot::reading_body`]).
+struct ReadingBody(Arc<SlotInner>);
+
+impl Drop for ReadingBody {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.connections.lock().open.get_mut(&self.0.id) {
+            c.body_since = None;
+        }
     }
 }
 

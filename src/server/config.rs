@@ -129,8 +129,8 @@ pub struct ServerSection {
     #[serde(default = "default_http_idle_timeout", deserialize_with = "duration")]
     pub http_idle_timeout: Duration,
     /// HTTP: connections open at once; one more displaces the connection
-    /// idle longest, or is answered 503 and closed when all are in a
-    /// request.
+    /// idle longest (or one whose request body is still arriving), or is
+    /// answered 503 and closed when all are in a request.
     #[serde(default = "default_http_max_connections")]
     pub http_max_connections: usize,
     /// HTTP: the `Host` names the API answers besides IP addresses and

@@ -1067,7 +1067,7 @@ const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
          submission; the submit stream or results bucket cannot be read; the leader's driver \
          has stopped; `/healthz` or `/readyz` when not live or not ready; over HTTP, a request \
          not answered within 30 s, or a connection beyond `http_max_connections` while every \
-         open one is in a request (then closed). \
+         open one is in a request with its body read (then closed). \
          Clients and workers \
          retry it.",
     ),
