@@ -258,7 +258,7 @@ pub async fn serve(
             let result = tokio::select! {
                 result = connection.as_mut() => result,
                 () = slot.displaced() => {
-                    tracing::debug!("idle http connection closed to make room for a new one");
+                    tracing::debug!("http connection closed to make room for a new one (idle, or its body still arriving)");
                     Ok(())
                 }
                 () = async { drop(stop.wait_for(|stop| *stop).await) } => {
