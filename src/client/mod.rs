@@ -820,6 +820,34 @@ impl Client {
     }
 }
 
+/// Waits until the leader has taken submission `id` from the stream (for
+/// up to [`CONFIRM_FOR`], asking `api`) and returns its refusal with its
+/// code, if it refused it: what a `cronoq server` does before answering
+/// an unsigned submission, so a limit only the leader knows (`max_pools`:
+/// `RESOURCE_EXHAUSTED`, …) is not answered with an id. A lookup that
+/// fails (no leader at the moment) or a leader that has not taken it in
+/// time leaves it accepted, as it is: durable in the stream.
+pub(crate) async fn leaders_verdict(api: &dyn Api, id: TaskId) -> Result<(), WireError> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match api.task(id).await {
+            Ok(status) if just_accepted(&status) => {}
+            Ok(status) => return refusal_of(&status).map_or(Ok(()), Err),
+            Err(e) if e.code == ErrorCode::NOT_FOUND => {}
+            Err(e) => {
+                tracing::debug!(task_id = %id, error = %e, "submission not confirmed; answering it as accepted");
+                return Ok(());
+            }
+        }
+        if started.elapsed() >= CONFIRM_FOR {
+            return Ok(());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(250));
+    }
+}
+
 /// How long [`Client::submit`] with a credential waits for the leader to
 /// take a submission (and check it) before returning it as accepted.
 pub const CONFIRM_FOR: Duration = Duration::from_secs(5);
@@ -827,7 +855,7 @@ pub const CONFIRM_FOR: Duration = Duration::from_secs(5);
 /// What the leader answers for a task the stream holds and it has not
 /// taken yet: queued, with no reason (a task it has taken and that waits
 /// always has one) and no attempt.
-pub(crate) fn just_accepted(status: &TaskStatus) -> bool {
+fn just_accepted(status: &TaskStatus) -> bool {
     status.state == crate::core::TaskState::Queued
         && status.reason.is_none()
         && status.attempts.is_empty()
@@ -839,7 +867,7 @@ pub(crate) fn just_accepted(status: &TaskStatus) -> bool {
 /// `PERMISSION_DENIED`) or for anything else only the leader knows (a
 /// limit: `RESOURCE_EXHAUSTED`; a payload over its limit:
 /// `INVALID_ARGUMENT`; an undeclared pool: `NOT_FOUND`), with that code.
-pub(crate) fn refusal_of(status: &TaskStatus) -> Option<WireError> {
+fn refusal_of(status: &TaskStatus) -> Option<WireError> {
     if status.state != crate::core::TaskState::Failed || !status.attempts.is_empty() {
         return None;
     }

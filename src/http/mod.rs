@@ -43,12 +43,14 @@
 //! asks for a token and sends it as Bearer. A 401 carries
 //! `WWW-Authenticate: Bearer`.
 //!
-//! **A submission is answered with the leader's verdict**, with or
-//! without credentials. It goes through the submit stream, which the
+//! **A submission to a `cronoq server` is answered with the leader's
+//! verdict**, with or without credentials (the server's [`Api`] waits for
+//! it: [`crate::client::Client::submit`] with a credential, the server's
+//! own `submit` without). It goes through the submit stream, which the
 //! leader reads later: what can be checked before publishing is (the
 //! payload against the server's limit in force: `INVALID_ARGUMENT`,
-//! nothing published), then `POST /v1/tasks` looks the task up until the
-//! leader has taken it and answers its refusal with its code and status
+//! nothing published), then the task is looked up until the leader has
+//! taken it, and its refusal is the answer with its code and status
 //! (`PERMISSION_DENIED` 403, `RESOURCE_EXHAUSTED` 429 for the
 //! `max_pools`-th-plus-one pool, …). Only a submission no leader takes
 //! within [`crate::client::CONFIRM_FOR`] (no leader at the moment) is
@@ -663,42 +665,7 @@ async fn submit(
         task = task.traceparent(tp);
     }
     let id = api.submit(task).await?;
-    leaders_verdict(&*api, id).await?;
     Ok(Json(SubmitResponse { id }))
-}
-
-/// Waits until the leader has taken a submission from the stream (for up
-/// to [`crate::client::CONFIRM_FOR`]) and returns its refusal, if it
-/// refused it: a limit only the leader knows (`max_pools`: 429
-/// `RESOURCE_EXHAUSTED`, …) must not be answered 200. A lookup that fails
-/// (no leader at the moment) or a leader that has not taken it in time
-/// leaves it accepted, as it is: durable in the stream. The embedded
-/// scheduler and a credential's client (which confirmed already) are
-/// decided at the first lookup.
-async fn leaders_verdict(api: &dyn Api, id: TaskId) -> Result<(), HttpError> {
-    let started = std::time::Instant::now();
-    let mut pause = std::time::Duration::from_millis(5);
-    loop {
-        match api.task(id).await {
-            Ok(status) if crate::client::just_accepted(&status) => {}
-            Ok(status) => {
-                return match crate::client::refusal_of(&status) {
-                    Some(refusal) => Err(HttpError(refusal)),
-                    None => Ok(()),
-                }
-            }
-            Err(e) if e.code == ErrorCode::NOT_FOUND => {}
-            Err(e) => {
-                tracing::debug!(task_id = %id, error = %e, "submission not confirmed; answering it as accepted");
-                return Ok(());
-            }
-        }
-        if started.elapsed() >= crate::client::CONFIRM_FOR {
-            return Ok(());
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(std::time::Duration::from_millis(250));
-    }
 }
 
 /// The request's `traceparent` header: at most one, visible ASCII.

@@ -1200,12 +1200,17 @@ impl NodeApi {
 }
 
 impl Api for NodeApi {
+    /// Through the stream; answered once the leader has decided (a
+    /// refusal only it can make, such as `max_pools`, is the answer), or
+    /// after [`crate::client::CONFIRM_FOR`] as accepted.
     fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
         Box::pin(async move {
-            match self.leader() {
-                Some(l) => l.submit(task).await,
-                None => Api::submit(&self.inner.remote, task).await,
-            }
+            let id = match self.leader() {
+                Some(l) => l.submit(task).await?,
+                None => Api::submit(&self.inner.remote, task).await?,
+            };
+            crate::client::leaders_verdict(self, id).await?;
+            Ok(id)
         })
     }
     fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
