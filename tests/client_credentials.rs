@@ -4,8 +4,9 @@
 //! proof covers the exact subject and body sent, a fresh nonce per request;
 //! a submission stored in the stream verifies too, its `Nats-Msg-Id` is the
 //! credential's scoped key (or the proof's nonce), so the same key from
-//! two credentials is two tasks; a submission the leader refused for its
-//! credential comes back from `submit` with the refusal's code. Without a
+//! two credentials is two tasks; a submission the leader refused (for its
+//! credential, or for a limit only it knows) comes back from `submit` with
+//! the refusal's code. Without a
 //! credential nothing changes: no header, the plain key, no confirmation.
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -318,14 +319,15 @@ async fn a_signed_submission_verifies_in_the_stream_and_scopes_its_key() {
 }
 
 #[tokio::test]
-async fn a_submission_refused_for_its_credential_comes_back_with_the_code() {
+async fn a_submission_the_leader_refuses_comes_back_with_its_code() {
     let nats = procs::NatsServer::start();
     let nkey = nkeys::KeyPair::new_user();
     let mut stream = create_submit_stream(&nats.url()).await;
     // The leader takes a moment (a lookup finds nothing, the next only the
     // stream's copy), then the task
-    // is refused: task 1 for its pool, task 2 for its credential; task 3
-    // failed for another reason, which is not the submitter's refusal.
+    // is refused: task 1 for its pool, task 2 for its credential, task 3
+    // for what only the leader knows (issue 20: a payload over its limit,
+    // a pool beyond max_pools): each refusal comes back with its code.
     let answers: TaskAnswer = Arc::new(|id, n| match (id.0, n) {
         (1, 0) => Err(WireError::new(ErrorCode::NOT_FOUND, "not yet")),
         // In the stream, not taken yet: queued without a reason.
@@ -355,10 +357,12 @@ async fn a_submission_refused_for_its_credential_comes_back_with_the_code() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::UNAUTHENTICATED, "{e}");
-    assert_eq!(
-        sub.submit(Task::new("c").pool("inference")).await.unwrap(),
-        TaskId(3)
-    );
+    let e = sub
+        .submit(Task::new("c").pool("inference"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT, "{e}");
+    assert!(e.to_string().contains("task 3"), "{e}");
     assert_eq!(stream.info().await.unwrap().state.messages, 3);
 }
 

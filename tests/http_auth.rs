@@ -137,6 +137,9 @@ async fn call(
     body: Option<&str>,
 ) -> Answer {
     let mut request = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
     for value in authorization {
         request = request.header(
             "authorization",

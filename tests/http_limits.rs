@@ -106,7 +106,7 @@ fn parse(answer: &str) -> (u16, Value) {
     (status, json)
 }
 
-const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n";
 
 #[tokio::test]
 async fn a_stalled_head_is_closed_after_the_header_timeout() {
@@ -136,30 +136,122 @@ async fn a_stalled_head_is_closed_after_the_header_timeout() {
     served.stop().await;
 }
 
+/// The embedded scheduler, except that `snapshot` says it has started
+/// and waits for a permit: requests held in the handler on purpose, any
+/// number of them (semaphores: no wake-up is lost).
+struct Hold {
+    sched: Scheduler,
+    entered: tokio::sync::Semaphore,
+    release: tokio::sync::Semaphore,
+}
+
+impl Hold {
+    fn new() -> Arc<Hold> {
+        Arc::new(Hold {
+            sched: Scheduler::new(),
+            entered: tokio::sync::Semaphore::new(0),
+            release: tokio::sync::Semaphore::new(0),
+        })
+    }
+
+    /// A connection whose `GET /v1/snapshot` is in the handler.
+    async fn held(&self, served: &Served) -> TcpStream {
+        let mut conn = served.connect().await;
+        conn.write_all(
+            b"GET /v1/snapshot HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        timeout(DEADLINE, self.entered.acquire())
+            .await
+            .expect("the request reaches the handler")
+            .unwrap()
+            .forget();
+        conn
+    }
+}
+
+impl Api for Hold {
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
+        Api::submit(&self.sched, task)
+    }
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Api::task(&self.sched, id)
+    }
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
+        Api::cancel(&self.sched, id)
+    }
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(async move {
+            self.entered.add_permits(1);
+            self.release.acquire().await.unwrap().forget();
+            Api::snapshot(&self.sched).await
+        })
+    }
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Api::recent_tasks(&self.sched, limit)
+    }
+    fn health(&self) -> Health {
+        Api::health(&self.sched)
+    }
+}
+
+/// A connection whose request body has not arrived, seen served (its
+/// `100 Continue` read, sent once the handler reads the body).
+async fn slow_body(served: &Served) -> TcpStream {
+    let mut stream = served.connect().await;
+    stream
+        .write_all(
+            b"POST /v1/tasks HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+              content-length: 13\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        let n = timeout(DEADLINE, stream.read(&mut buf))
+            .await
+            .expect("100 Continue")
+            .unwrap();
+        assert!(n > 0, "closed before 100 Continue: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 100"), "{got:?}");
+    stream
+}
+
 #[tokio::test]
-async fn connections_beyond_the_limit_are_refused_while_the_others_are_held() {
+async fn connections_beyond_the_limit_are_refused_while_the_others_are_being_served() {
     const LIMIT: usize = 4;
-    let served = Served::start(HttpLimits {
-        max_connections: LIMIT,
-        ..Default::default()
-    })
+    let hold = Hold::new();
+    let served = Served::start_with(
+        hold.clone(),
+        HttpLimits {
+            max_connections: LIMIT,
+            ..Default::default()
+        },
+    )
     .await;
     let mut held = Vec::new();
     for _ in 0..LIMIT {
-        held.push(served.connect().await);
+        held.push(hold.held(&served).await);
     }
-    // The held connections are accepted in order; one more is answered 503
-    // and closed at once, rather than waiting in the backlog.
+    // Every connection is in a request the server is working on: one more
+    // is answered 503 and closed at once, rather than waiting in the
+    // backlog.
     let answer = served.exchange(HEALTHZ).await;
     if !answer.is_empty() {
         let (status, body) = parse(&answer);
         assert_eq!(status, 503, "{body}");
         assert_eq!(body["code"], "UNAVAILABLE", "{body}");
     }
-    // The held connections are still served.
-    held[0].write_all(HEALTHZ).await.unwrap();
-    let answer = read_to_close(&mut held[0]).await.expect("an answer");
-    assert_eq!(parse(&answer).0, 200);
+    // The held requests are still answered.
+    hold.release.add_permits(LIMIT);
+    for conn in &mut held {
+        let answer = read_to_close(conn).await.expect("an answer");
+        assert_eq!(parse(&answer).0, 200, "{answer}");
+    }
     drop(held);
     // Once they are gone, a new connection is served (the server notices
     // the closes asynchronously: poll).
@@ -176,9 +268,70 @@ async fn connections_beyond_the_limit_are_refused_while_the_others_are_held() {
 }
 
 #[tokio::test]
+async fn at_the_limit_the_connection_idle_longest_makes_room() {
+    const LIMIT: usize = 4;
+    let hold = Hold::new();
+    let served = Served::start_with(
+        hold.clone(),
+        HttpLimits {
+            max_connections: LIMIT,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut busy = hold.held(&served).await;
+    let mut idle = Vec::new();
+    for _ in 0..LIMIT - 1 {
+        idle.push(served.connect().await);
+    }
+    // Full: a new connection is served, and the idle one accepted first
+    // is closed without an answer (not `busy`, which is older but in a
+    // request).
+    let (status, body) = parse(&served.exchange(HEALTHZ).await);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(read_to_close(&mut idle[0]).await.as_deref(), Some(""));
+    // The connection in a request was left alone.
+    hold.release.add_permits(1);
+    let answer = read_to_close(&mut busy).await.expect("an answer");
+    assert_eq!(parse(&answer).0, 200, "{answer}");
+    served.stop().await;
+}
+
+#[tokio::test]
+async fn with_none_idle_a_request_whose_body_is_still_arriving_makes_room() {
+    const LIMIT: usize = 4;
+    let hold = Hold::new();
+    let served = Served::start_with(
+        hold.clone(),
+        HttpLimits {
+            max_connections: LIMIT,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut held = vec![hold.held(&served).await];
+    let mut slow = slow_body(&served).await;
+    for _ in 0..LIMIT - 2 {
+        held.push(hold.held(&served).await);
+    }
+    // Full, nobody idle: the slow upload makes room, not a request the
+    // server is working on (the first one is older).
+    let (status, body) = parse(&served.exchange(HEALTHZ).await);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(read_to_close(&mut slow).await.as_deref(), Some(""));
+    hold.release.add_permits(held.len());
+    for conn in &mut held {
+        let answer = read_to_close(conn).await.expect("an answer");
+        assert_eq!(parse(&answer).0, 200, "{answer}");
+    }
+    served.stop().await;
+}
+
+#[tokio::test]
 async fn too_many_headers_is_431_with_a_json_code() {
     let served = Served::start(HttpLimits::default()).await;
-    let mut request = String::from("GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n");
+    let mut request =
+        String::from("GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n");
     for i in 0..200 {
         request.push_str(&format!("x-h{i}: v\r\n"));
     }
@@ -193,7 +346,7 @@ async fn too_many_headers_is_431_with_a_json_code() {
     // answers: unread bytes at close would reset the connection and could
     // lose the answer.)
     let request = format!(
-        "GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-big: {}\r\n\r\n",
         "v".repeat(65 * 1024)
     );
     let (status, body) = parse(&served.exchange(request.as_bytes()).await);
@@ -217,7 +370,7 @@ async fn too_many_headers_is_431_with_a_json_code() {
 
 fn post(path: &str, body: &str) -> Vec<u8> {
     format!(
-        "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\ncontent-type: application/json\r\n\
          content-length: {}\r\n\r\n{body}",
         body.len()
     )
@@ -251,7 +404,7 @@ async fn a_huge_bad_value_is_not_echoed_back() {
 /// The head of a `POST /v1/tasks` announcing a 100-byte body, and the
 /// first few bytes of that body; the rest never comes.
 const STALLED_BODY: &[u8] =
-    b"POST /v1/tasks HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"pool\": ";
+    b"POST /v1/tasks HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"pool\": ";
 
 #[tokio::test]
 async fn a_stalled_body_is_closed_after_the_idle_timeout() {
@@ -288,7 +441,7 @@ async fn shutdown_closes_idle_connections_and_returns() {
     let served = Served::start(HttpLimits::default()).await;
     // An idle keep-alive connection after one answered request.
     let mut idle = served.connect().await;
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     let mut buf = [0u8; 1024];
@@ -344,7 +497,7 @@ async fn shutdown_lets_a_request_in_flight_finish_and_accepts_no_more() {
     let served = Served::start_with(gate.clone(), HttpLimits::default()).await;
     let addr = served.addr;
     let mut conn = served.connect().await;
-    conn.write_all(b"GET /v1/snapshot HTTP/1.1\r\nhost: x\r\n\r\n")
+    conn.write_all(b"GET /v1/snapshot HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     timeout(DEADLINE, gate.entered.notified())

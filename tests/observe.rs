@@ -100,7 +100,10 @@ async fn get(app: &axum::Router, uri: &str) -> Answer {
 
 /// `POST /v1/tasks` with `body` and these `traceparent` headers.
 async fn submit(app: &axum::Router, body: &str, traceparents: &[&str]) -> Answer {
-    let mut request = Request::builder().method(Method::POST).uri("/v1/tasks");
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/tasks")
+        .header("content-type", "application/json");
     for tp in traceparents {
         request = request.header("traceparent", *tp);
     }
@@ -409,6 +412,7 @@ async fn a_trace_context_reaches_the_executor_and_a_bad_one_submits_nothing() {
     let twice = submit(&app, r#"{"pool":"p"}"#, &[TRACEPARENT, TRACEPARENT]).await;
     assert_eq!(twice.status, StatusCode::BAD_REQUEST, "{}", twice.text);
     let request = Request::post("/v1/tasks")
+        .header("content-type", "application/json")
         .header("traceparent", &b"00-\xff"[..])
         .body(Body::from(r#"{"pool":"p"}"#))
         .unwrap();

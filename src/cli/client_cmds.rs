@@ -1,5 +1,6 @@
 //! Client commands: `submit`, `snapshot`, `task`, `cancel`, over NATS
-//! (`--nats`) or the HTTP API (`--http`); given both, NATS.
+//! (`--nats`) or the HTTP API (`--http`); given both, NATS, except that
+//! `submit --wait` then waits over HTTP.
 
 use std::io::{IsTerminal as _, Read as _, Write as _};
 use std::process::ExitCode;
@@ -56,6 +57,8 @@ pub struct SubmitArgs {
     pub traceparent: Option<String>,
     /// Wait for the outcome and print the output (exit status = outcome);
     /// on a terminal, state changes are shown on stderr as they happen.
+    /// Over HTTP when --http is given. A server that does not answer (a
+    /// leader taking over) is asked again with backoff until the task ends.
     #[arg(long)]
     pub wait: bool,
     /// The payload; `-` reads stdin; absent means empty.
@@ -100,10 +103,13 @@ pub struct CancelArgs {
 }
 
 /// A connected client: NATS when `--nats` is given, else the HTTP API.
-/// Boxed: both are large and there is one per command.
+/// Given both, requests go over NATS and `submit --wait` waits over HTTP
+/// (`NatsWaitingOverHttp`): `--http` names how to follow the task.
+/// Boxed: they are large and there is one per command.
 enum Remote {
     Nats(Box<client::Client>),
     Http(Box<HttpClient>),
+    NatsWaitingOverHttp(Box<client::Client>, Box<HttpClient>),
 }
 
 /// Client errors become [`WireError`]s, so `cli::error_code` finds the code.
@@ -133,11 +139,19 @@ impl Remote {
             options = options.credential(credential);
         }
         match (&connect.nats, &connect.http) {
-            (Some(url), _) => options
+            (Some(url), None) => options
                 .connect(url)
                 .await
                 .map(|c| Remote::Nats(Box::new(c)))
                 .map_err(wire),
+            (Some(url), Some(http)) => {
+                let waiter = options.clone().http(http).map_err(wire)?;
+                let nats = options.connect(url).await.map_err(wire)?;
+                Ok(Remote::NatsWaitingOverHttp(
+                    Box::new(nats),
+                    Box::new(waiter),
+                ))
+            }
             (None, url) => options
                 .http(url.as_deref().unwrap_or(DEFAULT_HTTP_URL))
                 .map(|c| Remote::Http(Box::new(c)))
@@ -147,7 +161,7 @@ impl Remote {
 
     async fn submit(&self, task: Task) -> anyhow::Result<TaskId> {
         match self {
-            Remote::Nats(c) => c.submit(task).await,
+            Remote::Nats(c) | Remote::NatsWaitingOverHttp(c, _) => c.submit(task).await,
             Remote::Http(c) => c.submit(task).await,
         }
         .map_err(wire)
@@ -155,7 +169,7 @@ impl Remote {
 
     async fn get(&self, id: TaskId) -> anyhow::Result<TaskStatus> {
         match self {
-            Remote::Nats(c) => c.get(id).await,
+            Remote::Nats(c) | Remote::NatsWaitingOverHttp(c, _) => c.get(id).await,
             Remote::Http(c) => c.get(id).await,
         }
         .map_err(wire)
@@ -163,7 +177,7 @@ impl Remote {
 
     async fn cancel(&self, id: TaskId) -> anyhow::Result<()> {
         match self {
-            Remote::Nats(c) => c.cancel(id).await,
+            Remote::Nats(c) | Remote::NatsWaitingOverHttp(c, _) => c.cancel(id).await,
             Remote::Http(c) => c.cancel(id).await,
         }
         .map_err(wire)
@@ -171,16 +185,27 @@ impl Remote {
 
     async fn snapshot(&self) -> anyhow::Result<Snapshot> {
         match self {
-            Remote::Nats(c) => c.snapshot().await,
+            Remote::Nats(c) | Remote::NatsWaitingOverHttp(c, _) => c.snapshot().await,
             Remote::Http(c) => c.snapshot().await,
         }
         .map_err(wire)
     }
 
+    /// Waits for the task (over HTTP when `--http` is given), riding out
+    /// a server that does not answer (see [`client::Client::wait`]).
     async fn wait(&self, id: TaskId) -> anyhow::Result<TaskStatus> {
         match self {
             Remote::Nats(c) => c.wait(id).await,
-            Remote::Http(c) => c.wait(id).await,
+            Remote::Http(c) | Remote::NatsWaitingOverHttp(_, c) => c.wait(id).await,
+        }
+        .map_err(wire)
+    }
+
+    /// A lookup made while waiting: over HTTP when `--http` is given.
+    async fn get_while_waiting(&self, id: TaskId) -> anyhow::Result<TaskStatus> {
+        match self {
+            Remote::Nats(c) => c.get(id).await,
+            Remote::Http(c) | Remote::NatsWaitingOverHttp(_, c) => c.get(id).await,
         }
         .map_err(wire)
     }
@@ -258,7 +283,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let task = task_of(&args, payload, SystemTime::now())?;
     let remote = Remote::connect(&args.connect).await?;
     let id = remote.submit(task).await?;
-    if matches!(remote, Remote::Nats(_)) && credential_of(&args.connect)?.is_none() {
+    if !matches!(remote, Remote::Http(_)) && credential_of(&args.connect)?.is_none() {
         // No credential: the client does not confirm, so a server with
         // `[auth] required = true` would refuse the task after the stream
         // took it, silently. One lookup tells: it refuses us too.
@@ -325,7 +350,7 @@ async fn wait_with_progress(remote: &Remote, id: TaskId) -> anyhow::Result<TaskS
             _ = ticker.tick() => {
                 // A lookup that fails (not consumed yet, a leader taking
                 // over) shows nothing; the wait decides.
-                if let Ok(status) = remote.get(id).await {
+                if let Ok(status) = remote.get_while_waiting(id).await {
                     show(&status);
                 }
             }

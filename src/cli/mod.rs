@@ -63,7 +63,8 @@ impl Command {
     }
 }
 
-/// How a client reaches cronoq: NATS, or the HTTP API. Given both, NATS.
+/// How a client reaches cronoq: NATS, or the HTTP API. Given both, NATS
+/// (and `submit --wait` waits over HTTP).
 #[derive(Debug, Clone, Args)]
 pub struct Connect {
     /// NATS URL.

@@ -35,8 +35,9 @@
 //! is **confirmed**: the leader checks the proof only when it takes the
 //! submission from the stream (the stream cannot), so after the stream's
 //! acknowledgement [`Client::submit`] looks the task up for a few seconds
-//! and returns the leader's refusal (`UNAUTHENTICATED`,
-//! `PERMISSION_DENIED`) if there is one. Secrets are never logged: the
+//! and returns the leader's refusal if there is one, with its code
+//! (`UNAUTHENTICATED`, `PERMISSION_DENIED`, or a limit only the leader
+//! knows: `RESOURCE_EXHAUSTED` …). Secrets are never logged: the
 //! `Debug` of options, clients and credentials shows none.
 //!
 //! NATS credentials ([`ClientOptions::nats_creds`]: a `.creds` file or an
@@ -540,10 +541,13 @@ impl Client {
     /// With a credential, the submission is signed and then confirmed:
     /// the leader checks it when it takes it from the stream, so this looks
     /// the task up (for up to [`CONFIRM_FOR`]) and returns the leader's
-    /// refusal, `UNAUTHENTICATED` or `PERMISSION_DENIED`, as
-    /// [`Error::Refused`]. A task the leader has not taken within that time
-    /// (no leader at the moment, a backlog) is returned as accepted: the
-    /// stream holds it, and a refusal then shows in its status.
+    /// refusal with its code as [`Error::Refused`]: `UNAUTHENTICATED` or
+    /// `PERMISSION_DENIED` for the credential, or what only the leader
+    /// knows (`RESOURCE_EXHAUSTED` for a limit such as `max_pools`,
+    /// `NOT_FOUND` for an undeclared pool, `INVALID_ARGUMENT`). A task the
+    /// leader has not taken within that time (no leader at the moment, a
+    /// backlog) is returned as accepted: the stream holds it, and a
+    /// refusal then shows in its status.
     pub async fn submit(&self, task: Task) -> Result<TaskId, Error> {
         let id = self.publish_submission(task).await?;
         if self.credential.is_some() {
@@ -764,8 +768,12 @@ impl Client {
     /// no event falls in between) and looks the task up again every couple
     /// of seconds in case events were lost during a reconnect. A task the
     /// server does not know yet (just submitted) is waited for a few
-    /// seconds; a server that stops answering after the first lookup is
-    /// waited for (a leader may be taking over).
+    /// seconds. A server that does not answer (`UNAVAILABLE`: no responders
+    /// while a leader takes over, or no server at all yet) is asked again
+    /// with backoff, from the first lookup on, for as long as the wait
+    /// lasts: the task is in the stream and a leader will take it. The wait
+    /// has no deadline of its own (a task may run for hours); drop the
+    /// future, or wrap it in a timeout, to stop waiting.
     pub async fn wait(&self, id: TaskId) -> Result<TaskStatus, Error> {
         let subject = self.subjects.events(id);
         let mut events = self
@@ -774,15 +782,12 @@ impl Client {
             .await
             .map_err(|e| Error::unavailable(format!("subscribing to {subject}"), e))?;
         let started = Instant::now();
-        if let Some(done) = first_look(self.get(id).await)? {
+        let mut pace = Pace::new(self.wait_poll_interval);
+        if let Some(done) = pace.look(self.get(id).await, started)? {
             return Ok(done);
         }
-        let mut ticker = tokio::time::interval_at(
-            tokio::time::Instant::now() + self.wait_poll_interval,
-            self.wait_poll_interval,
-        );
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events_open = true;
+        let mut next_look = tokio::time::Instant::now() + pace.pause();
         loop {
             tokio::select! {
                 message = events.next(), if events_open => {
@@ -804,13 +809,42 @@ impl Client {
                         Err(_) => return Ok(status_of_event(&event)),
                     }
                 }
-                _ = ticker.tick() => {
-                    if let Some(done) = later_look(self.get(id).await, started)? {
+                () = tokio::time::sleep_until(next_look) => {
+                    if let Some(done) = pace.look(self.get(id).await, started)? {
                         return Ok(done);
                     }
+                    next_look = tokio::time::Instant::now() + pace.pause();
                 }
             }
         }
+    }
+}
+
+/// Waits until the leader has taken submission `id` from the stream (for
+/// up to [`CONFIRM_FOR`], asking `api`) and returns its refusal with its
+/// code, if it refused it: what a `cronoq server` does before answering
+/// an unsigned submission, so a limit only the leader knows (`max_pools`:
+/// `RESOURCE_EXHAUSTED`, …) is not answered with an id. A lookup that
+/// fails (no leader at the moment) or a leader that has not taken it in
+/// time leaves it accepted, as it is: durable in the stream.
+pub(crate) async fn leaders_verdict(api: &dyn Api, id: TaskId) -> Result<(), WireError> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match api.task(id).await {
+            Ok(status) if just_accepted(&status) => {}
+            Ok(status) => return refusal_of(&status).map_or(Ok(()), Err),
+            Err(e) if e.code == ErrorCode::NOT_FOUND => {}
+            Err(e) => {
+                tracing::debug!(task_id = %id, error = %e, "submission not confirmed; answering it as accepted");
+                return Ok(());
+            }
+        }
+        if started.elapsed() >= CONFIRM_FOR {
+            return Ok(());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(250));
     }
 }
 
@@ -828,8 +862,11 @@ fn just_accepted(status: &TaskStatus) -> bool {
 }
 
 /// The refusal a task's status records when the leader refused its
-/// submission for its credential (`submission refused: <message>
-/// [UNAUTHENTICATED]` or `[PERMISSION_DENIED]`, as the driver writes it).
+/// submission (`submission refused: <message> [CODE]`, as the driver
+/// writes it): for its credential (`UNAUTHENTICATED`,
+/// `PERMISSION_DENIED`) or for anything else only the leader knows (a
+/// limit: `RESOURCE_EXHAUSTED`; a payload over its limit:
+/// `INVALID_ARGUMENT`; an undeclared pool: `NOT_FOUND`), with that code.
 fn refusal_of(status: &TaskStatus) -> Option<WireError> {
     if status.state != crate::core::TaskState::Failed || !status.attempts.is_empty() {
         return None;
@@ -839,46 +876,74 @@ fn refusal_of(status: &TaskStatus) -> Option<WireError> {
         .as_deref()?
         .strip_prefix("submission refused: ")?;
     let (message, code) = text.strip_suffix(']')?.rsplit_once(" [")?;
-    let code = match code {
-        "UNAUTHENTICATED" => ErrorCode::UNAUTHENTICATED,
-        "PERMISSION_DENIED" => ErrorCode::PERMISSION_DENIED,
-        _ => return None,
-    };
+    if code.is_empty() || !code.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+        return None;
+    }
+    let code = ErrorCode(code.to_string().into());
     Some(WireError::new(
         code,
         format!("task {} refused by the leader: {message}", status.id),
     ))
 }
 
-/// The first lookup of a wait: a finished task ends it; a task not known
-/// yet and a live one go on; any other error ends it.
-fn first_look(r: Result<TaskStatus, Error>) -> Result<Option<TaskStatus>, Error> {
-    match r {
-        Ok(status) if status.state.is_terminal() => Ok(Some(status)),
-        Ok(_) => Ok(None),
-        Err(e) if e.code() == ErrorCode::NOT_FOUND => Ok(None),
-        Err(e) => Err(e),
+/// When a wait looks its task up next: every `interval` while the server
+/// answers; after an `UNAVAILABLE`, sooner at first and then less often
+/// (from [`Pace::FIRST_RETRY`], doubling up to `interval`), so a takeover
+/// is noticed quickly without a tight loop while nobody answers.
+struct Pace {
+    interval: Duration,
+    next: Duration,
+}
+
+impl Pace {
+    const FIRST_RETRY: Duration = Duration::from_millis(50);
+
+    fn new(interval: Duration) -> Pace {
+        Pace {
+            interval,
+            next: interval,
+        }
+    }
+
+    fn pause(&self) -> Duration {
+        self.next
+    }
+
+    /// One lookup of a wait: a finished task ends it (`Some`); a live one,
+    /// one not known yet (for [`NOT_FOUND_GRACE`] from `started`) and a
+    /// server that does not answer go on (`None`); any other error ends
+    /// it.
+    fn look(
+        &mut self,
+        r: Result<TaskStatus, Error>,
+        started: Instant,
+    ) -> Result<Option<TaskStatus>, Error> {
+        match r {
+            Ok(status) if status.state.is_terminal() => Ok(Some(status)),
+            Ok(_) => {
+                self.next = self.interval;
+                Ok(None)
+            }
+            Err(e) if e.code() == ErrorCode::UNAVAILABLE => {
+                self.next = if self.next >= self.interval {
+                    Pace::FIRST_RETRY.min(self.interval)
+                } else {
+                    (self.next * 2).min(self.interval)
+                };
+                tracing::debug!(error = %e, retry_in_ms = self.next.as_millis() as u64, "no answer while waiting; trying again");
+                Ok(None)
+            }
+            Err(e) if e.code() == ErrorCode::NOT_FOUND && started.elapsed() < NOT_FOUND_GRACE => {
+                self.next = self.interval;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
-/// A later lookup: also tolerates a server that does not answer for a
-/// while, and a task unknown for [`NOT_FOUND_GRACE`].
-fn later_look(r: Result<TaskStatus, Error>, started: Instant) -> Result<Option<TaskStatus>, Error> {
-    match r {
-        Ok(status) if status.state.is_terminal() => Ok(Some(status)),
-        Ok(_) => Ok(None),
-        Err(e) if e.code() == ErrorCode::UNAVAILABLE => {
-            tracing::debug!(error = %e, "no answer while waiting; trying again");
-            Ok(None)
-        }
-        Err(e) if e.code() == ErrorCode::NOT_FOUND && started.elapsed() < NOT_FOUND_GRACE => {
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Waits by looking the task up every `interval` (what the HTTP client does).
+/// Waits by looking the task up every `interval` (what the HTTP client
+/// does), riding out a server that does not answer like [`Client::wait`].
 pub(crate) async fn wait_by_polling<F, Fut>(
     interval: Duration,
     mut get: F,
@@ -888,14 +953,12 @@ where
     Fut: Future<Output = Result<TaskStatus, Error>>,
 {
     let started = Instant::now();
-    if let Some(done) = first_look(get().await)? {
-        return Ok(done);
-    }
+    let mut pace = Pace::new(interval);
     loop {
-        tokio::time::sleep(interval).await;
-        if let Some(done) = later_look(get().await, started)? {
+        if let Some(done) = pace.look(get().await, started)? {
             return Ok(done);
         }
+        tokio::time::sleep(pace.pause()).await;
     }
 }
 

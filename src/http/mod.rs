@@ -43,9 +43,30 @@
 //! asks for a token and sends it as Bearer. A 401 carries
 //! `WWW-Authenticate: Bearer`.
 //!
-//! The request body of `POST /v1/tasks` is read as JSON whatever its
-//! `Content-Type` (so `curl -d` works). This module knows JSON and HTTP
-//! only; the wire (MessagePack) is [`crate::wire`]'s.
+//! **A submission to a `cronoq server` is answered with the leader's
+//! verdict**, with or without credentials (the server's [`Api`] waits for
+//! it: [`crate::client::Client::submit`] with a credential, the server's
+//! own `submit` without). It goes through the submit stream, which the
+//! leader reads later: what can be checked before publishing is (the
+//! payload against the server's limit in force: `INVALID_ARGUMENT`,
+//! nothing published), then the task is looked up until the leader has
+//! taken it, and its refusal is the answer with its code and status
+//! (`PERMISSION_DENIED` 403, `RESOURCE_EXHAUSTED` 429 for the
+//! `max_pools`-th-plus-one pool, …). Only a submission no leader takes
+//! within [`crate::client::CONFIRM_FOR`] (no leader at the moment) is
+//! answered 200 with its id unconfirmed: it is durable in the stream, and
+//! a later refusal shows in its status.
+//!
+//! **Where requests come from** ([`origin`]): a `POST` with a body or a
+//! `Content-Type` must say `Content-Type: application/json` (else 415
+//! `INVALID_ARGUMENT`), so a web page cannot post to the API through a
+//! browser without a CORS preflight, and no `Access-Control-*` header is
+//! ever sent, so a preflight fails. [`serve`] also refuses a `Host` that is
+//! not an IP address, `localhost` or a name of [`AllowedHosts`] (DNS
+//! rebinding), and a `POST` whose `Origin` is another site (403
+//! `PERMISSION_DENIED`). These apply whatever the auth mode (details and
+//! the one exception in [`origin`]'s docs). This module knows JSON and
+//! HTTP only; the wire (MessagePack) is [`crate::wire`]'s.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -69,8 +90,10 @@ use crate::task::{Task, TaskStatus};
 use crate::wire::{parse_duration, parse_time, WireError};
 
 pub mod dashboard;
+pub mod origin;
 mod serve;
 
+pub use origin::AllowedHosts;
 pub use serve::{serve, HttpLimits};
 
 /// The HTTP API over `api`.
@@ -120,6 +143,7 @@ pub fn router_with_auth(api: Arc<dyn Api>, auth: Option<HttpAuth>) -> Router {
         None => router,
     };
     router
+        .layer(axum::middleware::from_fn(origin::require_json))
         .layer(axum::middleware::from_fn(catch_panics))
         .with_state(api)
 }
@@ -399,8 +423,8 @@ impl IntoResponse for HttpError {
     }
 }
 
-/// A JSON object body, parsed whatever its `Content-Type`; refusals are
-/// `INVALID_ARGUMENT`.
+/// A JSON object body (its `Content-Type`, `application/json`, is checked
+/// by [`origin::require_json`] before); refusals are `INVALID_ARGUMENT`.
 struct JsonBody<T>(T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {

@@ -14,7 +14,8 @@
 //! | a URI over hyper's 64 KiB | 414 | `INVALID_ARGUMENT` |
 //! | a body over the router's limit (2 MB) | 413 | `INVALID_ARGUMENT` |
 //! | a request not answered within `request_timeout` | 503 | `UNAVAILABLE` |
-//! | a connection over `max_connections` | 503 | `UNAVAILABLE` |
+//! | a connection over `max_connections` while every open one is in a request | 503 | `UNAVAILABLE` |
+//! | a `Host` or `Origin` that is not this server ([`super::origin`]) | 403 | `PERMISSION_DENIED` |
 //!
 //! The oversized and malformed requests are `INVALID_ARGUMENT`, like an
 //! oversized payload: sending the same request again never helps, whereas
@@ -28,6 +29,21 @@
 //! written, by the same status with the JSON body and `connection: close`.
 //! No handler here answers those statuses without a body, so nothing else
 //! is rewritten; `tests/http_limits.rs` fails if hyper's output changes.
+//!
+//! **At the connection limit**, a new connection does not wait and is not
+//! refused while some open connection is idle, i.e. not in a request (it
+//! sent nothing yet, sent part of a head, or is a keep-alive connection
+//! between requests): the one idle longest is closed and the new one takes
+//! its place ([`Connections`]). So idle or slow-loris connections cannot
+//! lock others out: they only displace each other. A connection is in a
+//! request from when its head has arrived until its response has been
+//! written. When every connection is, one whose request body is still
+//! arriving (a slow upload, or a slow-body attack) makes room, the one
+//! whose request started first; only when every connection is in a request
+//! with its body read (the server is working on them) is a new one refused
+//! (503 `UNAVAILABLE`). (If an idle connection's head completes just as it
+//! is chosen, that request is dropped with the connection: the client sees
+//! a reset, as with any keep-alive connection the server closes.)
 //!
 //! A connection whose head does not arrive within `header_timeout` is
 //! closed without an answer (there is no request to answer, and hyper gives
@@ -43,6 +59,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use axum::body::HttpBody as _;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -53,7 +70,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
@@ -80,7 +97,10 @@ pub struct HttpLimits {
     /// A request not answered within this (its body read included) is
     /// answered 503 `UNAVAILABLE`. Default 30 s.
     pub request_timeout: Duration,
-    /// Connections open at once (at least 1); one more is answered 503
+    /// Connections open at once (at least 1). One more closes the open
+    /// connection idle longest (not in a request), or else one whose
+    /// request body is still arriving, and takes its place; when every
+    /// open one is in a request with its body read, it is answered 503
     /// `UNAVAILABLE` and closed at once. Default 1,024.
     pub max_connections: usize,
     /// Headers in one request; more is 431. Default 100.
@@ -91,6 +111,9 @@ pub struct HttpLimits {
     /// On shutdown, how long requests in flight may take to finish before
     /// their connections are dropped. Default 10 s.
     pub shutdown_grace: Duration,
+    /// The `Host` names answered besides IP addresses and `localhost`
+    /// (DNS rebinding; see [`super::origin`]). Default: none.
+    pub allowed_hosts: super::AllowedHosts,
 }
 
 impl Default for HttpLimits {
@@ -103,6 +126,7 @@ impl Default for HttpLimits {
             max_headers: 100,
             max_header_bytes: 64 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            allowed_hosts: super::AllowedHosts::default(),
         }
     }
 }
@@ -141,10 +165,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let limits = Arc::new(limits);
-    let router = router.layer(axum::middleware::from_fn_with_state(
-        limits.request_timeout,
-        request_timeout,
-    ));
+    let router = router
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(limits.allowed_hosts.clone()),
+            super::origin::check_host,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            limits.request_timeout,
+            request_timeout,
+        ));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -154,8 +183,8 @@ pub async fn serve(
         // The read buffer must hold a head of `max_header_bytes`; hyper's
         // own floor is 8 KiB + 4 KiB.
         .max_buf_size((limits.max_header_bytes + 4096).max(8192 + 4096));
-    let max_connections = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
-    let permits = Arc::new(Semaphore::new(max_connections));
+    let max_connections = limits.max_connections.max(1);
+    let open = Arc::new(Connections::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut accept_errors = AcceptErrors::default();
@@ -177,25 +206,67 @@ pub async fn serve(
             },
         };
         while connections.try_join_next().is_some() {}
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::debug!(max_connections, "connection refused: too many connections");
+        let Some(slot) = open.admit(max_connections) else {
+            tracing::debug!(
+                max_connections,
+                "connection refused: every connection is in a request"
+            );
             refuse_connection(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
         let io = TokioIo::new(Guarded::new(stream, limits.clone()));
-        let connection = builder.serve_connection(io, TowerToHyperService::new(router.clone()));
+        let service = {
+            let (router, slot) = (TowerToHyperService::new(router.clone()), slot.clone());
+            hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                let in_request = slot.in_request();
+                let request = if request.body().is_end_stream() {
+                    request.map(axum::body::Body::new)
+                } else {
+                    // Displaceable until its body has been read (or dropped).
+                    let reading = slot.reading_body();
+                    request.map(|body| {
+                        axum::body::Body::new(http_body_util::BodyExt::map_frame(
+                            body,
+                            move |frame| {
+                                let _ = &reading;
+                                frame
+                            },
+                        ))
+                    })
+                };
+                let response = hyper::service::Service::call(&router, request);
+                async move {
+                    let response = response.await?;
+                    // In a request until the body is written (or dropped).
+                    Ok::<_, std::convert::Infallible>(response.map(|body| {
+                        axum::body::Body::new(http_body_util::BodyExt::map_frame(
+                            body,
+                            move |frame| {
+                                let _ = &in_request;
+                                frame
+                            },
+                        ))
+                    }))
+                }
+            })
+        };
+        let connection = builder.serve_connection(io, service);
         let mut stop = stop_rx.clone();
         connections.spawn(async move {
-            let _permit = permit;
             let mut connection = std::pin::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,
+                () = slot.displaced() => {
+                    tracing::debug!("http connection closed to make room for a new one (idle, or its body still arriving)");
+                    Ok(())
+                }
                 () = async { drop(stop.wait_for(|stop| *stop).await) } => {
                     connection.as_mut().graceful_shutdown();
                     connection.await
                 }
             };
+            drop(slot);
             if let Err(e) = result {
                 tracing::debug!(error = %e, "http connection ended");
             }
@@ -215,6 +286,147 @@ pub async fn serve(
         connections.shutdown().await;
     }
     Ok(())
+}
+
+/// The open connections of one [`serve`], and which of them are in a
+/// request: at the limit, the one idle longest makes room for a new one
+/// (see the module docs).
+#[derive(Default)]
+struct Connections {
+    inner: std::sync::Mutex<ConnectionsInner>,
+}
+
+#[derive(Default)]
+struct ConnectionsInner {
+    next_id: u64,
+    open: std::collections::HashMap<u64, ConnectionState>,
+}
+
+struct ConnectionState {
+    /// Requests in progress (hyper serves one at a time; a response body
+    /// being written still counts).
+    in_requests: usize,
+    /// Since when it has been out of any request (accepted, or its last
+    /// response written).
+    idle_since: Instant,
+    /// Since when its request's body has been arriving, while it is.
+    body_since: Option<Instant>,
+    /// Notified when it is chosen to make room.
+    displace: Arc<tokio::sync::Notify>,
+}
+
+impl Connections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ConnectionsInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot for a new connection: a free one, or that of the connection
+    /// idle longest, which is told to close; `None` when all `max` are in
+    /// a request.
+    fn admit(self: &Arc<Self>, max: usize) -> Option<Slot> {
+        let mut inner = self.lock();
+        if inner.open.len() >= max {
+            let idle = inner
+                .open
+                .iter()
+                .filter(|(_, c)| c.in_requests == 0)
+                .min_by_key(|(id, c)| (c.idle_since, **id));
+            let reading = || {
+                inner
+                    .open
+                    .iter()
+                    .filter_map(|(id, c)| Some((id, c.body_since?)))
+                    .min_by_key(|(id, since)| (*since, **id))
+                    .map(|(id, _)| *id)
+            };
+            let victim = idle.map(|(id, _)| *id).or_else(reading)?;
+            if let Some(displaced) = inner.open.remove(&victim) {
+                displaced.displace.notify_one();
+            }
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let displace = Arc::new(tokio::sync::Notify::new());
+        inner.open.insert(
+            id,
+            ConnectionState {
+                in_requests: 0,
+                idle_since: Instant::now(),
+                body_since: None,
+                displace: displace.clone(),
+            },
+        );
+        Some(Slot(Arc::new(SlotInner {
+            id,
+            connections: self.clone(),
+            displace,
+        })))
+    }
+}
+
+/// One connection's place in [`Connections`]; freed when the last clone
+/// is dropped.
+#[derive(Clone)]
+struct Slot(Arc<SlotInner>);
+
+struct SlotInner {
+    id: u64,
+    connections: Arc<Connections>,
+    displace: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for SlotInner {
+    fn drop(&mut self) {
+        self.connections.lock().open.remove(&self.id);
+    }
+}
+
+impl Slot {
+    /// Marks the connection in a request until the guard is dropped.
+    fn in_request(&self) -> InRequest {
+        if let Some(c) = self.0.connections.lock().open.get_mut(&self.0.id) {
+            c.in_requests += 1;
+        }
+        InRequest(self.0.clone())
+    }
+
+    /// Marks the request's body as arriving until the guard is dropped.
+    fn reading_body(&self) -> ReadingBody {
+        if let Some(c) = self.0.connections.lock().open.get_mut(&self.0.id) {
+            c.body_since = Some(Instant::now());
+        }
+        ReadingBody(self.0.clone())
+    }
+
+    /// Resolves when the connection was chosen to make room.
+    async fn displaced(&self) {
+        self.0.displace.notified().await;
+    }
+}
+
+/// A request body being read (see [`Slot::reading_body`]).
+struct ReadingBody(Arc<SlotInner>);
+
+impl Drop for ReadingBody {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.connections.lock().open.get_mut(&self.0.id) {
+            c.body_since = None;
+        }
+    }
+}
+
+/// A request in progress on a connection (see [`Slot::in_request`]).
+struct InRequest(Arc<SlotInner>);
+
+impl Drop for InRequest {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.connections.lock().open.get_mut(&self.0.id) {
+            c.in_requests = c.in_requests.saturating_sub(1);
+            if c.in_requests == 0 {
+                c.idle_since = Instant::now();
+            }
+        }
+    }
 }
 
 /// The middleware bounding one request's time, body included.

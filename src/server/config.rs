@@ -135,9 +135,17 @@ pub struct ServerSection {
     /// HTTP: a connection with no byte moving this long is closed.
     #[serde(default = "default_http_idle_timeout", deserialize_with = "duration")]
     pub http_idle_timeout: Duration,
-    /// HTTP: connections open at once; more are answered 503 and closed.
+    /// HTTP: connections open at once; one more displaces the connection
+    /// idle longest (or one whose request body is still arriving), or is
+    /// answered 503 and closed when all are in a request.
     #[serde(default = "default_http_max_connections")]
     pub http_max_connections: usize,
+    /// HTTP: the `Host` names the API answers besides IP addresses and
+    /// `localhost` (DNS rebinding; `"name"` or `"name:port"`, `"*"` for
+    /// any); see [`crate::http::origin`]. Empty (the default) with
+    /// `[auth] required = true`: any `Host`.
+    #[serde(default)]
+    pub http_allowed_hosts: Vec<String>,
     /// NATS credentials: a `.creds` file (user JWT and seed) or a file
     /// holding an nkey user seed (`SU…`); none: no credentials.
     #[serde(default)]
@@ -254,6 +262,7 @@ impl Default for ServerSection {
             http_header_timeout: default_http_header_timeout(),
             http_idle_timeout: default_http_idle_timeout(),
             http_max_connections: default_http_max_connections(),
+            http_allowed_hosts: Vec::new(),
             nats_creds: None,
             nats_inbox_prefix: None,
         }
@@ -497,8 +506,20 @@ impl ServerConfig {
         })
     }
 
+    /// The `Host` names the HTTP API answers ([`crate::http::AllowedHosts`]):
+    /// `http_allowed_hosts`; when it is empty and `[auth] required`, any
+    /// (every `/v1` call then needs a Bearer token a rebound page lacks).
+    pub fn allowed_hosts(&self) -> Result<crate::http::AllowedHosts, Rejection> {
+        if self.server.http_allowed_hosts.is_empty() && self.auth.required {
+            return Ok(crate::http::AllowedHosts::any());
+        }
+        crate::http::AllowedHosts::new(&self.server.http_allowed_hosts)
+            .map_err(|e| Rejection::InvalidArgument(format!("config: {e}")))
+    }
+
     /// Checks what serde cannot.
     pub fn check(&self) -> Result<(), Rejection> {
+        self.allowed_hosts()?;
         crate::wire::Subjects::new(&self.server.subject_prefix)?;
         if let Some(prefix) = &self.server.nats_inbox_prefix {
             crate::wire::check_inbox_prefix(prefix).map_err(|e| {

@@ -684,8 +684,11 @@ pub async fn serve(
         s.election_timeout,
     )
     .with_seal(seal.clone());
+    // Also the HTTP API's client with credentials: it checks a payload
+    // against the limit in force before publishing it.
     let remote = crate::client::ClientOptions::new()
         .prefix(subjects.prefix())
+        .max_payload_bytes(max_payload_bytes)
         .nats_login(login)
         .connect(&s.nats_url)
         .await
@@ -722,6 +725,8 @@ pub async fn serve(
         header_timeout: s.http_header_timeout,
         idle_timeout: s.http_idle_timeout,
         max_connections: s.http_max_connections,
+        // Checked when the config was loaded.
+        allowed_hosts: config.allowed_hosts().unwrap_or_default(),
         ..Default::default()
     };
     let http = tokio::spawn(crate::http::serve(
@@ -1226,12 +1231,17 @@ impl NodeApi {
 }
 
 impl Api for NodeApi {
+    /// Through the stream; answered once the leader has decided (a
+    /// refusal only it can make, such as `max_pools`, is the answer), or
+    /// after [`crate::client::CONFIRM_FOR`] as accepted.
     fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
         Box::pin(async move {
-            match self.leader() {
-                Some(l) => l.submit(task).await,
-                None => Api::submit(&self.inner.remote, task).await,
-            }
+            let id = match self.leader() {
+                Some(l) => l.submit(task).await?,
+                None => Api::submit(&self.inner.remote, task).await?,
+            };
+            crate::client::leaders_verdict(self, id).await?;
+            Ok(id)
         })
     }
     fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {

@@ -991,7 +991,8 @@ const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
          limit; a bad `Cronoq-*` header value or an unknown `Cronoq-*` header; a payload above \
          the server's `max_payload_bytes`; `Register.slots` outside 1–100000; over HTTP, \
          malformed JSON, an unknown field or a task id that is not a number, and, with their \
-         own status, a body over 2 MB (413), too many or too large headers (431), a URI over \
+         own status, a `POST` with a body or `Content-Type` that is not \
+         `application/json` (415), a body over 2 MB (413), too many or too large headers (431), a URI over \
          64 KiB (414) or a malformed request line or header (400). A submission \
          refused after the submit stream stored it becomes a `failed` task (error `submission \
          refused: …`). A worker refused with it at registration stops.",
@@ -1010,9 +1011,13 @@ const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
         403,
         "Forbidden",
         "The credentials are valid but do not allow this (a pool or label the credential does \
-         not grant).",
+         not grant), or, over HTTP, the request comes from a host or web page this server does \
+         not serve.",
         "Reserved for worker registration under `auth.required`, like `UNAUTHENTICATED`. A \
-         worker refused with it stops.",
+         worker refused with it stops. Over HTTP, whatever the auth mode: a `Host` that is not \
+         an IP address, `localhost` or a name of `http_allowed_hosts` (DNS rebinding; \
+         `/healthz`, `/readyz` and `/metrics` excepted), and a `POST` whose `Origin` is another \
+         site.",
     ),
     (
         "NOT_FOUND",
@@ -1061,7 +1066,8 @@ const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
         "No server answers a request on `P.api.*` in time; JetStream does not acknowledge a \
          submission; the submit stream or results bucket cannot be read; the leader's driver \
          has stopped; `/healthz` or `/readyz` when not live or not ready; over HTTP, a request \
-         not answered within 30 s, or a connection beyond `http_max_connections` (then closed). \
+         not answered within 30 s, or a connection beyond `http_max_connections` while every \
+         open one is in a request with its body read (then closed). \
          Clients and workers \
          retry it.",
     ),

@@ -188,14 +188,14 @@ test("the dashboard shows a labeled task make its group busy, then its outcome",
   assert.match(await page.textContent(taskRow), /#1 · gpu=a100 · gpu-1 · running/);
 
   // A task for labels nobody has waits, and the page says why.
-  await json(`${base}/v1/tasks`, { method: "POST", body: JSON.stringify({ labels: { gpu: "h100" }, payload: "nobody" }) });
+  await json(`${base}/v1/tasks`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ labels: { gpu: "h100" }, payload: "nobody" }) });
   const h100 = '#pools tr[data-demand="gpu=h100"]';
   await page.waitForSelector(`${h100}[data-reason="no_group_matches"]`);
   assert.match(await page.textContent(h100), /no worker carries these labels/);
 
   // Some load for the screenshot: every slot busy and a queue behind them.
   for (const [labels, payload] of [[{}, "etl-1"], [{}, "etl-2"], [{}, "etl-3"], [{ gpu: "a100" }, "train-2"], [{ gpu: "a100" }, "train-3"]]) {
-    await json(`${base}/v1/tasks`, { method: "POST", body: JSON.stringify({ labels, payload }) });
+    await json(`${base}/v1/tasks`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ labels, payload }) });
   }
   await page.waitForSelector(`${gpuGroup}[data-busy="2"]`);
   await page.waitForSelector('#pools tr[data-group=""][data-busy="2"]');
