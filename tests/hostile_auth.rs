@@ -52,7 +52,9 @@ async fn one_worker_credential_cannot_depose_the_leader_with_heartbeats() {
         text.replace("worker_timeout = \"2s\"", "worker_timeout = \"60s\"")
     })
     .await;
-    s.token_worker("honest", "gpu=a100");
+    // The honest worker's group (zone=eu) is one the flooder is not in,
+    // so the task after the flood can only run there.
+    s.token_worker("honest", "gpu=a100,zone=eu");
     s.worker_registered("honest").await;
     let before = leader(&s).await;
     let gpu = Credential::token(GPU);
@@ -91,7 +93,7 @@ async fn one_worker_credential_cannot_depose_the_leader_with_heartbeats() {
     // The leader still leads and still runs tasks.
     let sub = Credential::token(SUB_A);
     let after = s
-        .submit(Some(&sub), &labelled("after-flood", "gpu=a100"))
+        .submit(Some(&sub), &labelled("after-flood", "gpu=a100,zone=eu"))
         .await;
     let done = s
         .until(after, "succeeded", |t| t.state == TaskState::Succeeded)
