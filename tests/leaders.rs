@@ -172,6 +172,16 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
         log.contains("lost leadership") || log.contains("driver stops"),
         "{log}"
     );
+    // Issue 20 finding 1: resumed, it judged its right to act before
+    // acting on its timers. Every worker looked silent past worker_timeout
+    // and every lease looked expired to it; it removed none and lost none
+    // (it used to log `worker removed` for each, fenced only at the write).
+    for acted in ["worker removed", "lease expired"] {
+        assert!(
+            !log.contains(acted),
+            "the deposed leader acted ({acted}):\n{log}"
+        );
+    }
 
     // The deposed server follows the journal again (a leader does not
     // follow its own writes): when the successor dies with a task running,

@@ -99,12 +99,28 @@ impl Standby {
     }
 }
 
-/// The leader's rule: it may act (lease, reply, write) until `timeout`
-/// after it *sent* its last stored write on the leader subject — never
-/// later than a follower may take over, since a follower counts from
-/// when it first saw that write, which is after it was sent.
+/// The leader's rule: it may act (lease, reply, write, look at its
+/// timers) until `timeout` after it *sent* its last stored write on the
+/// leader subject, less [`act_margin`] — never later than a follower may
+/// take over, since a follower counts from when it first saw that write,
+/// which is after it was sent. The margin covers what happens between
+/// the check at the top of a turn and the turn's last publish, and clocks
+/// that run at slightly different rates.
+///
+/// ```
+/// use cronoq::core::Millis;
+/// use cronoq::server::election::may_act;
+/// assert!(may_act(Millis(2_699), Millis(0), Millis(3_000)));
+/// assert!(!may_act(Millis(2_700), Millis(0), Millis(3_000)));
+/// ```
 pub fn may_act(now: Millis, last_sent: Millis, timeout: Millis) -> bool {
-    now < last_sent.plus(timeout)
+    now.plus(act_margin(timeout)) < last_sent.plus(timeout)
+}
+
+/// How long before the election timeout a leader stops acting: a tenth
+/// of it (300 ms of the default 3 s).
+pub fn act_margin(timeout: Millis) -> Millis {
+    Millis(timeout.0 / 10)
 }
 
 /// What the leader subject holds.

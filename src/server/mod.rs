@@ -976,7 +976,16 @@ async fn lead(
                 .map_err(nats_err(format!("subscribing to {subject}")))?,
         );
     }
-    let api_requests = tokio::spawn(serve_api(base.client.clone(), api.clone(), requests));
+    let tenure = Tenure {
+        renewed,
+        timeout: election.timeout(),
+    };
+    let api_requests = tokio::spawn(serve_api(
+        base.client.clone(),
+        api.clone(),
+        requests,
+        tenure.clone(),
+    ));
     let committer = tokio::spawn(commit(
         commit_rx,
         CommitCtx {
@@ -1001,12 +1010,12 @@ async fn lead(
             submit_stream: base.submit_stream.clone(),
             subjects: base.subjects.clone(),
             guard,
+            tenure: tenure.clone(),
         },
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
     let driver = {
         let api = api.clone();
-        let timeout = election.timeout();
         tokio::spawn(async move {
             drive(
                 driver,
@@ -1015,7 +1024,7 @@ async fn lead(
                 pending,
                 floor_tx,
                 &api.inner.driver_beat,
-                Tenure { renewed, timeout },
+                tenure,
             )
             .await;
             api.inner.driver_alive.store(false, Ordering::Relaxed);
@@ -1029,9 +1038,13 @@ async fn lead(
     })
 }
 
-/// The driver's right to act ([`election::may_act`]): until the election
-/// timeout after its last stored renewal was sent (a follower takes over
-/// only after seeing no renewal for that long on its own clock).
+/// The leadership's right to act ([`election::may_act`]): until the
+/// election timeout (less a margin) after its last stored renewal was sent
+/// (a follower takes over only after seeing no renewal for that long on
+/// its own clock). Judged on the monotonic clock when it is about to act:
+/// at the top of every driver turn and before every input, before the
+/// committer announces a turn, and before a request is answered.
+#[derive(Clone)]
 struct Tenure {
     renewed: Arc<election::AtomicInstant>,
     timeout: Duration,
@@ -1040,6 +1053,17 @@ struct Tenure {
 impl Tenure {
     fn valid(&self) -> bool {
         self.renewed.may_act(self.timeout)
+    }
+
+    /// `valid`, and if not, the driver steps down (acts on nothing more;
+    /// the election loop sees the driver stop and stands by).
+    fn check(&self, driver: &mut Driver) -> bool {
+        if self.valid() {
+            return true;
+        }
+        tracing::warn!("leadership not renewed in time: acting on nothing more; the driver stops");
+        driver.step_down();
+        false
     }
 }
 
@@ -1708,8 +1732,14 @@ async fn serve_api(
     client: async_nats::Client,
     api: LeaderApi,
     mut requests: futures_util::stream::SelectAll<async_nats::Subscriber>,
+    tenure: Tenure,
 ) {
     while let Some(msg) = requests.next().await {
+        // A deposed leader answers nothing (its successor does): not even
+        // the checks answered here, such as a heartbeat's "not registered".
+        if !tenure.valid() {
+            continue;
+        }
         let reply = msg.reply.as_ref().map(|r| r.to_string());
         let input = match api.inner.subjects.parse_worker_api(msg.subject.as_str()) {
             Some((worker_id, verb)) => worker_request(&client, &api, &msg, worker_id, verb),
@@ -1993,15 +2023,31 @@ async fn drive(
         tokio::select! {
             input = inputs.recv() => {
                 let Some(input) = input else { return };
+                // The right to act is judged before every input: a pause
+                // (SIGSTOP, a stalled VM) can fall between any two.
+                if !tenure.check(&mut driver) {
+                    return;
+                }
                 handle_guarded(&mut driver, wall_now(), input);
                 for _ in 0..1024 {
                     match inputs.try_recv() {
-                        Ok(input) => handle_guarded(&mut driver, wall_now(), input),
+                        Ok(input) => {
+                            if !tenure.check(&mut driver) {
+                                return;
+                            }
+                            handle_guarded(&mut driver, wall_now(), input)
+                        }
                         Err(_) => break,
                     }
                 }
             }
             _ = tokio::time::sleep(wait) => {}
+        }
+        // Before the timers too: a leader resumed after a pause past the
+        // election timeout finds every worker silent and every lease
+        // expired, and must not act on that (a successor leads).
+        if !tenure.check(&mut driver) {
+            return;
         }
         let now = wall_now();
         if now >= last_housekeeping.plus(housekeeping_every)
@@ -2015,11 +2061,7 @@ async fn drive(
             }
             last_housekeeping = now;
         }
-        if !tenure.valid() {
-            // No renewal for the election timeout: a follower may take
-            // over any moment. Publish nothing more (leases, replies);
-            // the election loop steps down.
-            tracing::warn!("leadership not renewed in time; the driver stops");
+        if !tenure.check(&mut driver) {
             return;
         }
         let mut turn = Turn::default();
@@ -2140,6 +2182,10 @@ struct CommitCtx {
     subjects: Subjects,
     /// Signs leases and revokes with the worker's session (auth on).
     guard: Arc<Guard>,
+    /// A turn is announced only while the leadership may act: its writes
+    /// may have been stored just before a pause, and a lease or reply sent
+    /// after it would come from a deposed leader.
+    tenure: Tenure,
 }
 
 /// One record's write: done with `true` once stored, `false` if fenced out.
@@ -2361,6 +2407,10 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                 if is_terminal {
                     terminal.push(seq);
                 }
+            }
+            if !ctx.tenure.valid() {
+                tracing::warn!("leadership not renewed in time: announcing nothing more");
+                return;
             }
             {
                 let mut pending = ctx.pending.lock().unwrap_or_else(|e| e.into_inner());

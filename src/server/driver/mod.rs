@@ -463,6 +463,8 @@ pub(crate) struct Driver {
     live_seqs: BTreeSet<u64>,
     next_unseen: u64,
     out: Vec<Output>,
+    /// This leadership's right to act lapsed ([`Driver::step_down`]).
+    deposed: bool,
 }
 
 fn stale(message: impl Into<String>) -> WireError {
@@ -511,7 +513,27 @@ impl Driver {
             live_seqs: BTreeSet::new(),
             next_unseen: 1,
             out: Vec::new(),
+            deposed: false,
         }
+    }
+
+    /// This leadership's right to act lapsed: its last stored renewal is
+    /// older than the election timeout allows ([`super::election::may_act`],
+    /// judged by the runner's clock at the top of a turn), so a successor
+    /// may lead already. From now on the driver acts on nothing: inputs
+    /// are dropped unanswered (their responders with them), timers are
+    /// not looked at (a paused leader would otherwise find every worker
+    /// silent and remove it), and nothing queued goes out.
+    pub(crate) fn step_down(&mut self) {
+        self.deposed = true;
+        self.out.clear();
+        self.dirty.clear();
+    }
+
+    /// Whether [`Driver::step_down`] was called.
+    #[cfg(test)]
+    pub(crate) fn deposed(&self) -> bool {
+        self.deposed
     }
 
     /// The core's invariants (simulation and tests).
@@ -529,6 +551,9 @@ impl Driver {
     /// written when the attempt ends, or when it is due again (covering
     /// the entry). Each call is one turn ([`Driver::turn`]).
     pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+        if self.deposed {
+            return Vec::new();
+        }
         self.turn += 1;
         let turn = self.turn;
         let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
@@ -776,6 +801,9 @@ impl Driver {
     }
 
     pub(crate) fn handle(&mut self, now: Millis, input: Input) {
+        if self.deposed {
+            return;
+        }
         self.now = self.now.max(now);
         match input {
             Input::CaughtUp => {
@@ -926,6 +954,9 @@ impl Driver {
 
     /// Timers of the core, expired leases, silent workers.
     pub(crate) fn housekeeping(&mut self, now: Millis) {
+        if self.deposed {
+            return;
+        }
         self.now = self.now.max(now);
         let _ = self.apply(now, Event::Tick);
         // Records due to be written again: journaled at the end of this
