@@ -1,7 +1,9 @@
 //! `cronoq server`: the NATS shell around the [`driver::Driver`].
 //!
 //! At start the server connects to NATS (retrying until it can), makes sure
-//! the JetStream objects exist — the submit stream (`P_SUBMIT`, capturing
+//! the JetStream objects exist (waiting, with a `waiting for jetstream`
+//! warning and backoff, while JetStream does not answer: a cluster still
+//! electing) — the submit stream (`P_SUBMIT`, capturing
 //! `P.submit.>`, file storage, 2-minute duplicate window), the results
 //! bucket (`P_RESULTS`) and the state bucket (`P_STATE`, holding the epoch
 //! counter, bumped by every start) — and then runs these tasks:
@@ -547,6 +549,13 @@ pub async fn serve(
         .map(PoolSection::to_core)
         .collect::<Result<Vec<_>, _>>()?;
 
+    // One stop signal for start-up, the HTTP server and the election loop.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+
     let login = s.nats_login();
     let client = connect_nats(
         &s.nats_url,
@@ -586,51 +595,80 @@ pub async fn serve(
         num_replicas: s.replicas,
         ..Default::default()
     };
-    let submit_stream = ensure_stream(&js, submit_config, "the submit stream").await?;
-    ensure_stream(
-        &js,
-        stream::Config {
-            name: subjects.dead_letter_stream(),
-            subjects: vec![subjects.dead_letter_all()],
-            storage: stream::StorageType::File,
-            max_age: Duration::from_secs(7 * 24 * 3600),
-            max_messages: 100_000,
-            discard: stream::DiscardPolicy::Old,
-            num_replicas: s.replicas,
-            ..Default::default()
-        },
-        "the dead-letter stream",
-    )
-    .await?;
-    let results = match js.get_key_value(subjects.results_bucket()).await {
-        Ok(kv) => kv,
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: subjects.results_bucket(),
-                history: 1,
-                max_age: s.results_ttl,
-                storage: stream::StorageType::File,
-                num_replicas: s.replicas,
-                ..Default::default()
-            })
-            .await
-            .map_err(nats_err("creating the results bucket"))?,
+    // JetStream may not be ready yet (a cluster still electing its meta
+    // leader, nats-server started without JetStream for now): every step
+    // that needs it waits for it, as the connection waits for NATS.
+    let Some(submit_stream) = until_jetstream("the submit stream", &stop_rx, || {
+        ensure_stream(&js, submit_config.clone(), "the submit stream")
+    })
+    .await
+    else {
+        return Ok(());
     };
-    // One fence check per group commit instead of one per record.
-    let atomic_batches = s.journal_in_batches()
-        && match journal::enable_atomic(
-            &js,
-            &client.server_info().version,
-            &format!("KV_{}", subjects.results_bucket()),
-        )
-        .await
-        {
-            Ok(on) => on,
-            Err(e) => {
+    let dead_letter_config = stream::Config {
+        name: subjects.dead_letter_stream(),
+        subjects: vec![subjects.dead_letter_all()],
+        storage: stream::StorageType::File,
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        max_messages: 100_000,
+        discard: stream::DiscardPolicy::Old,
+        num_replicas: s.replicas,
+        ..Default::default()
+    };
+    let Some(_) = until_jetstream("the dead-letter stream", &stop_rx, || {
+        ensure_stream(&js, dead_letter_config.clone(), "the dead-letter stream")
+    })
+    .await
+    else {
+        return Ok(());
+    };
+    let Some(results) = until_jetstream("the results bucket", &stop_rx, || async {
+        match js.get_key_value(subjects.results_bucket()).await {
+            Ok(kv) => Ok(kv),
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: subjects.results_bucket(),
+                    history: 1,
+                    max_age: s.results_ttl,
+                    storage: stream::StorageType::File,
+                    num_replicas: s.replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(nats_err("creating the results bucket")),
+        }
+    })
+    .await
+    else {
+        return Ok(());
+    };
+    // One fence check per group commit instead of one per record. Waited
+    // for like the rest while JetStream does not answer; a refusal (the
+    // stream will not take the setting) means record by record.
+    let atomic_batches = if s.journal_in_batches() {
+        let results_stream = format!("KV_{}", subjects.results_bucket());
+        let version = client.server_info().version;
+        let asked = until_jetstream("atomic batches on the results stream", &stop_rx, || async {
+            match journal::enable_atomic(&js, &version, &results_stream).await {
+                Err(e) if jetstream_not_answering(&e) => Err(Error::Nats {
+                    context: "allowing atomic batches".into(),
+                    source: e.into(),
+                }),
+                answer => Ok(answer),
+            }
+        })
+        .await;
+        match asked {
+            None => return Ok(()),
+            Some(Ok(on)) => on,
+            Some(Err(e)) => {
                 tracing::warn!(error = %e, "cannot allow atomic batches on the results stream");
                 false
             }
-        };
+        }
+    } else {
+        false
+    };
     tracing::info!(
         atomic_batches,
         "journal writes: {}",
@@ -674,12 +712,6 @@ pub async fn serve(
         }),
     };
 
-    // One stop signal for the HTTP server and the election loop.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
     tracing::info!(addr = %http_addr, "http api listening");
     // With credentials required, the HTTP API calls the leader over NATS
     // as each caller (its Bearer token), so the leader alone enforces.
@@ -786,6 +818,70 @@ pub async fn serve(
     };
     let _ = client.flush().await;
     result
+}
+
+/// Runs a start-up step that needs JetStream until it succeeds, with a
+/// warning saying what it waits for and backoff (250 ms doubling to 5 s);
+/// `None` if the server is told to stop meanwhile. Every error is waited
+/// out: while a JetStream cluster elects its meta leader it answers
+/// timeouts, `UNAVAILABLE` and "insufficient resources" alike, and a
+/// server that exited then would have to be restarted by hand.
+async fn until_jetstream<T, F, Fut>(
+    what: &str,
+    stop: &watch::Receiver<bool>,
+    mut step: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut delay = Duration::from_millis(250);
+    let mut tries = 0u32;
+    loop {
+        let result = tokio::select! {
+            result = step() => result,
+            () = stopped(stop.clone()) => return None,
+        };
+        match result {
+            Ok(value) => {
+                if tries > 0 {
+                    tracing::info!(what, tries, "jetstream ready");
+                }
+                return Some(value);
+            }
+            Err(e) => {
+                tries += 1;
+                tracing::warn!(
+                    what,
+                    tries,
+                    retry_in_ms = delay.as_millis() as u64,
+                    error = %e,
+                    "waiting for jetstream"
+                );
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = stopped(stop.clone()) => return None,
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// An error of a JetStream request that says nothing about the request
+/// itself: no answer (yet).
+fn jetstream_not_answering(error: &str) -> bool {
+    let e = error.to_ascii_lowercase();
+    [
+        "timed out",
+        "timeout",
+        "no responders",
+        "unavailable",
+        "not enabled",
+        "10008",
+    ]
+    .iter()
+    .any(|s| e.contains(s))
 }
 
 /// Resolves once `stop` turns true.
