@@ -73,7 +73,7 @@ impl Driver {
             } else {
                 TaskState::Queued
             };
-            self.event(now, id, state, 0, None, None, None, None);
+            self.event(now, id, spec_pool, state, 0, None, None);
         }
         if self.cancel_on_arrival.remove(&id) {
             let _ = self.cancel(now, id);
@@ -257,34 +257,24 @@ impl Driver {
         self.ledger.status(&self.core, id)
     }
 
+    /// Announces a task's new state on `P.events.<task_id>`: id, pool,
+    /// state, attempt, group and worker — never its output or error text
+    /// (issue 20: every submitter and reader may subscribe to every
+    /// task's events). A waiter reads the task through the API, where
+    /// its credential is checked, once the event says it ended.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn event(
         &mut self,
         now: Millis,
         id: TaskId,
+        pool: PoolName,
         state: TaskState,
         attempt: u32,
         group: Option<Labels>,
         worker: Option<String>,
-        output: Option<Bytes>,
-        error: Option<String>,
     ) {
         if !self.settings.events.announces(state) {
             return;
-        }
-        // An event NATS cannot carry would be lost: waiters would only
-        // learn of the end by polling. The output stays in the task.
-        let room = self.settings.max_reply_bytes.saturating_sub(4096);
-        let mut output = output;
-        let mut error = error;
-        let size = |o: &Option<Bytes>, e: &Option<String>| {
-            o.as_ref().map_or(0, Bytes::len) + e.as_ref().map_or(0, String::len)
-        };
-        if size(&output, &error) > room {
-            output = None;
-            if let Some(e) = &mut error {
-                crate::task::cut_chars(e, wire::RECORD_ERROR_CHARS);
-            }
         }
         let subject = self.subjects.events(id);
         self.publish(
@@ -292,12 +282,11 @@ impl Driver {
             &TaskEvent {
                 v: PROTOCOL_VERSION,
                 task_id: id,
+                pool,
                 state,
                 attempt,
                 group,
                 worker,
-                output,
-                error,
                 at: now,
             },
         );
@@ -315,12 +304,11 @@ impl Driver {
         self.event(
             now,
             done.id,
+            done.pool.clone(),
             done.state,
             done.attempts.len() as u32,
             last.map(|a| a.group.clone()),
             last.and_then(|a| a.worker.clone()),
-            done.output.clone(),
-            done.error.clone(),
         );
         self.forget_refresh(done.id);
         let mut record = TaskRecord::of_outcome(done);
@@ -373,7 +361,7 @@ impl Driver {
                     v: PROTOCOL_VERSION,
                     task_id: task,
                     attempt,
-                    pool,
+                    pool: pool.clone(),
                     group: labels.clone(),
                     payload,
                     ttl: self.settings.lease_ttl,
@@ -411,12 +399,11 @@ impl Driver {
                 self.event(
                     now,
                     task,
+                    pool,
                     TaskState::Running,
                     attempt,
                     Some(labels),
                     Some(worker_id),
-                    None,
-                    None,
                 );
             }
             Action::Revoke {
@@ -447,17 +434,12 @@ impl Driver {
             }
             Action::RetryAt { task, attempt, at } => {
                 tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
-                let error = self.ledger.last_error(task).map(str::to_string);
-                self.event(
-                    now,
-                    task,
-                    TaskState::Queued,
-                    attempt - 1,
-                    None,
-                    None,
-                    None,
-                    error,
-                );
+                let pool = self
+                    .core
+                    .task(task)
+                    .map(|t| t.pool.clone())
+                    .unwrap_or_default();
+                self.event(now, task, pool, TaskState::Queued, attempt - 1, None, None);
             }
             Action::Finished {
                 task,
