@@ -373,7 +373,7 @@ fn deploy_nats_configs_are_valid() {
         );
         let text = std::fs::read_to_string(&conf).expect("reading the config");
         let needles: &[&str] = match name {
-            "auth.conf" => &["accounts", "jetstream: enabled", "permissions"],
+            "auth.conf" => &["accounts", "jetstream {", "max_file:", "permissions"],
             "nats-single.conf" => &["jetstream", "include ./auth.conf"],
             _ => &[
                 "jetstream",

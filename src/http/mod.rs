@@ -1239,6 +1239,16 @@ pub fn counters_text(m: &crate::metrics::MetricsSnapshot) -> String {
             "Journal records (task results) being written and not yet acknowledged by JetStream.",
         )
         .sample("cronoq_journal_pending_records", &[], s.journal_pending);
+        let name = "cronoq_submissions_refused_unattributed_total";
+        let mut family = Family::start(
+            &mut out,
+            name,
+            "counter",
+            "Submissions dropped unrecorded because no credential's proof verifies on them, by code.",
+        );
+        for (code, count) in &s.refused_unattributed {
+            family.sample(name, &[("code", code)], *count);
+        }
     }
     out
 }

@@ -164,6 +164,8 @@ struct LeaderInner {
     /// loop: a loop that stops turning makes the server unready.
     driver_beat: AtomicU64,
     consumer_beat: AtomicU64,
+    /// [`Driver::consumed_below`] after the driver's last turn.
+    consumed_below: AtomicU64,
     allow_undeclared_pools: bool,
     declared_pools: BTreeSet<PoolName>,
     epoch: u64,
@@ -273,7 +275,11 @@ impl LeaderApi {
         if let Some(status) = self.stored_result(id).await? {
             return Ok(status);
         }
-        if let Some(pool) = self.accepted(id).await? {
+        // Still in the stream though the driver read past it: dropped
+        // (no credential verified on it), and purged with the prefix of
+        // finished submissions once the tasks before it end.
+        let dropped = id.0 < self.inner.consumed_below.load(Ordering::Relaxed);
+        if let Some(pool) = self.accepted(id).await?.filter(|_| !dropped) {
             return Ok(TaskStatus {
                 id,
                 pool,
@@ -357,10 +363,9 @@ impl LeaderApi {
     /// and journal figures (see [`Api::metrics`]).
     pub async fn metrics(&self) -> Result<MetricsSnapshot, WireError> {
         let mut m = self.ask(Input::Metrics).await?;
-        m.server = Some(ServerMetrics {
-            takeovers: self.inner.takeovers.load(Ordering::Relaxed),
-            journal_pending: self.inner.journal_pending.load(Ordering::Relaxed),
-        });
+        let server = m.server.get_or_insert_with(ServerMetrics::default);
+        server.takeovers = self.inner.takeovers.load(Ordering::Relaxed);
+        server.journal_pending = self.inner.journal_pending.load(Ordering::Relaxed);
         Ok(m)
     }
 
@@ -1011,6 +1016,7 @@ async fn lead(
             max_payload_bytes: base.max_payload_bytes,
             driver_alive: AtomicBool::new(true),
             driver_beat: AtomicU64::new(now.0),
+            consumed_below: AtomicU64::new(0),
             consumer_beat: AtomicU64::new(now.0),
             allow_undeclared_pools: s.allow_undeclared_pools,
             declared_pools: base.pools.iter().map(|(name, _)| name.clone()).collect(),
@@ -1120,6 +1126,7 @@ async fn lead(
                 pending,
                 floor_tx,
                 &api.inner.driver_beat,
+                &api.inner.consumed_below,
                 tenure,
             )
             .await;
@@ -1476,8 +1483,41 @@ fn submission_input(
             record,
             start_slot,
         },
-        None => Input::Submitted { seq, pool, task },
+        None => match task {
+            Err(error) if unattributed(guard, m, published, &error) => {
+                Input::Unattributed { seq, error }
+            }
+            task => Input::Submitted { seq, pool, task },
+        },
     }
+}
+
+/// Whether a refused submission has nobody to attribute it to: auth is on
+/// and no credential's proof verifies on it — the guard refused it
+/// `UNAUTHENTICATED`, or it did not even decode and carries no proof that
+/// verifies. Such refusals are counted, not recorded
+/// ([`Input::Unattributed`]).
+fn unattributed(
+    guard: &Guard,
+    m: &async_nats::Message,
+    published: SystemTime,
+    error: &WireError,
+) -> bool {
+    if !guard.required() {
+        return false;
+    }
+    if error.code == ErrorCode::UNAUTHENTICATED {
+        return true;
+    }
+    // Checked only on this rare path: a proof is verified once otherwise.
+    let stored = Millis(
+        published
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    );
+    guard
+        .owner_of(m.subject.as_str(), m.headers.as_ref(), &m.payload, stored)
+        .is_none()
 }
 
 /// This process's warm copy of the journal once it has seen everything
@@ -2100,6 +2140,7 @@ async fn drive(
     pending: Pending,
     floor: watch::Sender<u64>,
     beat: &AtomicU64,
+    consumed: &AtomicU64,
     tenure: Tenure,
 ) {
     // Every deadline (the core's timers, lease expiries, silent workers,
@@ -2198,6 +2239,7 @@ async fn drive(
             let new = driver.purge_floor();
             std::mem::replace(f, new) != new
         });
+        consumed.store(driver.consumed_below(), Ordering::Relaxed);
     }
 }
 

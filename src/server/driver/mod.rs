@@ -80,6 +80,12 @@ pub(crate) enum Input {
         /// task's own record holds the attempts before it).
         start_slot: Option<u32>,
     },
+    /// A submission no credential's proof verifies on (auth on): nobody to
+    /// attribute it to, so it is counted and dropped, not recorded.
+    Unattributed {
+        seq: u64,
+        error: WireError,
+    },
     /// The consumer delivered every submission stored before this
     /// leadership began: the journal is read.
     CaughtUp,
@@ -465,6 +471,10 @@ pub(crate) struct Driver {
     out: Vec<Output>,
     /// This leadership's right to act lapsed ([`Driver::step_down`]).
     deposed: bool,
+    /// Unattributed refusals by code, and the last few
+    /// ([`Input::Unattributed`]).
+    refused_unattributed: BTreeMap<String, u64>,
+    refused_sample: std::collections::VecDeque<crate::metrics::RefusedSubmission>,
 }
 
 fn stale(message: impl Into<String>) -> WireError {
@@ -514,6 +524,8 @@ impl Driver {
             next_unseen: 1,
             out: Vec::new(),
             deposed: false,
+            refused_unattributed: BTreeMap::new(),
+            refused_sample: Default::default(),
         }
     }
 
@@ -697,6 +709,13 @@ impl Driver {
             .min(self.next_unseen)
     }
 
+    /// Every submission below this stream sequence has been handed to the
+    /// driver: one it does not know (and whose result is not stored) was
+    /// dropped ([`Input::Unattributed`]), not waiting to be read.
+    pub(crate) fn consumed_below(&self) -> u64 {
+        self.next_unseen
+    }
+
     /// When the runner must call [`Driver::housekeeping`] next at the latest.
     pub(crate) fn next_wakeup(&self) -> Option<Millis> {
         let reattach =
@@ -830,6 +849,7 @@ impl Driver {
                 }
             }
             Input::Submitted { seq, pool, task } => self.submitted(now, seq, pool, task),
+            Input::Unattributed { seq, error } => self.unattributed(seq, error),
             Input::Recovered {
                 seq,
                 pool,
@@ -918,7 +938,12 @@ impl Driver {
                 self.respond(to, Ok(snap));
             }
             Input::Metrics(to) => {
-                let metrics = self.ledger.metrics();
+                let mut metrics = self.ledger.metrics();
+                metrics.server = Some(crate::metrics::ServerMetrics {
+                    refused_unattributed: self.refused_unattributed.clone(),
+                    refused_sample: self.refused_sample.iter().cloned().collect(),
+                    ..Default::default()
+                });
                 self.respond(to, Ok(metrics));
             }
             Input::Stored(turn) => self.slots.stored(turn),

@@ -218,6 +218,41 @@ impl Driver {
             .is_some_and(|p| p.attempt == attempt && p.worker == worker_id)
     }
 
+    /// A submission no credential's proof verifies on, with auth on: an
+    /// unsigned or forged publish to the submit subject, which any NATS
+    /// user allowed to publish there can make by the hundred thousand.
+    /// Nobody can be told and nobody asked for it, so it costs one count
+    /// by code and a place in the last [`crate::metrics::REFUSED_SAMPLE`]
+    /// (`/metrics`, and a warning for the first and every 1,000th) — no
+    /// task record, no dead letter, no event — and the stream drops it
+    /// with the finished submissions ([`Output::Discard`]). A refusal of a
+    /// credential whose proof verifies (a pool or role it may not use) is
+    /// recorded and dead-lettered as before: attributable, and bounded by
+    /// that NATS user's limits.
+    pub(super) fn unattributed(&mut self, seq: u64, error: WireError) {
+        self.next_unseen = self.next_unseen.max(seq + 1);
+        if self.ledger.knows(TaskId(seq)) {
+            return;
+        }
+        let code = error.code.as_str().to_string();
+        let count = self.refused_unattributed.entry(code.clone()).or_insert(0);
+        *count += 1;
+        let count = *count;
+        let mut reason = error.message;
+        crate::task::cut_chars(&mut reason, 200);
+        if count == 1 || count % 1_000 == 0 {
+            tracing::warn!(seq, code = %code, count, reason = %reason, "submissions without a verifying proof dropped");
+        } else {
+            tracing::debug!(seq, code = %code, "submission without a verifying proof dropped");
+        }
+        if self.refused_sample.len() == crate::metrics::REFUSED_SAMPLE {
+            self.refused_sample.pop_front();
+        }
+        self.refused_sample
+            .push_back(crate::metrics::RefusedSubmission { seq, code, reason });
+        self.out.push(Output::Discard { seq });
+    }
+
     /// A submission that cannot run: recorded as a failed task with the
     /// reason (so `task` answers and the stream can drop it) and copied to
     /// the dead-letter stream. Never retried: the same bytes would be
