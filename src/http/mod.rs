@@ -764,11 +764,14 @@ async fn autoscale(Caller(api): Caller, uri: Uri) -> Result<Json<AutoscaleAnswer
 async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {
     // A follower asks the leader for the snapshot; with `[auth] required`
     // it has no credential of its own to ask with, and exports its health
-    // alone (the leader exports the pools).
+    // alone (the leader exports the pools). Unready with no leader to ask:
+    // its health alone too, so `cronoq_unready` says why.
     let snapshot = match api.snapshot().await {
         Ok(snapshot) => snapshot,
         Err(e)
-            if e.code == ErrorCode::UNAUTHENTICATED || e.code == ErrorCode::PERMISSION_DENIED =>
+            if e.code == ErrorCode::UNAUTHENTICATED
+                || e.code == ErrorCode::PERMISSION_DENIED
+                || (e.code == ErrorCode::UNAVAILABLE && !api.health().ready) =>
         {
             Snapshot::default()
         }
@@ -901,6 +904,15 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
         "1 when the server is ready (connected, and leading or following a known leader).",
     )
     .sample("cronoq_ready", &[], u64::from(health.ready));
+    if !health.ready {
+        Family::start(
+            &mut out,
+            "cronoq_unready",
+            "gauge",
+            "1 while the server is not ready, with the reason /readyz gives.",
+        )
+        .sample("cronoq_unready", &[("reason", &health.detail)], 1);
+    }
     if let Some(leader) = &snapshot.leader {
         Family::start(
             &mut out,

@@ -714,6 +714,8 @@ pub async fn serve(
             leading: std::sync::RwLock::new(None),
             remote,
             seen: seen_rx,
+            election_timeout: s.election_timeout,
+            missing: Arc::default(),
         }),
     };
 
@@ -742,6 +744,18 @@ pub async fn serve(
         stopped(stop_rx.clone()),
     ));
 
+    let assets = tokio::spawn(watch_assets(
+        js.clone(),
+        vec![
+            (subjects.submit_stream(), "the submit stream"),
+            (subjects.dead_letter_stream(), "the dead-letter stream"),
+            (
+                format!("KV_{}", subjects.results_bucket()),
+                "the results bucket's stream",
+            ),
+        ],
+        node.inner.missing.clone(),
+    ));
     let (warm_paused, warm_paused_rx) = watch::channel(false);
     let base = Base {
         config: config.clone(),
@@ -813,6 +827,7 @@ pub async fn serve(
     if let Some(follower) = follower {
         follower.abort();
     }
+    assets.abort();
     tracing::info!("shutting down");
     let result = match http.await {
         Ok(r) => r.map_err(|e| Error::Http {
@@ -1264,7 +1279,13 @@ struct NodeInner {
     client: async_nats::Client,
     leading: std::sync::RwLock<Option<LeaderApi>>,
     remote: crate::client::Client,
-    seen: watch::Receiver<Option<election::Observed>>,
+    seen: watch::Receiver<Option<election::Seen>>,
+    /// The election timeout: a leader record that stands still for half of
+    /// it means no server leads.
+    election_timeout: Duration,
+    /// The JetStream streams cronoq needs that are missing (looked at every
+    /// couple of seconds by [`watch_assets`]); `None`: all there.
+    missing: Arc<std::sync::RwLock<Option<String>>>,
 }
 
 impl NodeApi {
@@ -1285,6 +1306,19 @@ impl NodeApi {
     }
 
     fn health(&self) -> Health {
+        let missing = self
+            .inner
+            .missing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(missing) = missing {
+            return Health {
+                live: true,
+                ready: false,
+                detail: missing,
+            };
+        }
         if let Some(leader) = self.leader() {
             let mut health = leader.health();
             if health.ready {
@@ -1303,20 +1337,82 @@ impl NodeApi {
                 ready: false,
                 detail: "not connected to NATS".into(),
             },
-            (true, Some(o)) if o.record.as_ref().is_some_and(|r| !r.resigned) => Health {
-                live: true,
-                ready: true,
-                detail: format!(
-                    "follower of {} (epoch {})",
-                    o.record.as_ref().map_or("?", |r| r.id.as_str()),
-                    o.epoch()
-                ),
-            },
-            (true, _) => Health {
+            (true, Some(seen)) => follower_health(&seen, self.inner.election_timeout),
+            (true, None) => Health {
                 live: true,
                 ready: false,
                 detail: "no leader known yet".into(),
             },
+        }
+    }
+}
+
+/// A follower is ready while a server leads: the leader record is one a
+/// cronoq server wrote, not resigned, and moved within half the election
+/// timeout (a leader renews every quarter of it).
+fn follower_health(seen: &election::Seen, election_timeout: Duration) -> Health {
+    let o = &seen.observed;
+    let unready = |detail: String| Health {
+        live: true,
+        ready: false,
+        detail,
+    };
+    let Some(record) = &o.record else {
+        return unready("no leader known yet".into());
+    };
+    if let Some(why) = o.not_genuine() {
+        return unready(format!(
+            "no leader: the leader record was not written by a cronoq server ({why})"
+        ));
+    }
+    if record.resigned {
+        return unready("no leader: the last one resigned".into());
+    }
+    let still = seen.since.elapsed();
+    if still >= election_timeout / 2 {
+        return unready(format!(
+            "no leader: the leader record of {} has not moved for {} ms",
+            record.id,
+            still.as_millis()
+        ));
+    }
+    Health {
+        live: true,
+        ready: true,
+        detail: format!("follower of {} (epoch {})", record.id, o.epoch()),
+    }
+}
+
+/// Every couple of seconds, whether the JetStream streams cronoq needs
+/// (the submit and dead-letter streams, the results bucket's stream)
+/// exist; a missing one makes the server unready until it is back
+/// (`/readyz` and the `cronoq_unready` metric name it). A stream NATS does
+/// not answer about is not called missing.
+async fn watch_assets(
+    js: jetstream::Context,
+    names: Vec<(String, &'static str)>,
+    missing: Arc<std::sync::RwLock<Option<String>>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let mut gone = Vec::new();
+        for (name, what) in &names {
+            if let Err(e) = js.get_stream(name).await {
+                let text = e.to_string().to_ascii_lowercase();
+                if text.contains("not found") || text.contains("10059") {
+                    gone.push(format!("{what} {name}"));
+                }
+            }
+        }
+        let now = (!gone.is_empty()).then(|| format!("missing in JetStream: {}", gone.join(", ")));
+        let mut slot = missing.write().unwrap_or_else(|e| e.into_inner());
+        if *slot != now {
+            match &now {
+                Some(m) => tracing::error!(missing = %m, "a stream cronoq needs is missing"),
+                None => tracing::info!("every stream cronoq needs is there again"),
+            }
+            *slot = now;
         }
     }
 }
