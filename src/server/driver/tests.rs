@@ -241,6 +241,40 @@ fn idle_undeclared_pools_are_forgotten() {
     d.core.check_invariants().unwrap();
 }
 
+/// Issue 20 finding 4: submissions no credential verifies on are counted
+/// by code, the last 64 kept, and dropped with the purge — no record, no
+/// dead letter, no event — and the next valid submission runs.
+#[test]
+fn unattributed_submissions_are_counted_and_dropped_not_recorded() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    let _ = d.take_outputs();
+    for seq in 1..=100 {
+        d.handle(
+            Millis(1),
+            Input::Unattributed {
+                seq,
+                error: WireError::new(ErrorCode::UNAUTHENTICATED, "no proof"),
+            },
+        );
+    }
+    let outputs = d.take_outputs();
+    assert_eq!(outputs.len(), 100, "{outputs:?}");
+    assert!(outputs.iter().all(|o| matches!(o, Output::Discard { .. })));
+    assert_eq!(d.purge_floor(), 101);
+    assert_eq!(d.consumed_below(), 101);
+    assert!(d.status(TaskId(1)).is_none());
+    let (tx, mut rx) = oneshot::channel();
+    d.handle(Millis(2), Input::Metrics(Responder::Local(tx)));
+    answer(&mut d);
+    let server = rx.try_recv().unwrap().unwrap().server.unwrap();
+    assert_eq!(server.refused_unattributed["UNAUTHENTICATED"], 100);
+    assert_eq!(server.refused_sample.len(), crate::metrics::REFUSED_SAMPLE);
+    assert_eq!(server.refused_sample.last().map(|r| r.seq), Some(100));
+    submit(&mut d, 3, 101, "");
+    assert_eq!(leases(&mut d).len(), 1);
+}
+
 /// Issue 7 finding 1: a submission the core refuses (a deadline more
 /// than 10 years ahead) is recorded failed with its reason and goes to
 /// the dead-letter stream, and the next submission runs as usual.
