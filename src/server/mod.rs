@@ -1368,13 +1368,13 @@ fn follower_health(seen: &election::Seen, election_timeout: Duration) -> Health 
     if record.resigned {
         return unready("no leader: the last one resigned".into());
     }
-    let still = seen.since.elapsed();
-    if still >= election_timeout / 2 {
-        return unready(format!(
-            "no leader: the leader record of {} has not moved for {} ms",
-            record.id,
-            still.as_millis()
-        ));
+    // No figures or ids in a reason: it is a metric label too
+    // (`cronoq_unready{reason}`), and whoever can publish on the leader
+    // subject chooses the id.
+    if seen.since.elapsed() >= election_timeout / 2 {
+        return unready(
+            "no leader: the leader record has not moved for half the election timeout".into(),
+        );
     }
     Health {
         live: true,
