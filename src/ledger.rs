@@ -467,11 +467,6 @@ impl<X, R: Default> Ledger<X, R> {
     pub fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot()
     }
-
-    /// The error of the last failed attempt of a live task.
-    pub fn last_error(&self, id: TaskId) -> Option<&str> {
-        self.live.get(id)?.run.as_deref()?.error.as_deref()
-    }
 }
 
 /// The time from `then` to `now` (zero if the clock stood still).

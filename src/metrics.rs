@@ -173,6 +173,34 @@ pub struct ServerMetrics {
     /// another deployment's.
     #[serde(default)]
     pub storage_refused: u64,
+    /// Submissions this leadership dropped unrecorded because no
+    /// credential's proof verifies on them (auth on), by error code: an
+    /// unsigned or forged publish to the submit subject leaves this count,
+    /// not a task record or a dead letter each.
+    #[serde(default)]
+    pub refused_unattributed: std::collections::BTreeMap<String, u64>,
+    /// The last [`REFUSED_SAMPLE`] of them, oldest first.
+    #[serde(default)]
+    pub refused_sample: Vec<RefusedSubmission>,
+}
+
+/// How many unattributed refusals [`ServerMetrics::refused_sample`] keeps.
+pub const REFUSED_SAMPLE: usize = 64;
+
+/// One submission dropped because no credential's proof verifies on it.
+///
+/// ```
+/// let r = cronoq::metrics::RefusedSubmission { seq: 7, code: "UNAUTHENTICATED".into(), reason: "no proof".into() };
+/// assert_eq!(r.seq, 7);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedSubmission {
+    /// Its submit-stream sequence (purged with the finished ones).
+    pub seq: u64,
+    /// The refusal's code.
+    pub code: String,
+    /// Why, cut to 200 characters.
+    pub reason: String,
 }
 
 /// The recorder the ledger owns: figures per pool slot.

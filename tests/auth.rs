@@ -456,8 +456,10 @@ async fn clients_need_a_credential_a_role_a_pool_and_ownership() {
         }
     }
 
-    // Submissions: unsigned, by a reader, or to a pool not allowed are
-    // recorded failed with the code; nothing runs.
+    // Submissions by a reader, by a worker, or to a pool not allowed are
+    // recorded failed with the code; nothing runs. An unsigned one has
+    // nobody to attribute it to: counted and dropped, never recorded
+    // (issue 20 finding 4; it used to be recorded `[UNAUTHENTICATED]`).
     let unsigned = s.submit(None, &labelled("unsigned", "gpu=a100")).await;
     let by_reader = s
         .submit(Some(&reader), &labelled("by-reader", "gpu=a100"))
@@ -471,8 +473,17 @@ async fn clients_need_a_credential_a_role_a_pool_and_ownership() {
     let wrong_pool = s
         .submit(Some(&a), &labelled("wrong-pool", "gpu=a100").pool("other"))
         .await;
+    let admin_cred = Credential::token(ADMIN);
+    let admin_cred = &admin_cred;
+    let s_ref = &s;
+    eventually("the unsigned submission to be dropped", || async move {
+        match s_ref.get(Some(admin_cred), unsigned).await {
+            Err(e) if e.code == ErrorCode::NOT_FOUND => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     for (id, code) in [
-        (unsigned, "[UNAUTHENTICATED]"),
         (by_reader, "[PERMISSION_DENIED]"),
         (by_worker, "[PERMISSION_DENIED]"),
         (wrong_pool, "[PERMISSION_DENIED]"),
@@ -593,4 +604,118 @@ async fn workers_get_new_sessions_from_a_new_leader() {
         "{log}"
     );
     standby.kill9();
+}
+
+/// The number of messages a stream holds now.
+async fn stream_messages(js: &async_nats::jetstream::Context, name: &str) -> u64 {
+    js.get_stream(name)
+        .await
+        .unwrap_or_else(|e| panic!("stream {name}: {e}"))
+        .info()
+        .await
+        .unwrap_or_else(|e| panic!("stream {name}: {e}"))
+        .state
+        .messages
+}
+
+/// Issue 20 finding 4: submissions no credential's proof verifies on (any
+/// NATS user allowed to publish to the submit subject can send them by
+/// the hundred thousand) leave one count by code and a bounded sample,
+/// not a task record and a dead letter each, and the stream drops them;
+/// a signed submission still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsigned_submissions_leave_a_count_not_a_record_each() {
+    const FLOOD: u64 = 2_000;
+    let mut s = Setup::start().await;
+    s.token_worker("gpu1", "gpu=a100");
+    let js = async_nats::jetstream::new(s.client.clone());
+    let results = format!("KV_{}", s.subjects.results_bucket());
+    let dead_letters = s.subjects.dead_letter_stream();
+    let (results_before, dead_before) = (
+        stream_messages(&js, &results).await,
+        stream_messages(&js, &dead_letters).await,
+    );
+
+    let (subject, headers, body) =
+        wire::submission(&s.subjects, &labelled("unsigned", "gpu=a100")).unwrap();
+    for _ in 0..FLOOD {
+        s.client
+            .publish_with_headers(subject.clone(), headers.clone(), body.clone())
+            .await
+            .unwrap();
+    }
+    // Garbage without a proof is the same: nobody to attribute it to.
+    s.client
+        .publish_with_headers(subject.clone(), headers.clone(), "not msgpack".into())
+        .await
+        .unwrap();
+    s.client.flush().await.unwrap();
+
+    let metrics_url = format!("{}/metrics", s._server.http_url());
+    let metrics_url = &metrics_url;
+    let unauthenticated = format!(
+        "cronoq_submissions_refused_unattributed_total{{code=\"UNAUTHENTICATED\"}} {FLOOD}"
+    );
+    let unauthenticated = &unauthenticated;
+    eventually(
+        "the leader to count every unsigned submission",
+        || async move {
+            let (status, text) = procs::http_get(metrics_url).await;
+            if status == 200 && text.contains(unauthenticated.as_str()) {
+                Ok(text)
+            } else {
+                Err(text
+                    .lines()
+                    .filter(|l| l.contains("refused_unattributed"))
+                    .collect::<Vec<_>>()
+                    .join("\n"))
+            }
+        },
+    )
+    .await;
+    // The malformed one counts under its own code.
+    let (_, text) = procs::http_get(metrics_url).await;
+    assert!(
+        text.lines().any(|l| l.starts_with(
+            "cronoq_submissions_refused_unattributed_total{code=\"INVALID_ARGUMENT\"} 1"
+        )),
+        "{text}"
+    );
+
+    // No record, no dead letter each; the stream drops them.
+    let results_after = stream_messages(&js, &results).await;
+    let dead_after = stream_messages(&js, &dead_letters).await;
+    assert!(
+        results_after < results_before + 10,
+        "results stream {results_before} → {results_after}"
+    );
+    assert_eq!(dead_after, dead_before, "dead letters");
+    let submit = s.subjects.submit_stream();
+    let (js, submit) = (&js, &submit);
+    eventually("the submit stream to drop them", || async move {
+        match stream_messages(js, submit).await {
+            0 => Ok(()),
+            n => Err(format!("{n} messages")),
+        }
+    })
+    .await;
+    // The sample (last 64) is in the server's metrics; not a task.
+    let e = s
+        .get(Some(&Credential::token(ADMIN)), TaskId(1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NOT_FOUND, "{e}");
+
+    let valid = s
+        .submit(
+            Some(&Credential::token(SUB_A)),
+            &labelled("valid", "gpu=a100"),
+        )
+        .await;
+    let done = s
+        .until(valid, "the signed submission to run", |t| {
+            t.state.is_terminal()
+        })
+        .await;
+    assert_eq!(done.state, TaskState::Succeeded, "{done:?}");
 }

@@ -345,29 +345,23 @@ async fn a_token_submits_and_reads_and_nothing_passes_without_one() {
         assert_eq!(e.code(), ErrorCode::UNAUTHENTICATED, "{e}");
     }
     // ... and a submission, which the stream takes (it cannot check), is
-    // refused by the leader and never runs.
+    // refused by the leader and never runs: with nobody to attribute it
+    // to, it is counted and dropped, not recorded (issue 20 finding 4; it
+    // used to be recorded failed `[UNAUTHENTICATED]`).
     let refused = anonymous
         .submit(Task::new("x").pool("default"))
         .await
         .unwrap();
-    let status = eventually("the anonymous submission to be refused", || {
+    eventually("the anonymous submission to be dropped", || {
         let admin = admin.clone();
         async move {
             match admin.get(refused).await {
-                Ok(s) if s.state == TaskState::Failed => Ok(s),
+                Err(e) if e.code() == ErrorCode::NOT_FOUND => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         }
     })
     .await;
-    assert!(
-        status
-            .error
-            .as_deref()
-            .unwrap_or_default()
-            .contains("[UNAUTHENTICATED]"),
-        "{status:?}"
-    );
     let out = s.cli(&["task", "--nats", &url, &id.to_string()]).await;
     assert_code(&out, "UNAUTHENTICATED");
     let out = s.cli(&["submit", "--nats", &url, "x"]).await;

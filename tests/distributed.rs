@@ -820,3 +820,61 @@ async fn a_result_too_large_for_one_nats_message_is_cut_and_the_journal_goes_on(
         c.server.log_tail(200)
     );
 }
+
+/// Issue 20 finding 3: a plain NATS subscriber on `cronoq.events.>` (what
+/// every submitter and reader NATS user may do) sees the tasks of every
+/// pool end, but never what they produced: the terminal events of a task
+/// whose output is a secret and of one whose error is carry neither, and
+/// a waiter still gets both by reading the task.
+#[tokio::test]
+async fn task_events_carry_no_output_or_error_text() {
+    use futures_util::StreamExt as _;
+    let config = procs::SERVER_CONFIG.replacen("[server]\n", "[server]\nevents = \"all\"\n", 1);
+    let c = Cluster::start_configured(&config, &[("cpu", "", 2)]).await;
+    let nats = async_nats::connect(c.nats_url()).await.unwrap();
+    let mut events = nats.subscribe("cronoq.events.>").await.unwrap();
+    nats.flush().await.unwrap();
+
+    let ok = c.submit_payload("secret-output-8c1f", "").await;
+    let failed = c
+        .submit(Task::new("secret-error-5d2e fail").max_attempts(1))
+        .await;
+    let done = c.client.wait(ok).await.unwrap();
+    assert_eq!(
+        done.output.as_deref(),
+        Some("secret-output-8c1f on [] by cpu"),
+        "{}",
+        describe(&done)
+    );
+    let done = c.client.wait(failed).await.unwrap();
+    assert_eq!(done.state, TaskState::Failed, "{}", describe(&done));
+    assert!(
+        done.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("secret-error-5d2e"),
+        "{}",
+        describe(&done)
+    );
+
+    // Every event of both tasks, until both terminal ones came.
+    let mut terminal = BTreeMap::new();
+    let mut seen = 0;
+    while terminal.len() < 2 {
+        let message = tokio::time::timeout(procs::DEADLINE, events.next())
+            .await
+            .expect("the terminal events")
+            .expect("the subscription");
+        seen += 1;
+        let text = String::from_utf8_lossy(&message.payload);
+        assert!(!text.contains("secret"), "{}: {text:?}", message.subject);
+        let event: cronoq::wire::TaskEvent = cronoq::wire::decode(&message.payload).unwrap();
+        assert_eq!(event.pool.as_str(), "default");
+        if event.state.is_terminal() {
+            terminal.insert(event.task_id, event.state);
+        }
+    }
+    assert_eq!(terminal[&ok], TaskState::Succeeded);
+    assert_eq!(terminal[&failed], TaskState::Failed);
+    assert!(seen >= 4, "queued, running and the end of each: {seen}");
+}

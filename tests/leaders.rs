@@ -172,6 +172,16 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
         log.contains("lost leadership") || log.contains("driver stops"),
         "{log}"
     );
+    // Issue 20 finding 1: resumed, it judged its right to act before
+    // acting on its timers. Every worker looked silent past worker_timeout
+    // and every lease looked expired to it; it removed none and lost none
+    // (it used to log `worker removed` for each, fenced only at the write).
+    for acted in ["worker removed", "lease expired"] {
+        assert!(
+            !log.contains(acted),
+            "the deposed leader acted ({acted}):\n{log}"
+        );
+    }
 
     // The deposed server follows the journal again (a leader does not
     // follow its own writes): when the successor dies with a task running,
@@ -415,4 +425,94 @@ async fn running_attempts_survive_the_leaders_death_and_run_once() {
     let runs = c.runs();
     assert_eq!(runs.len(), 5, "each ran once, as attempt 1: {runs:?}");
     assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
+}
+
+/// `/readyz` of `server` and its body, once it answers `want` (200 or
+/// 503) with a body containing `detail`.
+async fn readyz_until(server: &CronoqServer, want: u16, detail: &str) -> String {
+    let url = format!("{}/readyz", server.http_url());
+    let url = &url;
+    eventually(
+        &format!("{} readyz {want} {detail:?}", server.id()),
+        || async move {
+            let (status, body) = http_get(url).await;
+            if status == want && body.contains(detail) {
+                Ok(body)
+            } else {
+                Err(format!("{status} {body}"))
+            }
+        },
+    )
+    .await
+}
+
+/// The `cronoq_unready` line of `server`'s `/metrics`.
+async fn unready_metric(server: &CronoqServer) -> String {
+    let (status, text) = http_get(&format!("{}/metrics", server.http_url())).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("cronoq_ready 0"), "{text}");
+    text.lines()
+        .find(|l| l.starts_with("cronoq_unready{"))
+        .unwrap_or_else(|| panic!("no cronoq_unready in {text}"))
+        .to_string()
+}
+
+/// Issue 20 finding 5: `/readyz` fails, and `/metrics` says why, when a
+/// stream cronoq needs is missing, when no server leads, and when the
+/// leader record is not one a cronoq server wrote (a plain NATS client
+/// on an open NATS can put one). It used to say "follower of evil".
+#[tokio::test]
+async fn readyz_fails_without_a_stream_a_leader_or_a_genuine_leader_record() {
+    let mut c = Cluster::start(&[]).await;
+    // The follower waits long before taking over: the time without a
+    // leader is long enough to see.
+    let slow =
+        procs::SERVER_CONFIG.replacen("election_timeout = \"3s\"", "election_timeout = \"10s\"", 1);
+    assert!(slow.contains("\"10s\""));
+    let follower = CronoqServer::start_configured(&c.nats, c.dir.path(), &slow, &[], false).await;
+    readyz_until(&follower, 200, "follower of").await;
+    let nats = async_nats::connect(c.nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(nats.clone());
+
+    // A stream deleted under the servers: both unready, naming it.
+    let dead_letters = js.get_stream("CRONOQ_DEADLETTER").await.unwrap();
+    let config = dead_letters.cached_info().config.clone();
+    js.delete_stream("CRONOQ_DEADLETTER").await.unwrap();
+    for server in [&c.server, &follower] {
+        readyz_until(server, 503, "the dead-letter stream CRONOQ_DEADLETTER").await;
+    }
+    let line = unready_metric(&c.server).await;
+    assert!(line.contains("CRONOQ_DEADLETTER"), "{line}");
+    js.create_stream(config).await.unwrap();
+    readyz_until(&c.server, 200, "leader").await;
+    readyz_until(&follower, 200, "follower of").await;
+
+    // The leader dies: until the follower takes over, nobody leads.
+    c.server.kill9();
+    readyz_until(&follower, 503, "no leader: the leader record").await;
+    let line = unready_metric(&follower).await;
+    assert!(line.contains("has not moved"), "{line}");
+    readyz_until(&follower, 200, "leader").await;
+
+    // A record no cronoq server wrote, put again and again: the leader
+    // is fenced out, and nobody is ready behind "evil".
+    let forger = tokio::spawn({
+        let nats = nats.clone();
+        async move {
+            loop {
+                let _ = nats
+                    .publish(
+                        "$KV.CRONOQ_RESULTS._leader",
+                        r#"{"id":"evil","epoch":99999999}"#.into(),
+                    )
+                    .await;
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    });
+    let body = readyz_until(&follower, 503, "not written by a cronoq server").await;
+    assert!(!body.contains("follower of evil"), "{body}");
+    let line = unready_metric(&follower).await;
+    assert!(line.contains("not written by a cronoq server"), "{line}");
+    forger.abort();
 }

@@ -81,25 +81,8 @@ fn start_nats_cluster(dir: &Path) -> Vec<Node> {
             .map(|(_, cluster)| format!("nats://127.0.0.1:{cluster}"))
             .collect::<Vec<_>>()
             .join(",");
-        let mut nodes: Vec<Node> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, &(port, cluster))| {
-                let name = format!("n{}-{}", i + 1, std::process::id());
-                let mut cmd = procs::command(&binary);
-                cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
-                    .args(["--server_name", &name, "--cluster_name", CLUSTER_NAME])
-                    .args(["--cluster", &format!("nats://127.0.0.1:{cluster}")])
-                    .args(["--routes", &routes])
-                    .arg("--store_dir")
-                    .arg(dir.join(format!("store-{}", i + 1)));
-                let log = dir.join(format!("nats-{}.log", i + 1));
-                Node {
-                    guard: Proc::spawn(&format!("nats-server {name}"), cmd, &log),
-                    name,
-                    port,
-                }
-            })
+        let mut nodes: Vec<Node> = (0..3)
+            .map(|i| spawn_node(&binary, dir, i, &ports, &routes))
             .collect();
         if nodes.iter_mut().all(accepting) {
             return nodes;
@@ -109,6 +92,26 @@ fn start_nats_cluster(dir: &Path) -> Vec<Node> {
         "the NATS cluster did not start; see the logs in {}",
         dir.display()
     );
+}
+
+/// Node `i` (0-based) of a three-node cluster on `ports` ((client,
+/// cluster) per node), routed to every node in `routes`.
+fn spawn_node(binary: &Path, dir: &Path, i: usize, ports: &[(u16, u16)], routes: &str) -> Node {
+    let (port, cluster) = ports[i];
+    let name = format!("n{}-{}", i + 1, std::process::id());
+    let mut cmd = procs::command(binary);
+    cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(["--server_name", &name, "--cluster_name", CLUSTER_NAME])
+        .args(["--cluster", &format!("nats://127.0.0.1:{cluster}")])
+        .args(["--routes", routes])
+        .arg("--store_dir")
+        .arg(dir.join(format!("store-{}", i + 1)));
+    let log = dir.join(format!("nats-{}.log", i + 1));
+    Node {
+        guard: Proc::spawn(&format!("nats-server {name}"), cmd, &log),
+        name,
+        port,
+    }
 }
 
 /// Waits until the node accepts connections as itself (its INFO line names
@@ -370,7 +373,7 @@ fn deploy_nats_configs_are_valid() {
         );
         let text = std::fs::read_to_string(&conf).expect("reading the config");
         let needles: &[&str] = match name {
-            "auth.conf" => &["accounts", "jetstream: enabled", "permissions"],
+            "auth.conf" => &["accounts", "jetstream {", "max_file:", "permissions"],
             "nats-single.conf" => &["jetstream", "include ./auth.conf"],
             _ => &[
                 "jetstream",
@@ -581,4 +584,106 @@ async fn cronoq_on_a_three_node_cluster_survives_losing_a_node() {
     drop(workers);
     drop(server);
     drop(nodes);
+}
+
+/// Issue 20 finding 2: a `cronoq server` started while JetStream cannot
+/// answer yet — one node of a three-node cluster up, so no meta leader
+/// can be elected — waits for it (saying so in its log) instead of
+/// exiting with `creating the dead-letter stream: jetstream request timed
+/// out`, and leads once the other nodes join.
+#[tokio::test]
+async fn a_server_started_before_jetstream_is_ready_waits_for_it_and_leads() {
+    let dir = scratch("nats-cluster-early");
+    let dir_path = dir.path().to_path_buf();
+    let binary = nats_server_binary();
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let routes = ports
+        .iter()
+        .map(|(_, cluster)| format!("nats://127.0.0.1:{cluster}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut first = spawn_node(&binary, &dir_path, 0, &ports, &routes);
+    assert!(accepting(&mut first), "node 1 did not start");
+
+    let config = dir_path.join("cronoq.toml");
+    std::fs::write(&config, CLUSTER_SERVER_CONFIG).expect("writing the server config");
+    let http: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let id = format!("early-{}", std::process::id());
+    let mut cmd = procs::command(procs::cronoq_binary());
+    cmd.arg("server")
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "--nats",
+            &first.url(),
+            "--http",
+            &http.to_string(),
+            "--id",
+            &id,
+        ])
+        .env("CRONOQ_LOG", "info,cronoq=debug,async_nats=warn");
+    let log = dir_path.join("server.log");
+    let mut server = Proc::spawn("cronoq server", cmd, &log);
+    eventually("the server to wait for jetstream", || {
+        let exited = server.exited();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        async move {
+            if let Some(status) = exited {
+                panic!("the server exited ({status}) instead of waiting:\n{text}");
+            }
+            if text.contains("waiting for jetstream") {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        }
+    })
+    .await;
+    assert!(server.exited().is_none(), "{}", server.log_tail(30));
+
+    // The rest of the cluster comes up: JetStream elects, the server leads.
+    let mut rest: Vec<Node> = (1..3)
+        .map(|i| spawn_node(&binary, &dir_path, i, &ports, &routes))
+        .collect();
+    for node in &mut rest {
+        assert!(accepting(node), "node {} did not start", node.name);
+    }
+    let api = ClientOptions::new()
+        .request_timeout(Duration::from_secs(2))
+        .http(&format!("http://{http}"))
+        .expect("a valid http url");
+    let api = &api;
+    let id = &id;
+    eventually("the server to lead", || async move {
+        let snap = api.snapshot().await.map_err(|e| e.to_string())?;
+        match snap.leader {
+            Some(l) if &l.id == id => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(server.exited().is_none(), "{}", server.log_tail(30));
+    let client = ClientOptions::new()
+        .request_timeout(Duration::from_secs(2))
+        .connect(&first.url())
+        .await
+        .expect("connecting the test client");
+    let mut worker = CronoqWorker::start(&first.url(), &dir_path, "w", "", 1);
+    registered(&client, worker.id()).await;
+    let (task, _) = submit(&client, "after-the-wait").await;
+    let status = eventually("the task to finish", || {
+        let client = client.clone();
+        async move {
+            match client.get(task).await {
+                Ok(s) if s.state.is_terminal() => Ok(s),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
+    worker.terminate();
+    drop(server);
+    drop(rest);
+    drop(first);
 }

@@ -421,15 +421,23 @@ fn task_events() -> Vec<TaskEvent> {
         TaskEvent {
             v: PROTOCOL_VERSION,
             task_id: TaskId(42),
+            pool: pool("inference"),
             state: TaskState::Succeeded,
             attempt: 1,
             group: Some(labels(&[("gpu", "a100")])),
             worker: Some("gpu-node-7".into()),
-            output: Some(Bytes::from_static(b"done")),
-            error: Some("an earlier attempt failed".into()),
             at: Millis(1_800_000_000_000),
         },
-        wire::rejected_event(TaskId(43), &wire_error(), Millis(1)),
+        TaskEvent {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId(43),
+            pool: pool("inference"),
+            state: TaskState::Failed,
+            attempt: 0,
+            group: None,
+            worker: None,
+            at: Millis(1),
+        },
     ]
 }
 

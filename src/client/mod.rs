@@ -963,18 +963,18 @@ where
 }
 
 /// A final status made from the terminal event alone (when the server
-/// cannot be asked): its pool is unknown and shows as `default`.
+/// cannot be asked): events carry no output or error text, so neither has
+/// one.
 fn status_of_event(event: &wire::TaskEvent) -> TaskStatus {
-    let (output, output_base64) = crate::task::output_fields(event.output.as_deref());
     TaskStatus {
         id: event.task_id,
-        pool: PoolName::default(),
+        pool: event.pool.clone(),
         state: event.state,
         reason: None,
         attempts: Vec::new(),
-        output,
-        output_base64,
-        error: event.error.clone(),
+        output: None,
+        output_base64: None,
+        error: None,
         deadline_missed: false,
     }
 }

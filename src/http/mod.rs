@@ -788,11 +788,14 @@ async fn autoscale(Caller(api): Caller, uri: Uri) -> Result<Json<AutoscaleAnswer
 async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {
     // A follower asks the leader for the snapshot; with `[auth] required`
     // it has no credential of its own to ask with, and exports its health
-    // alone (the leader exports the pools).
+    // alone (the leader exports the pools). Unready with no leader to ask:
+    // its health alone too, so `cronoq_unready` says why.
     let snapshot = match api.snapshot().await {
         Ok(snapshot) => snapshot,
         Err(e)
-            if e.code == ErrorCode::UNAUTHENTICATED || e.code == ErrorCode::PERMISSION_DENIED =>
+            if e.code == ErrorCode::UNAUTHENTICATED
+                || e.code == ErrorCode::PERMISSION_DENIED
+                || (e.code == ErrorCode::UNAVAILABLE && !api.health().ready) =>
         {
             Snapshot::default()
         }
@@ -925,6 +928,15 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
         "1 when the server is ready (connected, and leading or following a known leader).",
     )
     .sample("cronoq_ready", &[], u64::from(health.ready));
+    if !health.ready {
+        Family::start(
+            &mut out,
+            "cronoq_unready",
+            "gauge",
+            "1 while the server is not ready, with the reason /readyz gives.",
+        )
+        .sample("cronoq_unready", &[("reason", &health.detail)], 1);
+    }
     if let Some(leader) = &snapshot.leader {
         Family::start(
             &mut out,
@@ -1270,6 +1282,16 @@ pub fn counters_text(m: &crate::metrics::MetricsSnapshot) -> String {
             "Stored values refused as not sealed with the servers' storage key (forged, or another deployment's).",
         )
         .sample("cronoq_storage_refused_total", &[], s.storage_refused);
+        let name = "cronoq_submissions_refused_unattributed_total";
+        let mut family = Family::start(
+            &mut out,
+            name,
+            "counter",
+            "Submissions dropped unrecorded because no credential's proof verifies on them, by code.",
+        );
+        for (code, count) in &s.refused_unattributed {
+            family.sample(name, &[("code", code)], *count);
+        }
     }
     out
 }

@@ -99,12 +99,28 @@ impl Standby {
     }
 }
 
-/// The leader's rule: it may act (lease, reply, write) until `timeout`
-/// after it *sent* its last stored write on the leader subject — never
-/// later than a follower may take over, since a follower counts from
-/// when it first saw that write, which is after it was sent.
+/// The leader's rule: it may act (lease, reply, write, look at its
+/// timers) until `timeout` after it *sent* its last stored write on the
+/// leader subject, less [`act_margin`] — never later than a follower may
+/// take over, since a follower counts from when it first saw that write,
+/// which is after it was sent. The margin covers what happens between
+/// the check at the top of a turn and the turn's last publish, and clocks
+/// that run at slightly different rates.
+///
+/// ```
+/// use cronoq::core::Millis;
+/// use cronoq::server::election::may_act;
+/// assert!(may_act(Millis(2_699), Millis(0), Millis(3_000)));
+/// assert!(!may_act(Millis(2_700), Millis(0), Millis(3_000)));
+/// ```
 pub fn may_act(now: Millis, last_sent: Millis, timeout: Millis) -> bool {
-    now < last_sent.plus(timeout)
+    now.plus(act_margin(timeout)) < last_sent.plus(timeout)
+}
+
+/// How long before the election timeout a leader stops acting: a tenth
+/// of it (300 ms of the default 3 s).
+pub fn act_margin(timeout: Millis) -> Millis {
+    Millis(timeout.0 / 10)
 }
 
 /// What the leader subject holds.
@@ -156,7 +172,50 @@ pub struct Observed {
     pub record: Option<LeaderRecord>,
 }
 
+/// What a follower last saw on the leader subject, and since when (its own
+/// clock) that sequence has stood: a leader renews every quarter of the
+/// election timeout, so a sequence that stands still means none does.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// The last record.
+    pub observed: Observed,
+    /// When its sequence was first seen.
+    pub since: Instant,
+}
+
 impl Observed {
+    /// Why the record cannot be one a cronoq server wrote (`None`: it may
+    /// be). Every server writes its id, its random instance id (16 hex
+    /// digits) and an epoch that is 0 (a takeover) or the sequence of an
+    /// earlier record on the subject; anyone allowed to publish there (an
+    /// open NATS) can write anything, and such a record leads nobody.
+    ///
+    /// ```
+    /// use cronoq::server::election::{LeaderRecord, Observed};
+    /// let forged: LeaderRecord = serde_json::from_str(r#"{"id":"evil","epoch":99999999}"#).unwrap();
+    /// let o = Observed { seq: 12, record: Some(forged) };
+    /// assert!(o.not_genuine().is_some());
+    /// let real = LeaderRecord { id: "s1".into(), http: String::new(), epoch: 9, resigned: false, instance: "0123456789abcdef".into() };
+    /// assert_eq!(Observed { seq: 12, record: Some(real) }.not_genuine(), None);
+    /// ```
+    pub fn not_genuine(&self) -> Option<String> {
+        let r = self.record.as_ref()?;
+        if r.id.is_empty() {
+            return Some("it names no server".into());
+        }
+        // No figures or free text in a reason: it ends up in a metric
+        // label (`cronoq_unready{reason}`), which must not take a new
+        // value with every forged write.
+        if r.epoch > self.seq {
+            return Some("its epoch is past its own sequence".into());
+        }
+        let hex16 = r.instance.len() == 16 && r.instance.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex16 {
+            return Some("its instance id is not one a server makes".into());
+        }
+        None
+    }
+
     /// The epoch the record stands for.
     pub fn epoch(&self) -> u64 {
         match &self.record {
@@ -337,7 +396,7 @@ impl Election {
     /// Follower state (who leads) is reported through `seen`.
     pub(crate) async fn campaign(
         &self,
-        seen: &tokio::sync::watch::Sender<Option<Observed>>,
+        seen: &tokio::sync::watch::Sender<Option<Seen>>,
     ) -> (u64, Instant) {
         let poll = (self.timeout / 8).clamp(Duration::from_millis(20), Duration::from_millis(50));
         let base = Instant::now();
@@ -348,7 +407,16 @@ impl Election {
         loop {
             match self.observe().await {
                 Ok(observed) => {
-                    seen.send_replace(observed.record.is_some().then(|| observed.clone()));
+                    seen.send_modify(|last| {
+                        let since = match last {
+                            Some(l) if l.observed.seq == observed.seq => l.since,
+                            _ => Instant::now(),
+                        };
+                        *last = observed.record.is_some().then(|| Seen {
+                            observed: observed.clone(),
+                            since,
+                        });
+                    });
                     if let Some(r) = &observed.record {
                         if r.id == self.server_id
                             && r.instance != self.instance

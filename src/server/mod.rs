@@ -1,7 +1,9 @@
 //! `cronoq server`: the NATS shell around the [`driver::Driver`].
 //!
 //! At start the server connects to NATS (retrying until it can), makes sure
-//! the JetStream objects exist — the submit stream (`P_SUBMIT`, capturing
+//! the JetStream objects exist (waiting, with a `waiting for jetstream`
+//! warning and backoff, while JetStream does not answer: a cluster still
+//! electing) — the submit stream (`P_SUBMIT`, capturing
 //! `P.submit.>`, file storage, 2-minute duplicate window), the results
 //! bucket (`P_RESULTS`) and the state bucket (`P_STATE`, holding the epoch
 //! counter, bumped by every start) — and then runs these tasks:
@@ -163,6 +165,8 @@ struct LeaderInner {
     /// loop: a loop that stops turning makes the server unready.
     driver_beat: AtomicU64,
     consumer_beat: AtomicU64,
+    /// [`Driver::consumed_below`] after the driver's last turn.
+    consumed_below: AtomicU64,
     allow_undeclared_pools: bool,
     declared_pools: BTreeSet<PoolName>,
     epoch: u64,
@@ -281,7 +285,11 @@ impl LeaderApi {
         if let Some(status) = self.stored_result(id).await? {
             return Ok(status);
         }
-        if let Some(pool) = self.accepted(id).await? {
+        // Still in the stream though the driver read past it: dropped
+        // (no credential verified on it), and purged with the prefix of
+        // finished submissions once the tasks before it end.
+        let dropped = id.0 < self.inner.consumed_below.load(Ordering::Relaxed);
+        if let Some(pool) = self.accepted(id).await?.filter(|_| !dropped) {
             return Ok(TaskStatus {
                 id,
                 pool,
@@ -365,11 +373,10 @@ impl LeaderApi {
     /// and journal figures (see [`Api::metrics`]).
     pub async fn metrics(&self) -> Result<MetricsSnapshot, WireError> {
         let mut m = self.ask(Input::Metrics).await?;
-        m.server = Some(ServerMetrics {
-            takeovers: self.inner.takeovers.load(Ordering::Relaxed),
-            journal_pending: self.inner.journal_pending.load(Ordering::Relaxed),
-            storage_refused: seal::refused_total(),
-        });
+        let server = m.server.get_or_insert_with(ServerMetrics::default);
+        server.takeovers = self.inner.takeovers.load(Ordering::Relaxed);
+        server.journal_pending = self.inner.journal_pending.load(Ordering::Relaxed);
+        server.storage_refused = seal::refused_total();
         Ok(m)
     }
 
@@ -572,6 +579,13 @@ pub async fn serve(
         .map(PoolSection::to_core)
         .collect::<Result<Vec<_>, _>>()?;
 
+    // One stop signal for start-up, the HTTP server and the election loop.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+
     let login = s.nats_login();
     let client = connect_nats(
         &s.nats_url,
@@ -611,51 +625,80 @@ pub async fn serve(
         num_replicas: s.replicas,
         ..Default::default()
     };
-    let submit_stream = ensure_stream(&js, submit_config, "the submit stream").await?;
-    ensure_stream(
-        &js,
-        stream::Config {
-            name: subjects.dead_letter_stream(),
-            subjects: vec![subjects.dead_letter_all()],
-            storage: stream::StorageType::File,
-            max_age: Duration::from_secs(7 * 24 * 3600),
-            max_messages: 100_000,
-            discard: stream::DiscardPolicy::Old,
-            num_replicas: s.replicas,
-            ..Default::default()
-        },
-        "the dead-letter stream",
-    )
-    .await?;
-    let results = match js.get_key_value(subjects.results_bucket()).await {
-        Ok(kv) => kv,
-        Err(_) => js
-            .create_key_value(kv::Config {
-                bucket: subjects.results_bucket(),
-                history: 1,
-                max_age: s.results_ttl,
-                storage: stream::StorageType::File,
-                num_replicas: s.replicas,
-                ..Default::default()
-            })
-            .await
-            .map_err(nats_err("creating the results bucket"))?,
+    // JetStream may not be ready yet (a cluster still electing its meta
+    // leader, nats-server started without JetStream for now): every step
+    // that needs it waits for it, as the connection waits for NATS.
+    let Some(submit_stream) = until_jetstream("the submit stream", &stop_rx, || {
+        ensure_stream(&js, submit_config.clone(), "the submit stream")
+    })
+    .await
+    else {
+        return Ok(());
     };
-    // One fence check per group commit instead of one per record.
-    let atomic_batches = s.journal_in_batches()
-        && match journal::enable_atomic(
-            &js,
-            &client.server_info().version,
-            &format!("KV_{}", subjects.results_bucket()),
-        )
-        .await
-        {
-            Ok(on) => on,
-            Err(e) => {
+    let dead_letter_config = stream::Config {
+        name: subjects.dead_letter_stream(),
+        subjects: vec![subjects.dead_letter_all()],
+        storage: stream::StorageType::File,
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        max_messages: 100_000,
+        discard: stream::DiscardPolicy::Old,
+        num_replicas: s.replicas,
+        ..Default::default()
+    };
+    let Some(_) = until_jetstream("the dead-letter stream", &stop_rx, || {
+        ensure_stream(&js, dead_letter_config.clone(), "the dead-letter stream")
+    })
+    .await
+    else {
+        return Ok(());
+    };
+    let Some(results) = until_jetstream("the results bucket", &stop_rx, || async {
+        match js.get_key_value(subjects.results_bucket()).await {
+            Ok(kv) => Ok(kv),
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: subjects.results_bucket(),
+                    history: 1,
+                    max_age: s.results_ttl,
+                    storage: stream::StorageType::File,
+                    num_replicas: s.replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(nats_err("creating the results bucket")),
+        }
+    })
+    .await
+    else {
+        return Ok(());
+    };
+    // One fence check per group commit instead of one per record. Waited
+    // for like the rest while JetStream does not answer; a refusal (the
+    // stream will not take the setting) means record by record.
+    let atomic_batches = if s.journal_in_batches() {
+        let results_stream = format!("KV_{}", subjects.results_bucket());
+        let version = client.server_info().version;
+        let asked = until_jetstream("atomic batches on the results stream", &stop_rx, || async {
+            match journal::enable_atomic(&js, &version, &results_stream).await {
+                Err(e) if jetstream_not_answering(&e) => Err(Error::Nats {
+                    context: "allowing atomic batches".into(),
+                    source: e.into(),
+                }),
+                answer => Ok(answer),
+            }
+        })
+        .await;
+        match asked {
+            None => return Ok(()),
+            Some(Ok(on)) => on,
+            Some(Err(e)) => {
                 tracing::warn!(error = %e, "cannot allow atomic batches on the results stream");
                 false
             }
-        };
+        }
+    } else {
+        false
+    };
     tracing::info!(
         atomic_batches,
         "journal writes: {}",
@@ -700,15 +743,11 @@ pub async fn serve(
             leading: std::sync::RwLock::new(None),
             remote,
             seen: seen_rx,
+            election_timeout: s.election_timeout,
+            missing: Arc::default(),
         }),
     };
 
-    // One stop signal for the HTTP server and the election loop.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
     tracing::info!(addr = %http_addr, "http api listening");
     // With credentials required, the HTTP API calls the leader over NATS
     // as each caller (its Bearer token), so the leader alone enforces.
@@ -736,6 +775,18 @@ pub async fn serve(
         stopped(stop_rx.clone()),
     ));
 
+    let assets = tokio::spawn(watch_assets(
+        js.clone(),
+        vec![
+            (subjects.submit_stream(), "the submit stream"),
+            (subjects.dead_letter_stream(), "the dead-letter stream"),
+            (
+                format!("KV_{}", subjects.results_bucket()),
+                "the results bucket's stream",
+            ),
+        ],
+        node.inner.missing.clone(),
+    ));
     let (warm_paused, warm_paused_rx) = watch::channel(false);
     let base = Base {
         config: config.clone(),
@@ -808,6 +859,7 @@ pub async fn serve(
     if let Some(follower) = follower {
         follower.abort();
     }
+    assets.abort();
     tracing::info!("shutting down");
     let result = match http.await {
         Ok(r) => r.map_err(|e| Error::Http {
@@ -818,6 +870,70 @@ pub async fn serve(
     };
     let _ = client.flush().await;
     result
+}
+
+/// Runs a start-up step that needs JetStream until it succeeds, with a
+/// warning saying what it waits for and backoff (250 ms doubling to 5 s);
+/// `None` if the server is told to stop meanwhile. Every error is waited
+/// out: while a JetStream cluster elects its meta leader it answers
+/// timeouts, `UNAVAILABLE` and "insufficient resources" alike, and a
+/// server that exited then would have to be restarted by hand.
+async fn until_jetstream<T, F, Fut>(
+    what: &str,
+    stop: &watch::Receiver<bool>,
+    mut step: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut delay = Duration::from_millis(250);
+    let mut tries = 0u32;
+    loop {
+        let result = tokio::select! {
+            result = step() => result,
+            () = stopped(stop.clone()) => return None,
+        };
+        match result {
+            Ok(value) => {
+                if tries > 0 {
+                    tracing::info!(what, tries, "jetstream ready");
+                }
+                return Some(value);
+            }
+            Err(e) => {
+                tries += 1;
+                tracing::warn!(
+                    what,
+                    tries,
+                    retry_in_ms = delay.as_millis() as u64,
+                    error = %e,
+                    "waiting for jetstream"
+                );
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = stopped(stop.clone()) => return None,
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// An error of a JetStream request that says nothing about the request
+/// itself: no answer (yet).
+fn jetstream_not_answering(error: &str) -> bool {
+    let e = error.to_ascii_lowercase();
+    [
+        "timed out",
+        "timeout",
+        "no responders",
+        "unavailable",
+        "not enabled",
+        "10008",
+    ]
+    .iter()
+    .any(|s| e.contains(s))
 }
 
 /// Resolves once `stop` turns true.
@@ -949,6 +1065,7 @@ async fn lead(
             max_payload_bytes: base.max_payload_bytes,
             driver_alive: AtomicBool::new(true),
             driver_beat: AtomicU64::new(now.0),
+            consumed_below: AtomicU64::new(0),
             consumer_beat: AtomicU64::new(now.0),
             allow_undeclared_pools: s.allow_undeclared_pools,
             declared_pools: base.pools.iter().map(|(name, _)| name.clone()).collect(),
@@ -1011,7 +1128,16 @@ async fn lead(
                 .map_err(nats_err(format!("subscribing to {subject}")))?,
         );
     }
-    let api_requests = tokio::spawn(serve_api(base.client.clone(), api.clone(), requests));
+    let tenure = Tenure {
+        renewed,
+        timeout: election.timeout(),
+    };
+    let api_requests = tokio::spawn(serve_api(
+        base.client.clone(),
+        api.clone(),
+        requests,
+        tenure.clone(),
+    ));
     let committer = tokio::spawn(commit(
         commit_rx,
         CommitCtx {
@@ -1037,12 +1163,12 @@ async fn lead(
             subjects: base.subjects.clone(),
             guard,
             seal: base.seal.clone(),
+            tenure: tenure.clone(),
         },
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
     let driver = {
         let api = api.clone();
-        let timeout = election.timeout();
         tokio::spawn(async move {
             drive(
                 driver,
@@ -1051,7 +1177,8 @@ async fn lead(
                 pending,
                 floor_tx,
                 &api.inner.driver_beat,
-                Tenure { renewed, timeout },
+                &api.inner.consumed_below,
+                tenure,
             )
             .await;
             api.inner.driver_alive.store(false, Ordering::Relaxed);
@@ -1065,9 +1192,13 @@ async fn lead(
     })
 }
 
-/// The driver's right to act ([`election::may_act`]): until the election
-/// timeout after its last stored renewal was sent (a follower takes over
-/// only after seeing no renewal for that long on its own clock).
+/// The leadership's right to act ([`election::may_act`]): until the
+/// election timeout (less a margin) after its last stored renewal was sent
+/// (a follower takes over only after seeing no renewal for that long on
+/// its own clock). Judged on the monotonic clock when it is about to act:
+/// at the top of every driver turn and before every input, before the
+/// committer announces a turn, and before a request is answered.
+#[derive(Clone)]
 struct Tenure {
     renewed: Arc<election::AtomicInstant>,
     timeout: Duration,
@@ -1076,6 +1207,17 @@ struct Tenure {
 impl Tenure {
     fn valid(&self) -> bool {
         self.renewed.may_act(self.timeout)
+    }
+
+    /// `valid`, and if not, the driver steps down (acts on nothing more;
+    /// the election loop sees the driver stop and stands by).
+    fn check(&self, driver: &mut Driver) -> bool {
+        if self.valid() {
+            return true;
+        }
+        tracing::warn!("leadership not renewed in time: acting on nothing more; the driver stops");
+        driver.step_down();
+        false
     }
 }
 
@@ -1173,7 +1315,13 @@ struct NodeInner {
     client: async_nats::Client,
     leading: std::sync::RwLock<Option<LeaderApi>>,
     remote: crate::client::Client,
-    seen: watch::Receiver<Option<election::Observed>>,
+    seen: watch::Receiver<Option<election::Seen>>,
+    /// The election timeout: a leader record that stands still for half of
+    /// it means no server leads.
+    election_timeout: Duration,
+    /// The JetStream streams cronoq needs that are missing (looked at every
+    /// couple of seconds by [`watch_assets`]); `None`: all there.
+    missing: Arc<std::sync::RwLock<Option<String>>>,
 }
 
 impl NodeApi {
@@ -1194,6 +1342,19 @@ impl NodeApi {
     }
 
     fn health(&self) -> Health {
+        let missing = self
+            .inner
+            .missing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(missing) = missing {
+            return Health {
+                live: true,
+                ready: false,
+                detail: missing,
+            };
+        }
         if let Some(leader) = self.leader() {
             let mut health = leader.health();
             if health.ready {
@@ -1212,20 +1373,82 @@ impl NodeApi {
                 ready: false,
                 detail: "not connected to NATS".into(),
             },
-            (true, Some(o)) if o.record.as_ref().is_some_and(|r| !r.resigned) => Health {
-                live: true,
-                ready: true,
-                detail: format!(
-                    "follower of {} (epoch {})",
-                    o.record.as_ref().map_or("?", |r| r.id.as_str()),
-                    o.epoch()
-                ),
-            },
-            (true, _) => Health {
+            (true, Some(seen)) => follower_health(&seen, self.inner.election_timeout),
+            (true, None) => Health {
                 live: true,
                 ready: false,
                 detail: "no leader known yet".into(),
             },
+        }
+    }
+}
+
+/// A follower is ready while a server leads: the leader record is one a
+/// cronoq server wrote, not resigned, and moved within half the election
+/// timeout (a leader renews every quarter of it).
+fn follower_health(seen: &election::Seen, election_timeout: Duration) -> Health {
+    let o = &seen.observed;
+    let unready = |detail: String| Health {
+        live: true,
+        ready: false,
+        detail,
+    };
+    let Some(record) = &o.record else {
+        return unready("no leader known yet".into());
+    };
+    if let Some(why) = o.not_genuine() {
+        return unready(format!(
+            "no leader: the leader record was not written by a cronoq server ({why})"
+        ));
+    }
+    if record.resigned {
+        return unready("no leader: the last one resigned".into());
+    }
+    // No figures or ids in a reason: it is a metric label too
+    // (`cronoq_unready{reason}`), and whoever can publish on the leader
+    // subject chooses the id.
+    if seen.since.elapsed() >= election_timeout / 2 {
+        return unready(
+            "no leader: the leader record has not moved for half the election timeout".into(),
+        );
+    }
+    Health {
+        live: true,
+        ready: true,
+        detail: format!("follower of {} (epoch {})", record.id, o.epoch()),
+    }
+}
+
+/// Every couple of seconds, whether the JetStream streams cronoq needs
+/// (the submit and dead-letter streams, the results bucket's stream)
+/// exist; a missing one makes the server unready until it is back
+/// (`/readyz` and the `cronoq_unready` metric name it). A stream NATS does
+/// not answer about is not called missing.
+async fn watch_assets(
+    js: jetstream::Context,
+    names: Vec<(String, &'static str)>,
+    missing: Arc<std::sync::RwLock<Option<String>>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let mut gone = Vec::new();
+        for (name, what) in &names {
+            if let Err(e) = js.get_stream(name).await {
+                let text = e.to_string().to_ascii_lowercase();
+                if text.contains("not found") || text.contains("10059") {
+                    gone.push(format!("{what} {name}"));
+                }
+            }
+        }
+        let now = (!gone.is_empty()).then(|| format!("missing in JetStream: {}", gone.join(", ")));
+        let mut slot = missing.write().unwrap_or_else(|e| e.into_inner());
+        if *slot != now {
+            match &now {
+                Some(m) => tracing::error!(missing = %m, "a stream cronoq needs is missing"),
+                None => tracing::info!("every stream cronoq needs is there again"),
+            }
+            *slot = now;
         }
     }
 }
@@ -1397,8 +1620,41 @@ fn submission_input(
             record,
             start_slot,
         },
-        None => Input::Submitted { seq, pool, task },
+        None => match task {
+            Err(error) if unattributed(guard, m, published, &error) => {
+                Input::Unattributed { seq, error }
+            }
+            task => Input::Submitted { seq, pool, task },
+        },
     }
+}
+
+/// Whether a refused submission has nobody to attribute it to: auth is on
+/// and no credential's proof verifies on it — the guard refused it
+/// `UNAUTHENTICATED`, or it did not even decode and carries no proof that
+/// verifies. Such refusals are counted, not recorded
+/// ([`Input::Unattributed`]).
+fn unattributed(
+    guard: &Guard,
+    m: &async_nats::Message,
+    published: SystemTime,
+    error: &WireError,
+) -> bool {
+    if !guard.required() {
+        return false;
+    }
+    if error.code == ErrorCode::UNAUTHENTICATED {
+        return true;
+    }
+    // Checked only on this rare path: a proof is verified once otherwise.
+    let stored = Millis(
+        published
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    );
+    guard
+        .owner_of(m.subject.as_str(), m.headers.as_ref(), &m.payload, stored)
+        .is_none()
 }
 
 /// This process's warm copy of the journal once it has seen everything
@@ -1770,8 +2026,14 @@ async fn serve_api(
     client: async_nats::Client,
     api: LeaderApi,
     mut requests: futures_util::stream::SelectAll<async_nats::Subscriber>,
+    tenure: Tenure,
 ) {
     while let Some(msg) = requests.next().await {
+        // A deposed leader answers nothing (its successor does): not even
+        // the checks answered here, such as a heartbeat's "not registered".
+        if !tenure.valid() {
+            continue;
+        }
         let reply = msg.reply.as_ref().map(|r| r.to_string());
         let input = match api.inner.subjects.parse_worker_api(msg.subject.as_str()) {
             Some((worker_id, verb)) => worker_request(&client, &api, &msg, worker_id, verb),
@@ -2036,6 +2298,7 @@ async fn drive(
     pending: Pending,
     floor: watch::Sender<u64>,
     beat: &AtomicU64,
+    consumed: &AtomicU64,
     tenure: Tenure,
 ) {
     // Every deadline (the core's timers, lease expiries, silent workers,
@@ -2055,15 +2318,31 @@ async fn drive(
         tokio::select! {
             input = inputs.recv() => {
                 let Some(input) = input else { return };
+                // The right to act is judged before every input: a pause
+                // (SIGSTOP, a stalled VM) can fall between any two.
+                if !tenure.check(&mut driver) {
+                    return;
+                }
                 handle_guarded(&mut driver, wall_now(), input);
                 for _ in 0..1024 {
                     match inputs.try_recv() {
-                        Ok(input) => handle_guarded(&mut driver, wall_now(), input),
+                        Ok(input) => {
+                            if !tenure.check(&mut driver) {
+                                return;
+                            }
+                            handle_guarded(&mut driver, wall_now(), input)
+                        }
                         Err(_) => break,
                     }
                 }
             }
             _ = tokio::time::sleep(wait) => {}
+        }
+        // Before the timers too: a leader resumed after a pause past the
+        // election timeout finds every worker silent and every lease
+        // expired, and must not act on that (a successor leads).
+        if !tenure.check(&mut driver) {
+            return;
         }
         let now = wall_now();
         if now >= last_housekeeping.plus(housekeeping_every)
@@ -2077,11 +2356,7 @@ async fn drive(
             }
             last_housekeeping = now;
         }
-        if !tenure.valid() {
-            // No renewal for the election timeout: a follower may take
-            // over any moment. Publish nothing more (leases, replies);
-            // the election loop steps down.
-            tracing::warn!("leadership not renewed in time; the driver stops");
+        if !tenure.check(&mut driver) {
             return;
         }
         let mut turn = Turn::default();
@@ -2122,6 +2397,7 @@ async fn drive(
             let new = driver.purge_floor();
             std::mem::replace(f, new) != new
         });
+        consumed.store(driver.consumed_below(), Ordering::Relaxed);
     }
 }
 
@@ -2204,6 +2480,10 @@ struct CommitCtx {
     guard: Arc<Guard>,
     /// Seals every record written (the servers' storage key).
     seal: seal::Seal,
+    /// A turn is announced only while the leadership may act: its writes
+    /// may have been stored just before a pause, and a lease or reply sent
+    /// after it would come from a deposed leader.
+    tenure: Tenure,
 }
 
 /// One record's write: done with `true` once stored, `false` if fenced out.
@@ -2428,6 +2708,10 @@ async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
                 if is_terminal {
                     terminal.push(seq);
                 }
+            }
+            if !ctx.tenure.valid() {
+                tracing::warn!("leadership not renewed in time: announcing nothing more");
+                return;
             }
             {
                 let mut pending = ctx.pending.lock().unwrap_or_else(|e| e.into_inner());

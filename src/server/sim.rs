@@ -12,6 +12,14 @@
 //! revokes are delayed, reordered and duplicated. Every task succeeds when
 //! it runs, so every accepted task must end `succeeded`.
 //!
+//! A leader may also *pause* (SIGSTOP, a stalled VM) past the election
+//! timeout: a successor takes over, and when the paused one resumes it
+//! judges its right to act as the runner does at the top of every turn
+//! ([`election::may_act`] on its last renewal; [`Driver::step_down`] when
+//! it lapsed) and is then fed what the runner would feed it — its timers
+//! (every worker looks silent to it), worker requests — and must emit
+//! nothing: no lease, no event, no reply, no record.
+//!
 //! Checked after every step:
 //! * the core's invariants (busy ≤ capacity among them);
 //! * **one terminal state**: a task's stored terminal record never changes;
@@ -32,6 +40,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::driver::{Driver, Input, Output, Responder, Settings};
+use super::election;
 use crate::core::{Labels, Millis, PoolConfig, PoolName, TaskId, TaskState};
 use crate::task::Task;
 use crate::wire::{
@@ -61,6 +70,9 @@ impl Rng {
 
 const POOL: &str = "p";
 const HEARTBEAT_EVERY: u64 = 200;
+/// The election timeout: a follower takes over after seeing no renewal
+/// for this long; the leader renews at every step it runs.
+const ELECTION_TIMEOUT: u64 = 1_000;
 
 fn settings() -> Settings {
     // Attempts lost to crashes are retried; none is the last.
@@ -111,6 +123,8 @@ struct Journal {
 struct Leader {
     driver: Driver,
     epoch: u64,
+    /// When its last renewal was sent (it renews at every step it runs).
+    renewed: u64,
     /// Submissions handed to the driver so far.
     delivered: u64,
     /// The start records as read at takeover.
@@ -179,6 +193,10 @@ struct World {
     leader: Option<Leader>,
     /// No leader until then (an election after a crash).
     election_at: u64,
+    /// A leader paused (SIGSTOP) and when it resumes.
+    paused: Option<(Leader, u64)>,
+    /// Paused leaders that resumed deposed (and emitted nothing).
+    resumed_deposed: u64,
     next_epoch: u64,
     submissions: Vec<Task>,
     workers: Vec<Worker>,
@@ -202,6 +220,8 @@ impl World {
             journal: Journal::default(),
             leader: None,
             election_at: 0,
+            paused: None,
+            resumed_deposed: 0,
             next_epoch: 1,
             submissions: Vec::new(),
             workers: Vec::new(),
@@ -257,6 +277,7 @@ impl World {
         self.leader = Some(Leader {
             driver,
             epoch,
+            renewed: self.now,
             delivered: 0,
             starts,
             pipeline: Default::default(),
@@ -445,7 +466,18 @@ impl World {
     /// record waits for the task's previous one); none of those turns was
     /// announced.
     fn crash(&mut self) {
-        if let Some(mut leader) = self.leader.take() {
+        if let Some(leader) = self.leader.take() {
+            self.land_some(leader);
+        }
+        self.leader = None;
+        self.election_at = self.now + 200 + self.rng.below(1_500);
+    }
+
+    /// Of a stopped leader's writes under way some land, in any order
+    /// across keys, in order for one task; none of those turns is
+    /// announced.
+    fn land_some(&mut self, mut leader: Leader) -> Leader {
+        {
             let mut blocked = BTreeSet::new();
             for turn in std::mem::take(&mut leader.pipeline) {
                 for write in turn.writes {
@@ -463,8 +495,64 @@ impl World {
                 }
             }
         }
-        self.leader = None;
-        self.election_at = self.now + 200 + self.rng.below(1_500);
+        leader
+    }
+
+    /// The leader stops (SIGSTOP) for longer than the election timeout,
+    /// its turns under way with it: a follower takes over once the
+    /// leader's last renewal is `ELECTION_TIMEOUT` old.
+    fn pause(&mut self) {
+        let Some(leader) = self.leader.take() else {
+            return;
+        };
+        let resume_at = self.now + ELECTION_TIMEOUT + 100 + self.rng.below(1_500);
+        self.election_at = leader.renewed + ELECTION_TIMEOUT;
+        // Its writes under way land or not before the successor's epoch
+        // (NATS had them before the pause); their turns are never
+        // announced (below).
+        let leader = self.land_some(leader);
+        self.paused = Some((leader, resume_at));
+    }
+
+    /// The paused leader resumes. A successor leads by now (its epoch
+    /// fences the paused one's writes). The resumed process runs what its
+    /// runner runs: the right to act judged at the top of the turn, then
+    /// its timers and whatever requests reached it — and must emit nothing.
+    fn resume(&mut self) {
+        let Some((mut old, _)) = self.paused.take() else {
+            return;
+        };
+        assert!(self.journal.fence > old.epoch, "no successor took over");
+        if !election::may_act(
+            Millis(self.now),
+            Millis(old.renewed),
+            Millis(ELECTION_TIMEOUT),
+        ) {
+            old.driver.step_down();
+        }
+        let now = Millis(self.now);
+        old.driver.housekeeping(now);
+        for w in &self.workers {
+            let (tx, _rx) = oneshot::channel();
+            let heartbeat = Heartbeat {
+                v: 1,
+                worker_id: w.id.clone(),
+                free_slots: 0,
+                running: Vec::new(),
+            };
+            old.driver
+                .handle(now, Input::Heartbeat(heartbeat, Responder::Local(tx)));
+        }
+        let emitted = old.driver.take_outputs();
+        assert!(
+            emitted.is_empty(),
+            "a deposed leader (epoch {}, successor {}) emitted {:?}",
+            old.epoch,
+            self.journal.fence,
+            emitted
+        );
+        assert!(old.driver.deposed());
+        self.resumed_deposed += 1;
     }
 
     fn request(&mut self, make: impl FnOnce() -> Input) -> bool {
@@ -706,6 +794,13 @@ impl World {
 
     fn step(&mut self, faults: bool) {
         self.now += 5 + self.rng.below(40);
+        if let Some(leader) = &mut self.leader {
+            // A renewal at every step (stored: it leads).
+            leader.renewed = self.now;
+        }
+        if self.paused.as_ref().is_some_and(|(_, at)| self.now >= *at) && self.leader.is_some() {
+            self.resume();
+        }
         if self.leader.is_none() && self.now >= self.election_at {
             self.elect();
             // Workers watch the leader record: they heartbeat at once.
@@ -722,6 +817,9 @@ impl World {
             }
             if self.leader.is_some() && self.rng.chance(4) {
                 self.crash();
+            }
+            if self.leader.is_some() && self.paused.is_none() && self.rng.chance(2) {
+                self.pause();
             }
             if self.rng.chance(2) && !self.workers.is_empty() {
                 // kill -9 of a worker: its jobs die with it.
@@ -746,7 +844,7 @@ impl World {
     }
 }
 
-fn run(seed: u64) -> [u64; 4] {
+fn run(seed: u64) -> [u64; 5] {
     let mut world = World::new(seed);
     for _ in 0..2_000 {
         world.step(true);
@@ -779,6 +877,7 @@ fn run(seed: u64) -> [u64; 4] {
         world.reruns,
         world.from_starts,
         world.slot_rewrites,
+        world.resumed_deposed,
     ]
 }
 
@@ -794,7 +893,8 @@ fn failover_simulation() {
             (0..n).collect()
         }
     };
-    let mut total = [0u64; 4];
+    let mut total = [0u64; 5];
+    let runs_of_seeds = seeds.len();
     for seed in seeds {
         let result = std::panic::catch_unwind(|| run(seed));
         match result {
@@ -809,10 +909,15 @@ fn failover_simulation() {
             }
         }
     }
-    let [runs, reruns, from_starts, slot_rewrites] = total;
+    let [runs, reruns, from_starts, slot_rewrites, resumed_deposed] = total;
     eprintln!(
         "{runs} attempts started, {reruns} of them retries (crashes, lost workers); \
          {from_starts} running attempts recovered from start records, \
-         {slot_rewrites} start-record slots written again"
+         {slot_rewrites} start-record slots written again; \
+         {resumed_deposed} paused leaders resumed deposed, emitting nothing"
+    );
+    assert!(
+        resumed_deposed > 0 || runs_of_seeds < 100,
+        "no paused leader resumed"
     );
 }

@@ -555,6 +555,12 @@ pub struct TaskList {
 }
 
 /// Something happened to a task (leader → `P.events.<task_id>`).
+///
+/// Ids and states only: no output and no error text. Any NATS user allowed
+/// to subscribe to `P.events.>` (every submitter and reader, in the
+/// shipped `deploy/nats/auth.conf`) hears every task's events, of every
+/// pool; what a task produced is read through the API (`P.api.task`,
+/// `GET /v1/tasks/{id}`), where the caller's credential is checked.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TaskEvent {
     /// Protocol version.
@@ -562,6 +568,9 @@ pub struct TaskEvent {
     pub v: u16,
     /// The task.
     pub task_id: TaskId,
+    /// Its pool (empty from a leader older than this field).
+    #[serde(default)]
+    pub pool: PoolName,
     /// Its state now.
     pub state: TaskState,
     /// The attempt concerned (0 before the first).
@@ -572,33 +581,8 @@ pub struct TaskEvent {
     /// The worker of the attempt.
     #[serde(default)]
     pub worker: Option<String>,
-    /// Output, when succeeded; left out when the event would not fit one
-    /// NATS message with it (read the task for it).
-    #[serde(default)]
-    #[schemars(with = "Option<Vec<u8>>")]
-    pub output: Option<Bytes>,
-    /// Error of a failed attempt (cut to 1,000 characters when the event
-    /// would not fit one NATS message otherwise).
-    #[serde(default)]
-    pub error: Option<String>,
     /// When, ms since the epoch.
     pub at: Millis,
-}
-
-/// A submission that the leader could not accept is answered on this
-/// event subject too, so a waiting client learns of it.
-pub fn rejected_event(task_id: TaskId, error: &WireError, at: Millis) -> TaskEvent {
-    TaskEvent {
-        v: v(),
-        task_id,
-        state: TaskState::Failed,
-        attempt: 0,
-        group: None,
-        worker: None,
-        output: None,
-        error: Some(format!("rejected: {error}")),
-        at,
-    }
 }
 
 /// A task's record in the results bucket, under its decimal id: the

@@ -743,10 +743,13 @@ fn asyncapi(subjects: &Subjects) -> Value {
             "TaskEvent",
             "client",
             "The leader announces a task's state changes.",
-            "Published (core NATS, not stored) when the task finishes, with its output or \
-             error; with `[server] events = \"all\"` also when it is queued or scheduled, when \
-             an attempt starts and when a retry is scheduled (`queued` again, with the last \
-             error); with `events = \"none\"` never. At most once, after the \
+            "Published (core NATS, not stored) when the task finishes; with `[server] \
+             events = \"all\"` also when it is queued or scheduled, when an attempt starts and \
+             when a retry is scheduled (`queued` again); with `events = \"none\"` never. An \
+             event names the task, its pool, state, attempt, group and worker, never its output \
+             or error text (any NATS user allowed to subscribe hears every pool's events): a \
+             waiter reads the task through the API once an event says it ended, where its \
+             credential is checked. At most once, after the \
              change is stored: an event whose leader died before sending it is not sent \
              again, and a new leader does not announce again the tasks it reads back at \
              takeover. A waiting client subscribes before it looks the task up, and looks \

@@ -80,6 +80,12 @@ pub(crate) enum Input {
         /// task's own record holds the attempts before it).
         start_slot: Option<u32>,
     },
+    /// A submission no credential's proof verifies on (auth on): nobody to
+    /// attribute it to, so it is counted and dropped, not recorded.
+    Unattributed {
+        seq: u64,
+        error: WireError,
+    },
     /// The consumer delivered every submission stored before this
     /// leadership began: the journal is read.
     CaughtUp,
@@ -505,6 +511,12 @@ pub(crate) struct Driver {
     live_seqs: BTreeSet<u64>,
     next_unseen: u64,
     out: Vec<Output>,
+    /// This leadership's right to act lapsed ([`Driver::step_down`]).
+    deposed: bool,
+    /// Unattributed refusals by code, and the last few
+    /// ([`Input::Unattributed`]).
+    refused_unattributed: BTreeMap<String, u64>,
+    refused_sample: std::collections::VecDeque<crate::metrics::RefusedSubmission>,
 }
 
 fn stale(message: impl Into<String>) -> WireError {
@@ -554,7 +566,29 @@ impl Driver {
             live_seqs: BTreeSet::new(),
             next_unseen: 1,
             out: Vec::new(),
+            deposed: false,
+            refused_unattributed: BTreeMap::new(),
+            refused_sample: Default::default(),
         }
+    }
+
+    /// This leadership's right to act lapsed: its last stored renewal is
+    /// older than the election timeout allows ([`super::election::may_act`],
+    /// judged by the runner's clock at the top of a turn), so a successor
+    /// may lead already. From now on the driver acts on nothing: inputs
+    /// are dropped unanswered (their responders with them), timers are
+    /// not looked at (a paused leader would otherwise find every worker
+    /// silent and remove it), and nothing queued goes out.
+    pub(crate) fn step_down(&mut self) {
+        self.deposed = true;
+        self.out.clear();
+        self.dirty.clear();
+    }
+
+    /// Whether [`Driver::step_down`] was called.
+    #[cfg(test)]
+    pub(crate) fn deposed(&self) -> bool {
+        self.deposed
     }
 
     /// The core's invariants (simulation and tests).
@@ -572,6 +606,9 @@ impl Driver {
     /// written when the attempt ends, or when it is due again (covering
     /// the entry). Each call is one turn ([`Driver::turn`]).
     pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+        if self.deposed {
+            return Vec::new();
+        }
         self.turn += 1;
         let turn = self.turn;
         let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
@@ -715,6 +752,13 @@ impl Driver {
             .min(self.next_unseen)
     }
 
+    /// Every submission below this stream sequence has been handed to the
+    /// driver: one it does not know (and whose result is not stored) was
+    /// dropped ([`Input::Unattributed`]), not waiting to be read.
+    pub(crate) fn consumed_below(&self) -> u64 {
+        self.next_unseen
+    }
+
     /// When the runner must call [`Driver::housekeeping`] next at the latest.
     pub(crate) fn next_wakeup(&self) -> Option<Millis> {
         let reattach =
@@ -819,6 +863,9 @@ impl Driver {
     }
 
     pub(crate) fn handle(&mut self, now: Millis, input: Input) {
+        if self.deposed {
+            return;
+        }
         self.now = self.now.max(now);
         match input {
             Input::CaughtUp => {
@@ -845,6 +892,7 @@ impl Driver {
                 }
             }
             Input::Submitted { seq, pool, task } => self.submitted(now, seq, pool, task),
+            Input::Unattributed { seq, error } => self.unattributed(seq, error),
             Input::Recovered {
                 seq,
                 pool,
@@ -933,7 +981,12 @@ impl Driver {
                 self.respond(to, Ok(snap));
             }
             Input::Metrics(to) => {
-                let metrics = self.ledger.metrics();
+                let mut metrics = self.ledger.metrics();
+                metrics.server = Some(crate::metrics::ServerMetrics {
+                    refused_unattributed: self.refused_unattributed.clone(),
+                    refused_sample: self.refused_sample.iter().cloned().collect(),
+                    ..Default::default()
+                });
                 self.respond(to, Ok(metrics));
             }
             Input::Stored(turn) => self.slots.stored(turn),
@@ -969,6 +1022,9 @@ impl Driver {
 
     /// Timers of the core, expired leases, silent workers.
     pub(crate) fn housekeeping(&mut self, now: Millis) {
+        if self.deposed {
+            return;
+        }
         self.now = self.now.max(now);
         let _ = self.apply(now, Event::Tick);
         // Records due to be written again: journaled at the end of this

@@ -73,7 +73,7 @@ impl Driver {
             } else {
                 TaskState::Queued
             };
-            self.event(now, id, state, 0, None, None, None, None);
+            self.event(now, id, spec_pool, state, 0, None, None);
         }
         if self.cancel_on_arrival.remove(&id) {
             let _ = self.cancel(now, id);
@@ -220,6 +220,41 @@ impl Driver {
             .is_some_and(|p| p.attempt == attempt && p.worker == worker_id)
     }
 
+    /// A submission no credential's proof verifies on, with auth on: an
+    /// unsigned or forged publish to the submit subject, which any NATS
+    /// user allowed to publish there can make by the hundred thousand.
+    /// Nobody can be told and nobody asked for it, so it costs one count
+    /// by code and a place in the last [`crate::metrics::REFUSED_SAMPLE`]
+    /// (`/metrics`, and a warning for the first and every 1,000th) — no
+    /// task record, no dead letter, no event — and the stream drops it
+    /// with the finished submissions ([`Output::Discard`]). A refusal of a
+    /// credential whose proof verifies (a pool or role it may not use) is
+    /// recorded and dead-lettered as before: attributable, and bounded by
+    /// that NATS user's limits.
+    pub(super) fn unattributed(&mut self, seq: u64, error: WireError) {
+        self.next_unseen = self.next_unseen.max(seq + 1);
+        if self.ledger.knows(TaskId(seq)) {
+            return;
+        }
+        let code = error.code.as_str().to_string();
+        let count = self.refused_unattributed.entry(code.clone()).or_insert(0);
+        *count += 1;
+        let count = *count;
+        let mut reason = error.message;
+        crate::task::cut_chars(&mut reason, 200);
+        if count == 1 || count % 1_000 == 0 {
+            tracing::warn!(seq, code = %code, count, reason = %reason, "submissions without a verifying proof dropped");
+        } else {
+            tracing::debug!(seq, code = %code, "submission without a verifying proof dropped");
+        }
+        if self.refused_sample.len() == crate::metrics::REFUSED_SAMPLE {
+            self.refused_sample.pop_front();
+        }
+        self.refused_sample
+            .push_back(crate::metrics::RefusedSubmission { seq, code, reason });
+        self.out.push(Output::Discard { seq });
+    }
+
     /// A submission that cannot run: recorded as a failed task with the
     /// reason (so `task` answers and the stream can drop it) and copied to
     /// the dead-letter stream. Never retried: the same bytes would be
@@ -259,34 +294,24 @@ impl Driver {
         self.ledger.status(&self.core, id)
     }
 
+    /// Announces a task's new state on `P.events.<task_id>`: id, pool,
+    /// state, attempt, group and worker — never its output or error text
+    /// (issue 20: every submitter and reader may subscribe to every
+    /// task's events). A waiter reads the task through the API, where
+    /// its credential is checked, once the event says it ended.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn event(
         &mut self,
         now: Millis,
         id: TaskId,
+        pool: PoolName,
         state: TaskState,
         attempt: u32,
         group: Option<Labels>,
         worker: Option<String>,
-        output: Option<Bytes>,
-        error: Option<String>,
     ) {
         if !self.settings.events.announces(state) {
             return;
-        }
-        // An event NATS cannot carry would be lost: waiters would only
-        // learn of the end by polling. The output stays in the task.
-        let room = self.settings.max_reply_bytes.saturating_sub(4096);
-        let mut output = output;
-        let mut error = error;
-        let size = |o: &Option<Bytes>, e: &Option<String>| {
-            o.as_ref().map_or(0, Bytes::len) + e.as_ref().map_or(0, String::len)
-        };
-        if size(&output, &error) > room {
-            output = None;
-            if let Some(e) = &mut error {
-                crate::task::cut_chars(e, wire::RECORD_ERROR_CHARS);
-            }
         }
         let subject = self.subjects.events(id);
         self.publish(
@@ -294,12 +319,11 @@ impl Driver {
             &TaskEvent {
                 v: PROTOCOL_VERSION,
                 task_id: id,
+                pool,
                 state,
                 attempt,
                 group,
                 worker,
-                output,
-                error,
                 at: now,
             },
         );
@@ -317,12 +341,11 @@ impl Driver {
         self.event(
             now,
             done.id,
+            done.pool.clone(),
             done.state,
             done.attempts.len() as u32,
             last.map(|a| a.group.clone()),
             last.and_then(|a| a.worker.clone()),
-            done.output.clone(),
-            done.error.clone(),
         );
         self.forget_refresh(done.id);
         let mut record = TaskRecord::of_outcome(done);
@@ -380,7 +403,7 @@ impl Driver {
                     v: PROTOCOL_VERSION,
                     task_id: task,
                     attempt,
-                    pool,
+                    pool: pool.clone(),
                     group: labels.clone(),
                     payload,
                     ttl: self.settings.lease_ttl,
@@ -418,12 +441,11 @@ impl Driver {
                 self.event(
                     now,
                     task,
+                    pool,
                     TaskState::Running,
                     attempt,
                     Some(labels),
                     Some(worker_id),
-                    None,
-                    None,
                 );
             }
             Action::Revoke {
@@ -454,17 +476,12 @@ impl Driver {
             }
             Action::RetryAt { task, attempt, at } => {
                 tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
-                let error = self.ledger.last_error(task).map(str::to_string);
-                self.event(
-                    now,
-                    task,
-                    TaskState::Queued,
-                    attempt - 1,
-                    None,
-                    None,
-                    None,
-                    error,
-                );
+                let pool = self
+                    .core
+                    .task(task)
+                    .map(|t| t.pool.clone())
+                    .unwrap_or_default();
+                self.event(now, task, pool, TaskState::Queued, attempt - 1, None, None);
             }
             Action::Finished {
                 task,
