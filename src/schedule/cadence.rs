@@ -22,8 +22,8 @@
 //!   (they are different instants, so different ticks).
 //!
 //! The reference table in `tests.rs` checks this on Europe/Berlin,
-//! America/New_York, Australia/Lord_Howe (a 30-minute shift) and
-//! America/Sao_Paulo (DST abolished in 2019).
+//! America/New_York, Australia/Lord_Howe (a 30-minute shift),
+//! America/Sao_Paulo and Asia/Tehran (DST abolished in 2019 and 2022).
 //!
 //! **Intervals** ignore wall clocks and zones: the ticks of `every = D` are
 //! the multiples of D since the Unix epoch (`every = 5m` ticks at :00, :05,

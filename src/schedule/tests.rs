@@ -16,6 +16,9 @@
 //! - America/Sao_Paulo: −03 / −02 until Brazil abolished DST in 2019; its
 //!   last spring-forward was Sunday 4 November 2018 at 03:00Z (00:00 →
 //!   01:00). In 2026 the same Sunday is an ordinary day at −03.
+//! - Asia/Tehran: +03:30 / +04:30 until Iran abolished DST after 2022; in
+//!   2022 it began on 22 March at 00:00 (21 March 20:30Z). Since 2023,
+//!   +03:30 all year.
 
 use jiff::Timestamp;
 use proptest::prelude::*;
@@ -157,6 +160,20 @@ const DST_TABLE: &[Row] = &[
         tz: "America/Sao_Paulo",
         from: "2026-10-31T12:00:00Z",
         want: &["2026-11-01T03:30:00Z", "2026-11-02T03:30:00Z", "2026-11-03T03:30:00Z"],
+    },
+    Row {
+        why: "Tehran 2022, with DST: 00:30 did not exist on 22 March (00:00 +03:30 → 01:00 +04:30); fired at 01:00",
+        expr: "30 0 * * *",
+        tz: "Asia/Tehran",
+        from: "2022-03-20T12:00:00Z",
+        want: &["2022-03-20T21:00:00Z", "2022-03-21T20:30:00Z", "2022-03-22T20:00:00Z"],
+    },
+    Row {
+        why: "Tehran 2026, DST abolished: 22 March is an ordinary day at +03:30",
+        expr: "30 0 * * *",
+        tz: "Asia/Tehran",
+        from: "2026-03-20T12:00:00Z",
+        want: &["2026-03-20T21:00:00Z", "2026-03-21T21:00:00Z", "2026-03-22T21:00:00Z"],
     },
 ];
 
