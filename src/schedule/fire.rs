@@ -510,6 +510,40 @@ mod tests {
     }
 
     #[test]
+    fn a_successor_from_the_stored_state_decides_the_same_ticks_with_the_same_keys() {
+        let s = ScheduleSpec {
+            name: "s".into(),
+            every: Some("10s".into()),
+            jitter: Some("5s".into()),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        let mut stored = ScheduleState::new(Millis(0));
+        s.handle(&mut stored, Millis(15 * S), Event::Time);
+        // The leader decides the next tick and dies before storing it.
+        let mut leader = stored;
+        let decided = s.handle(&mut leader, Millis(30 * S), Event::Time);
+        // Its successor, with the spec and the stored state only.
+        let mut successor = stored;
+        let again = s
+            .clone()
+            .handle(&mut successor, Millis(30 * S), Event::Time);
+        assert_eq!(again, decided);
+        assert_eq!(successor, leader);
+        let keys = |ds: &[Decision]| -> Vec<String> {
+            ds.iter()
+                .filter_map(|d| match d {
+                    Decision::Fire { tick } => Some(crate::schedule::schedule_key(&s.name, *tick)),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(keys(&again), keys(&decided));
+        assert!(!keys(&again).is_empty());
+    }
+
+    #[test]
     fn a_long_catch_up_is_decided_in_bounded_steps() {
         let s = ScheduleSpec {
             name: "s".into(),
