@@ -40,6 +40,7 @@ pub mod http;
 pub(crate) mod ledger;
 pub mod metrics;
 pub(crate) mod nats;
+pub mod schedule;
 pub mod server;
 pub mod task;
 #[cfg(test)]

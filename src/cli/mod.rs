@@ -15,6 +15,7 @@ use crate::core::ErrorCode;
 mod client_cmds;
 mod dev;
 mod keygen;
+mod schedule_cmd;
 mod server_cmd;
 mod worker_cmd;
 
@@ -51,6 +52,8 @@ pub enum Command {
     Keygen(keygen::KeygenArgs),
     /// Start a local setup for a first try: nats-server, a server, two workers.
     Dev(dev::DevArgs),
+    /// Schedules: preview when a cron expression or interval fires.
+    Schedule(schedule_cmd::ScheduleArgs),
 }
 
 impl Command {
@@ -128,6 +131,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cancel(args) => client_cmds::cancel(args).await,
         Command::Keygen(args) => keygen::run(args),
         Command::Dev(args) => dev::run(args).await,
+        Command::Schedule(args) => schedule_cmd::run(args),
     }
 }
 

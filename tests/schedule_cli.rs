@@ -1,0 +1,133 @@
+//! `cronoq schedule preview` against the real binary: the next fires in
+//! RFC 3339 UTC, one a line or as JSON, across a daylight-saving jump; and
+//! each bad input refused with exit 2, `INVALID_ARGUMENT`, a message naming
+//! the problem, and nothing on stdout. No server is involved.
+
+mod procs;
+
+use procs::run_cli;
+
+#[tokio::test]
+async fn preview_prints_the_next_fires_one_a_line() {
+    let out = run_cli(
+        &[
+            "schedule",
+            "preview",
+            "--cron",
+            "30 2 * * *",
+            "--tz",
+            "Europe/Berlin",
+            "--from",
+            "2026-03-28T12:00:00Z",
+            "--count",
+            "3",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // 29 March: 02:30 does not exist in Berlin; the tick fires at 03:00 CEST.
+    assert_eq!(
+        out.stdout,
+        "2026-03-29T01:00:00Z\n2026-03-30T00:30:00Z\n2026-03-31T00:30:00Z\n"
+    );
+    assert_eq!(out.stderr, "");
+}
+
+#[tokio::test]
+async fn preview_prints_json_and_defaults_to_five_fires_from_now() {
+    let out = run_cli(
+        &[
+            "schedule",
+            "preview",
+            "--every",
+            "5m",
+            "--from",
+            "2026-01-01T00:01:00+01:00",
+            "--json",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let fires: Vec<String> = serde_json::from_str(&out.stdout).expect("a JSON array");
+    assert_eq!(
+        fires,
+        [
+            "2025-12-31T23:05:00Z",
+            "2025-12-31T23:10:00Z",
+            "2025-12-31T23:15:00Z",
+            "2025-12-31T23:20:00Z",
+            "2025-12-31T23:25:00Z"
+        ]
+    );
+    // Without --from: five fires, in order, all in the future.
+    let out = run_cli(&["schedule", "preview", "--cron", "@hourly"], None).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{out:?}");
+    let now = jiff::Timestamp::now();
+    let mut last = now;
+    for line in lines {
+        let t: jiff::Timestamp = line.parse().expect("RFC 3339");
+        assert!(t > last, "{line} is not after {last}");
+        assert!(line.ends_with(":00:00Z"), "{line}");
+        last = t;
+    }
+}
+
+#[tokio::test]
+async fn preview_refuses_bad_input_with_invalid_argument_and_prints_nothing() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--cron", "61 * * * *"],
+            "invalid cron expression \"61 * * * *\"",
+        ),
+        (
+            &["--cron", "0 0 30 2 *"],
+            "cron expression \"0 0 30 2 *\" never fires",
+        ),
+        (
+            &["--cron", "@daily", "--tz", "Europe/Atlantis"],
+            "unknown time zone \"Europe/Atlantis\"",
+        ),
+        (&["--every", "0s"], "below the minimum of 1s"),
+        (&["--every", "250ms"], "below the minimum of 1s"),
+        (&["--every", "often"], "every \"often\" is not a duration"),
+        (
+            &["--cron", "@daily", "--every", "1m"],
+            "give cron or every, not both",
+        ),
+        (&[], "give cron (an expression) or every (an interval)"),
+        (&["--every", "1m", "--tz", "UTC"], "tz applies to cron only"),
+        (
+            &["--cron", "@daily", "--count", "0"],
+            "--count 0 is out of range",
+        ),
+        (
+            &["--cron", "@daily", "--count", "1001"],
+            "--count 1001 is out of range",
+        ),
+        (
+            &["--cron", "@daily", "--from", "tomorrow"],
+            "--from \"tomorrow\" is not an RFC 3339 instant",
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut argv = vec!["schedule", "preview"];
+        argv.extend_from_slice(extra);
+        let out = run_cli(&argv, None).await;
+        assert_eq!(out.code, Some(2), "{argv:?}: {out:?}");
+        assert_eq!(out.stdout, "", "{argv:?} printed on stdout");
+        let stderr = out.stderr.trim_end();
+        assert!(
+            stderr.starts_with("error: ") && stderr.ends_with(" [INVALID_ARGUMENT]"),
+            "{argv:?}: {stderr:?}"
+        );
+        assert!(
+            stderr.contains(want),
+            "{argv:?}: {stderr:?} does not name {want:?}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{argv:?}: {stderr:?}");
+    }
+}
