@@ -26,17 +26,17 @@ use std::time::Duration;
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use bytes::Bytes;
 
-use super::Fenced;
+use crate::server::Fenced;
 
 /// The most records in one batch: nats-server's default limit.
-pub(super) const MAX_BATCH: usize = 1000;
+pub(in crate::server) const MAX_BATCH: usize = 1000;
 
 /// Turns on atomic batch publish on the results bucket's stream
 /// (`KV_<bucket>`) if nats-server can do it (≥ 2.12): `Ok(true)` once the
 /// stream's config says `allow_atomic`. async-nats' `stream::Config` has no
 /// such field (and would drop it on an update), so the stream's JSON config
 /// is read and written through the JetStream API as it is.
-pub(super) async fn enable_atomic(
+pub(in crate::server) async fn enable_atomic(
     js: &jetstream::Context,
     server_version: &str,
     stream: &str,
@@ -69,7 +69,7 @@ pub(super) async fn enable_atomic(
 /// earlier leader set). Read and written as the stream's JSON config, so
 /// that fields async-nats does not know (`allow_atomic`) stay as they are.
 /// Returns the max age the bucket has, whatever the update did.
-pub(super) async fn results_max_age(
+pub(in crate::server) async fn results_max_age(
     js: &jetstream::Context,
     stream: &str,
     results_ttl: Duration,
@@ -140,7 +140,7 @@ fn version_at_least(version: &str, (major, minor): (u64, u64)) -> bool {
 }
 
 /// How an atomic batch write failed.
-pub(super) enum BatchError {
+pub(in crate::server) enum BatchError {
     /// The stream no longer allows atomic batches (its config was
     /// replaced): write record by record from now on.
     Disabled,
@@ -153,7 +153,7 @@ impl Fenced {
     /// Stores `records` (task id, body) if this server still leads, in
     /// atomic batches fenced on the leader subject. `Ok(false)`: refused, a
     /// successor took over (and `lost` is set).
-    pub(super) async fn put_batch(&self, records: &[(u64, Bytes)]) -> Result<bool, BatchError> {
+    pub(in crate::server) async fn put_batch(&self, records: &[(u64, Bytes)]) -> Result<bool, BatchError> {
         let mut rest = records;
         while !rest.is_empty() {
             let size = self.batch_max.load(Ordering::Relaxed).clamp(1, rest.len());
@@ -192,7 +192,7 @@ impl Fenced {
             for (i, (key, body)) in records.iter().enumerate() {
                 let n = i + 1;
                 let mut headers = if n == 1 {
-                    super::election::fence_headers(&self.subject, expected)
+                    crate::server::election::fence_headers(&self.subject, expected)
                 } else {
                     async_nats::HeaderMap::new()
                 };
@@ -233,7 +233,7 @@ impl Fenced {
             if text.contains("10199") {
                 return Ok(Chunk::TooLarge);
             }
-            if super::election::is_busy(&e) {
+            if crate::server::election::is_busy(&e) {
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 continue;
             }

@@ -1,0 +1,20 @@
+//! The journal: what the leader stores in JetStream and how.
+//!
+//! - `fence.rs`: every write is fenced on the leader subject
+//!   ([`Fenced`]), so a deposed leader's writes are refused;
+//! - `committer.rs`: the committer stores each turn's records, one task's
+//!   records in order, and announces a turn only once it and every earlier
+//!   turn are stored;
+//! - `batch.rs`: records in atomic batches, one fence check per batch
+//!   (replicated streams);
+//! - `dead_letters.rs`: refused submissions copied with their reason;
+//! - `purge.rs`: finished submissions dropped from the submit stream.
+
+mod batch;
+mod committer;
+mod dead_letters;
+mod fence;
+mod purge;
+
+#[allow(unused_imports)]
+pub(in crate::server) use self::{batch::*, committer::*, dead_letters::*, fence::*, purge::*};

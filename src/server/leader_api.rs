@@ -1,0 +1,330 @@
+//! The leader's API: [`LeaderApi`] answers lookups, snapshots and submissions for one leadership (through the driver, or JetStream for what the driver no longer holds), and its health.
+
+use super::*;
+
+/// What the HTTP API and NATS requests use to reach the leader.
+#[derive(Clone)]
+pub struct LeaderApi {
+    pub(super) inner: Arc<LeaderInner>,
+}
+
+pub(super) struct LeaderInner {
+    pub(super) client: async_nats::Client,
+    pub(super) js: jetstream::Context,
+    pub(super) subjects: Subjects,
+    pub(super) inputs: mpsc::Sender<Input>,
+    pub(super) results: kv::Store,
+    pub(super) stream_name: String,
+    pub(super) max_payload_bytes: usize,
+    pub(super) driver_alive: AtomicBool,
+    /// Wall-clock ms of the last turn of the driver and of the consumer
+    /// loop: a loop that stops turning makes the server unready.
+    pub(super) driver_beat: AtomicU64,
+    pub(super) consumer_beat: AtomicU64,
+    /// [`Driver::consumed_below`] after the driver's last turn.
+    pub(super) consumed_below: AtomicU64,
+    pub(super) allow_undeclared_pools: bool,
+    pub(super) declared_pools: BTreeSet<PoolName>,
+    pub(super) epoch: u64,
+    /// Times this process took the lead (shared by its leaderships).
+    pub(super) takeovers: Arc<AtomicU64>,
+    /// Journal records being written and not yet acknowledged.
+    pub(super) journal_pending: Arc<AtomicU64>,
+    /// Credentials and worker sessions of this leadership.
+    pub(super) guard: Arc<Guard>,
+    /// The servers' storage key.
+    pub(super) seal: seal::Seal,
+}
+
+/// A loop that has not turned for this long is not making progress.
+pub(super) const STALL_AFTER: Millis = Millis(10_000);
+
+/// Room left in a NATS message for everything but the payload: the lease
+/// or submission envelope (ids, 16 labels of 64+64 bytes, a 256-byte key)
+/// and headers. The payload limit is NATS' `max_payload` minus this.
+pub const ENVELOPE_RESERVE: usize = 16 * 1024;
+
+/// The payload limit in force: the configured one, lowered to what fits in
+/// one NATS message of `nats_max_payload` bytes with its envelope.
+///
+/// ```
+/// use cronoq::server::{effective_payload_limit, ENVELOPE_RESERVE};
+/// assert_eq!(effective_payload_limit(1 << 20, 1 << 20), (1 << 20) - ENVELOPE_RESERVE);
+/// assert_eq!(effective_payload_limit(1000, 1 << 20), 1000);
+/// ```
+pub fn effective_payload_limit(configured: usize, nats_max_payload: usize) -> usize {
+    configured.min(nats_max_payload.saturating_sub(ENVELOPE_RESERVE))
+}
+
+pub(super) fn unavailable(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::UNAVAILABLE, message)
+}
+
+impl LeaderApi {
+    pub(super) async fn ask<T>(&self, make: impl FnOnce(Responder<T>) -> Input) -> Result<T, WireError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .inputs
+            .send(make(Responder::Local(tx)))
+            .await
+            .map_err(|_| unavailable("the server is shutting down"))?;
+        rx.await
+            .map_err(|_| unavailable("the server is shutting down"))?
+    }
+
+    pub(super) async fn stream(&self) -> Result<stream::Stream, WireError> {
+        self.inner
+            .js
+            .get_stream(&self.inner.stream_name)
+            .await
+            .map_err(|e| unavailable(format!("submit stream: {e}")))
+    }
+
+    /// A finished task's result from the bucket.
+    pub(super) async fn stored_result(&self, id: TaskId) -> Result<Option<TaskStatus>, WireError> {
+        let key = id.to_string();
+        match self.inner.results.get(&key).await {
+            Ok(Some(bytes)) => match self.inner.seal.open(&key, &bytes) {
+                Ok(body) => Ok(Some(wire::TaskRecord::decode(body)?.into_status())),
+                Err(why) => {
+                    seal::log_refused("stored result", &key, why);
+                    Ok(None)
+                }
+            },
+            Ok(None) => Ok(None),
+            Err(e) => Err(unavailable(format!("results bucket: {e}"))),
+        }
+    }
+
+    /// Whether the stream holds the submission (accepted, maybe not yet
+    /// consumed), and its pool.
+    pub(super) async fn accepted(&self, id: TaskId) -> Result<Option<PoolName>, WireError> {
+        let stream = self.stream().await?;
+        match stream.get_raw_message(id.0).await {
+            Ok(m) => Ok(Some(
+                self.inner
+                    .subjects
+                    .pool_of_submit(m.subject.as_str())
+                    .unwrap_or_default(),
+            )),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Submits through the stream: durable before the id is returned.
+    /// Checked here as the driver will check it (payload limit, horizon,
+    /// declared pools), so a bad submission is refused at once.
+    pub async fn submit(&self, task: Task) -> Result<TaskId, WireError> {
+        let spec = task.to_spec(TaskId(1), self.inner.max_payload_bytes)?;
+        spec.check_horizon(wall_now())?;
+        if !self.inner.allow_undeclared_pools && !self.inner.declared_pools.contains(&spec.pool) {
+            return Err(crate::core::Rejection::UnknownPool(spec.pool).into());
+        }
+        let (subject, headers, body) = wire::submission(&self.inner.subjects, &task)?;
+        let ack = self
+            .inner
+            .js
+            .publish_with_headers(subject, headers, body)
+            .await
+            .map_err(|e| unavailable(format!("publishing the submission: {e}")))?
+            .await
+            .map_err(|e| unavailable(format!("submission not acknowledged: {e}")))?;
+        Ok(TaskId(ack.sequence))
+    }
+
+    /// A task's status: live or recent from the driver, older from the
+    /// results bucket, just-accepted from the stream.
+    pub async fn task(&self, id: TaskId) -> Result<TaskStatus, WireError> {
+        if let Some(status) = self.ask(|to| Input::GetTask(id, to)).await? {
+            return Ok(status);
+        }
+        if let Some(status) = self.stored_result(id).await? {
+            return Ok(status);
+        }
+        // Still in the stream though the driver read past it: dropped
+        // (no credential verified on it), and purged with the prefix of
+        // finished submissions once the tasks before it end.
+        let dropped = id.0 < self.inner.consumed_below.load(Ordering::Relaxed);
+        if let Some(pool) = self.accepted(id).await?.filter(|_| !dropped) {
+            return Ok(TaskStatus {
+                id,
+                pool,
+                state: TaskState::Queued,
+                reason: None,
+                attempts: Vec::new(),
+                output: None,
+                output_base64: None,
+                error: None,
+                deadline_missed: false,
+            });
+        }
+        Err(WireError::new(
+            ErrorCode::NOT_FOUND,
+            format!("task {id} not found"),
+        ))
+    }
+
+    /// The pool and submitter of a task that can still be cancelled: live
+    /// here, or accepted and not consumed yet (its submission's proof
+    /// names the submitter). `None`: finished or unknown (cancel says so).
+    pub(super) async fn pool_and_owner(
+        &self,
+        id: TaskId,
+    ) -> Result<Option<(PoolName, Option<String>)>, WireError> {
+        if let Some(found) = self.ask(|to| Input::Owner(id, to)).await? {
+            return Ok(Some(found));
+        }
+        if self.stored_result(id).await?.is_some() {
+            return Ok(None);
+        }
+        let stream = self.stream().await?;
+        let Ok(m) = stream.get_raw_message(id.0).await else {
+            return Ok(None);
+        };
+        let pool = self
+            .inner
+            .subjects
+            .pool_of_submit(m.subject.as_str())
+            .unwrap_or_default();
+        let stored = Millis((m.time.unix_timestamp_nanos() / 1_000_000).max(0) as u64);
+        let owner =
+            self.inner
+                .guard
+                .owner_of(m.subject.as_str(), Some(&m.headers), &m.payload, stored);
+        Ok(Some((pool, owner)))
+    }
+
+    /// Cancels a task (also one accepted but not consumed yet).
+    pub async fn cancel(&self, id: TaskId) -> Result<(), WireError> {
+        match self.ask(|to| Input::Cancel(id, to)).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == ErrorCode::NOT_FOUND => {
+                if self
+                    .stored_result(id)
+                    .await?
+                    .is_some_and(|s| s.state.is_terminal())
+                {
+                    return Err(crate::core::Rejection::AlreadyFinished(id).into());
+                }
+                if self.accepted(id).await?.is_some() {
+                    self.inner
+                        .inputs
+                        .send(Input::CancelOnArrival(id))
+                        .await
+                        .map_err(|_| unavailable("the server is shutting down"))?;
+                    return Ok(());
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The snapshot.
+    pub async fn snapshot(&self) -> Result<Snapshot, WireError> {
+        self.ask(Input::Snapshot).await
+    }
+
+    /// The leader's counters and histograms, with this process's election
+    /// and journal figures (see [`Api::metrics`]).
+    pub async fn metrics(&self) -> Result<MetricsSnapshot, WireError> {
+        let mut m = self.ask(Input::Metrics).await?;
+        let server = m.server.get_or_insert_with(ServerMetrics::default);
+        server.takeovers = self.inner.takeovers.load(Ordering::Relaxed);
+        server.journal_pending = self.inner.journal_pending.load(Ordering::Relaxed);
+        server.storage_refused = seal::refused_total();
+        Ok(m)
+    }
+
+    /// The newest live and recently finished tasks (see [`Api::recent_tasks`]).
+    pub async fn recent_tasks(&self, limit: usize) -> Result<Vec<TaskStatus>, WireError> {
+        crate::api::check_recent_limit(limit)?;
+        Ok(self.ask(|to| Input::RecentTasks(limit, to)).await?.tasks)
+    }
+
+    pub(super) fn health(&self) -> Health {
+        let connected = matches!(
+            self.inner.client.connection_state(),
+            async_nats::connection::State::Connected
+        );
+        leader_health(
+            wall_now(),
+            connected,
+            self.inner.driver_alive.load(Ordering::Relaxed),
+            Millis(self.inner.driver_beat.load(Ordering::Relaxed)),
+            Millis(self.inner.consumer_beat.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// A leader's health from its loops' last turns: not live when the driver
+/// stopped or has not turned for [`STALL_AFTER`]; not ready when, besides,
+/// NATS is away or the submit consumer has not turned for that long.
+pub(super) fn leader_health(
+    now: Millis,
+    connected: bool,
+    driver_alive: bool,
+    driver_beat: Millis,
+    consumer_beat: Millis,
+) -> Health {
+    let turning = |beat: Millis| now.0.saturating_sub(beat.0) < STALL_AFTER.0;
+    let driving = driver_alive && turning(driver_beat);
+    let consuming = turning(consumer_beat);
+    Health {
+        live: driving,
+        ready: connected && driving && consuming,
+        detail: match (connected, driving, consuming) {
+            (true, true, true) => "leader".into(),
+            (false, _, _) => "not connected to NATS".into(),
+            (_, false, _) => "driver stopped or stalled".into(),
+            (_, _, false) => "submit consumer stalled".into(),
+        },
+    }
+}
+
+impl Api for LeaderApi {
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
+        Box::pin(LeaderApi::submit(self, task))
+    }
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Box::pin(LeaderApi::task(self, id))
+    }
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
+        Box::pin(LeaderApi::cancel(self, id))
+    }
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(LeaderApi::snapshot(self))
+    }
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(LeaderApi::recent_tasks(self, limit))
+    }
+    fn metrics(&self) -> ApiFuture<'_, MetricsSnapshot> {
+        Box::pin(LeaderApi::metrics(self))
+    }
+    fn health(&self) -> Health {
+        LeaderApi::health(self)
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    /// Issue 7 finding 1: a stalled submit consumer (a poison message used
+    /// to stop it for good) makes the leader unready, not silently "ok".
+    #[test]
+    fn a_stalled_loop_makes_the_leader_unready() {
+        let now = Millis(100_000);
+        let fresh = Millis(99_900);
+        let stale = now.minus(STALL_AFTER);
+        assert!(leader_health(now, true, true, fresh, fresh).ready);
+        let h = leader_health(now, true, true, fresh, stale);
+        assert!(h.live && !h.ready, "{h:?}");
+        assert_eq!(h.detail, "submit consumer stalled");
+        let h = leader_health(now, true, true, stale, fresh);
+        assert!(!h.live && !h.ready);
+        let h = leader_health(now, true, false, fresh, fresh);
+        assert!(!h.live && !h.ready);
+        assert!(!leader_health(now, false, true, fresh, fresh).ready);
+    }
+}

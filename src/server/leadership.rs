@@ -1,0 +1,259 @@
+//! One leadership's lifetime: [`lead`] starts the driver, the request loop, the submit consumer, the committer and the purger for an epoch, and its [`Tenure`] says until when it may act.
+
+use super::*;
+
+/// One leadership's tasks.
+pub(super) struct Leadership {
+    pub(super) api: LeaderApi,
+    pub(super) driver: tokio::task::JoinHandle<()>,
+    pub(super) others: Vec<tokio::task::JoinHandle<()>>,
+    /// Set when a fenced write is refused: a successor took over.
+    pub(super) lost: watch::Receiver<Option<String>>,
+}
+
+impl Leadership {
+    pub(super) fn stop(self) {
+        self.driver.abort();
+        for task in self.others {
+            task.abort();
+        }
+    }
+}
+
+/// Starts leading with `epoch`: a fresh driver reads the submit stream
+/// from its first message, answers `P.api.*`, and writes results fenced on
+/// the leader subject.
+pub(super) async fn lead(
+    base: &Base,
+    epoch: u64,
+    election: &election::Election,
+    renewed: Arc<election::AtomicInstant>,
+) -> Result<Leadership, Error> {
+    let s = &base.config.server;
+    // The bucket keeps the max age it was created with (or the last
+    // leader's): this leader's `results_ttl` governs, and its rewrites of
+    // live records keep pace with the max age the bucket has.
+    let results_max_age = journal::results_max_age(
+        &base.js,
+        &format!("KV_{}", base.subjects.results_bucket()),
+        s.results_ttl,
+    )
+    .await;
+    let now = wall_now();
+    base.takeovers.fetch_add(1, Ordering::Relaxed);
+    let journal_pending = Arc::new(AtomicU64::new(0));
+    let worker_timeout = Millis::from_duration(s.worker_timeout);
+    let mut driver = Driver::new(
+        base.subjects.clone(),
+        epoch,
+        Settings {
+            server_id: base.server_id.clone(),
+            lease_ttl: Millis::from_duration(s.lease_ttl),
+            worker_timeout,
+            heartbeat_interval: Millis((worker_timeout.0 / 3).max(100)),
+            max_payload_bytes: base.max_payload_bytes,
+            max_reply_bytes: base.nats_max_payload.saturating_sub(1024),
+            // The fence headers take about 150 bytes of the message.
+            max_record_bytes: base.nats_max_payload.saturating_sub(512),
+            retain_finished: 10_000,
+            pools: base.pools.clone(),
+            max_workers: s.max_workers,
+            limits: s.limits(),
+            // A re-attaching worker registers within a heartbeat of seeing
+            // the new leader; one silent this long is gone anyway.
+            reattach_grace: worker_timeout,
+            events: s.events,
+            // No max age: JetStream keeps records for good.
+            record_refresh: if results_max_age.is_zero() {
+                Millis(u64::MAX / 4)
+            } else {
+                Millis::from_duration(results_max_age / 3).max(Millis(100))
+            },
+            // In atomic batches a start record costs no fence check or
+            // acknowledgement of its own; a separate start write would
+            // compete with the batch for the leader subject (10164 on a
+            // replicated stream). Record by record, one write per turn.
+            group_starts: !base.atomic_batches,
+        },
+        now,
+    );
+    let (inputs, input_rx) = mpsc::channel(65_536);
+    let (commit_tx, commit_rx) = mpsc::unbounded_channel::<Turn>();
+    let pending: Pending = Arc::default();
+    let (floor_tx, floor_rx) = watch::channel(1u64);
+    let (lost_tx, lost_rx) = watch::channel(None);
+    let guard = Arc::new(Guard::new(
+        base.auth.clone(),
+        base.subjects.clone(),
+        worker_timeout,
+    ));
+    let api = LeaderApi {
+        inner: Arc::new(LeaderInner {
+            client: base.client.clone(),
+            js: base.js.clone(),
+            subjects: base.subjects.clone(),
+            inputs: inputs.clone(),
+            results: base.results.clone(),
+            stream_name: base.subjects.submit_stream(),
+            max_payload_bytes: base.max_payload_bytes,
+            driver_alive: AtomicBool::new(true),
+            driver_beat: AtomicU64::new(now.0),
+            consumed_below: AtomicU64::new(0),
+            consumer_beat: AtomicU64::new(now.0),
+            allow_undeclared_pools: s.allow_undeclared_pools,
+            declared_pools: base.pools.iter().map(|(name, _)| name.clone()).collect(),
+            epoch,
+            takeovers: base.takeovers.clone(),
+            journal_pending: journal_pending.clone(),
+            guard: guard.clone(),
+            seal: base.seal.clone(),
+        }),
+    };
+    let startup = base
+        .submit_stream
+        .clone()
+        .info()
+        .await
+        .map_err(nats_err("reading the submit stream"))?
+        .state
+        .clone();
+    let startup_last = startup.last_sequence;
+    // Submissions left by earlier leaderships: read them (and their journal
+    // records) before serving workers, who list their attempts once.
+    let catch_up_to = (startup.messages > 0).then_some(startup_last);
+    if catch_up_to.is_some() {
+        driver.catch_up_first();
+    }
+    let warm = match catch_up_to {
+        Some(_) => warm_journal(base).await,
+        None => None,
+    };
+    // The start records (a few keys: one per recent turn with attempts
+    // still running), read from the bucket whether warm or not.
+    let starts = match catch_up_to {
+        Some(_) => read_starts(&base.results, &base.seal).await?,
+        None => wire::StartIndex::default(),
+    };
+    // The only writer now: no need to follow its own writes.
+    base.warm_paused.send_replace(true);
+    let consumer = tokio::spawn(consume(
+        base.client.clone(),
+        base.submit_stream.clone(),
+        base.subjects.clone(),
+        base.results.clone(),
+        Startup {
+            last: startup_last,
+            warm,
+            starts: Arc::new(starts),
+            catch_up_to,
+        },
+        inputs.clone(),
+        api.clone(),
+    ));
+    // Subscribed before the first renewal announces this leadership, so a
+    // worker that heartbeats on seeing it finds someone answering.
+    let mut requests = futures_util::stream::SelectAll::new();
+    for subject in [base.subjects.api("*"), base.subjects.worker_api_all()] {
+        requests.push(
+            base.client
+                .subscribe(subject.clone())
+                .await
+                .map_err(nats_err(format!("subscribing to {subject}")))?,
+        );
+    }
+    let tenure = Tenure {
+        renewed,
+        timeout: election.timeout(),
+    };
+    let api_requests = tokio::spawn(serve_api(
+        base.client.clone(),
+        api.clone(),
+        requests,
+        tenure.clone(),
+    ));
+    let committer = tokio::spawn(commit(
+        commit_rx,
+        CommitCtx {
+            client: client_for(&api),
+            inputs: inputs.clone(),
+            results: Fenced {
+                js: base.js.clone(),
+                bucket: base.subjects.results_bucket(),
+                subject: election.subject().to_string(),
+                fence: election.fence.clone(),
+                lost: lost_tx,
+                election: election.clone(),
+                epoch,
+                pending_records: journal_pending,
+                atomic: AtomicBool::new(base.atomic_batches),
+                batch_max: AtomicUsize::new(journal::MAX_BATCH),
+                batches: AtomicU64::new(0),
+                client: base.client.clone(),
+            },
+            pending: pending.clone(),
+            js: base.js.clone(),
+            submit_stream: base.submit_stream.clone(),
+            subjects: base.subjects.clone(),
+            guard,
+            seal: base.seal.clone(),
+            tenure: tenure.clone(),
+        },
+    ));
+    let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
+    let driver = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            drive(
+                driver,
+                input_rx,
+                commit_tx,
+                pending,
+                floor_tx,
+                &api.inner.driver_beat,
+                &api.inner.consumed_below,
+                tenure,
+            )
+            .await;
+            api.inner.driver_alive.store(false, Ordering::Relaxed);
+        })
+    };
+    Ok(Leadership {
+        api,
+        driver,
+        others: vec![consumer, api_requests, committer, purger],
+        lost: lost_rx,
+    })
+}
+
+/// The leadership's right to act ([`election::may_act`]): until the
+/// election timeout (less a margin) after its last stored renewal was sent
+/// (a follower takes over only after seeing no renewal for that long on
+/// its own clock). Judged on the monotonic clock when it is about to act:
+/// at the top of every driver turn and before every input, before the
+/// committer announces a turn, and before a request is answered.
+#[derive(Clone)]
+pub(super) struct Tenure {
+    pub(super) renewed: Arc<election::AtomicInstant>,
+    pub(super) timeout: Duration,
+}
+
+impl Tenure {
+    pub(super) fn valid(&self) -> bool {
+        self.renewed.may_act(self.timeout)
+    }
+
+    /// `valid`, and if not, the driver steps down (acts on nothing more;
+    /// the election loop sees the driver stop and stands by).
+    pub(super) fn check(&self, driver: &mut Driver) -> bool {
+        if self.valid() {
+            return true;
+        }
+        tracing::warn!("leadership not renewed in time: acting on nothing more; the driver stops");
+        driver.step_down();
+        false
+    }
+}
+
+pub(super) fn client_for(api: &LeaderApi) -> async_nats::Client {
+    api.inner.client.clone()
+}

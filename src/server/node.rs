@@ -1,0 +1,213 @@
+//! The follower's side of the API: [`NodeApi`] serves HTTP on every server, asking the leader (locally or over NATS), and says whether this server is ready.
+
+use super::*;
+
+/// The server's API whoever leads: the local leader while this server
+/// leads, the leader over NATS while it follows.
+#[derive(Clone)]
+pub struct NodeApi {
+    pub(super) inner: Arc<NodeInner>,
+}
+
+pub(super) struct NodeInner {
+    pub(super) client: async_nats::Client,
+    pub(super) leading: std::sync::RwLock<Option<LeaderApi>>,
+    pub(super) remote: crate::client::Client,
+    pub(super) seen: watch::Receiver<Option<election::Seen>>,
+    /// The election timeout: a leader record that stands still for half of
+    /// it means no server leads.
+    pub(super) election_timeout: Duration,
+    /// The JetStream streams cronoq needs that are missing (looked at every
+    /// couple of seconds by [`watch_assets`]); `None`: all there.
+    pub(super) missing: Arc<std::sync::RwLock<Option<String>>>,
+}
+
+impl NodeApi {
+    pub(super) fn set_leading(&self, api: Option<LeaderApi>) {
+        *self
+            .inner
+            .leading
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = api;
+    }
+
+    pub(super) fn leader(&self) -> Option<LeaderApi> {
+        self.inner
+            .leading
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(super) fn health(&self) -> Health {
+        let missing = self
+            .inner
+            .missing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(missing) = missing {
+            return Health {
+                live: true,
+                ready: false,
+                detail: missing,
+            };
+        }
+        if let Some(leader) = self.leader() {
+            let mut health = leader.health();
+            if health.ready {
+                health.detail = format!("leader (epoch {})", leader.inner.epoch);
+            }
+            return health;
+        }
+        let connected = matches!(
+            self.inner.client.connection_state(),
+            async_nats::connection::State::Connected
+        );
+        let seen = self.inner.seen.borrow().clone();
+        match (connected, seen) {
+            (false, _) => Health {
+                live: true,
+                ready: false,
+                detail: "not connected to NATS".into(),
+            },
+            (true, Some(seen)) => follower_health(&seen, self.inner.election_timeout),
+            (true, None) => Health {
+                live: true,
+                ready: false,
+                detail: "no leader known yet".into(),
+            },
+        }
+    }
+}
+
+/// A follower is ready while a server leads: the leader record is one a
+/// cronoq server wrote, not resigned, and moved within half the election
+/// timeout (a leader renews every quarter of it).
+pub(super) fn follower_health(seen: &election::Seen, election_timeout: Duration) -> Health {
+    let o = &seen.observed;
+    let unready = |detail: String| Health {
+        live: true,
+        ready: false,
+        detail,
+    };
+    let Some(record) = &o.record else {
+        return unready("no leader known yet".into());
+    };
+    if let Some(why) = o.not_genuine() {
+        return unready(format!(
+            "no leader: the leader record was not written by a cronoq server ({why})"
+        ));
+    }
+    if record.resigned {
+        return unready("no leader: the last one resigned".into());
+    }
+    // No figures or ids in a reason: it is a metric label too
+    // (`cronoq_unready{reason}`), and whoever can publish on the leader
+    // subject chooses the id.
+    if seen.since.elapsed() >= election_timeout / 2 {
+        return unready(
+            "no leader: the leader record has not moved for half the election timeout".into(),
+        );
+    }
+    Health {
+        live: true,
+        ready: true,
+        detail: format!("follower of {} (epoch {})", record.id, o.epoch()),
+    }
+}
+
+/// Every couple of seconds, whether the JetStream streams cronoq needs
+/// (the submit and dead-letter streams, the results bucket's stream)
+/// exist; a missing one makes the server unready until it is back
+/// (`/readyz` and the `cronoq_unready` metric name it). A stream NATS does
+/// not answer about is not called missing.
+pub(super) async fn watch_assets(
+    js: jetstream::Context,
+    names: Vec<(String, &'static str)>,
+    missing: Arc<std::sync::RwLock<Option<String>>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let mut gone = Vec::new();
+        for (name, what) in &names {
+            if let Err(e) = js.get_stream(name).await {
+                let text = e.to_string().to_ascii_lowercase();
+                if text.contains("not found") || text.contains("10059") {
+                    gone.push(format!("{what} {name}"));
+                }
+            }
+        }
+        let now = (!gone.is_empty()).then(|| format!("missing in JetStream: {}", gone.join(", ")));
+        let mut slot = missing.write().unwrap_or_else(|e| e.into_inner());
+        if *slot != now {
+            match &now {
+                Some(m) => tracing::error!(missing = %m, "a stream cronoq needs is missing"),
+                None => tracing::info!("every stream cronoq needs is there again"),
+            }
+            *slot = now;
+        }
+    }
+}
+
+impl Api for NodeApi {
+    /// Through the stream; answered once the leader has decided (a
+    /// refusal only it can make, such as `max_pools`, is the answer), or
+    /// after [`crate::client::CONFIRM_FOR`] as accepted.
+    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
+        Box::pin(async move {
+            let id = match self.leader() {
+                Some(l) => l.submit(task).await?,
+                None => Api::submit(&self.inner.remote, task).await?,
+            };
+            crate::client::leaders_verdict(self, id).await?;
+            Ok(id)
+        })
+    }
+    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.task(id).await,
+                None => Api::task(&self.inner.remote, id).await,
+            }
+        })
+    }
+    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.cancel(id).await,
+                None => Api::cancel(&self.inner.remote, id).await,
+            }
+        })
+    }
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.snapshot().await,
+                None => Api::snapshot(&self.inner.remote).await,
+            }
+        })
+    }
+    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.recent_tasks(limit).await,
+                None => Api::recent_tasks(&self.inner.remote, limit).await,
+            }
+        })
+    }
+    /// Only the leading server counts (and exports counters): a follower
+    /// answers with no pools, so `sum(rate(…))` over servers is right.
+    fn metrics(&self) -> ApiFuture<'_, MetricsSnapshot> {
+        Box::pin(async move {
+            match self.leader() {
+                Some(l) => l.metrics().await,
+                None => Ok(MetricsSnapshot::default()),
+            }
+        })
+    }
+    fn health(&self) -> Health {
+        NodeApi::health(self)
+    }
+}

@@ -1,0 +1,265 @@
+//! Requests on `P.w.<id>.<verb>` (workers) and `P.api.<verb>` (clients): decoded, checked by the guard, and handed to the driver or answered.
+
+use super::*;
+
+/// Decodes `P.api.*` requests and hands them to the driver (hot paths) or
+/// to [`LeaderApi`] (lookups that may need JetStream).
+pub(super) async fn serve_api(
+    client: async_nats::Client,
+    api: LeaderApi,
+    mut requests: futures_util::stream::SelectAll<async_nats::Subscriber>,
+    tenure: Tenure,
+) {
+    while let Some(msg) = requests.next().await {
+        // A deposed leader answers nothing (its successor does): not even
+        // the checks answered here, such as a heartbeat's "not registered".
+        if !tenure.valid() {
+            continue;
+        }
+        let reply = msg.reply.as_ref().map(|r| r.to_string());
+        let input = match api.inner.subjects.parse_worker_api(msg.subject.as_str()) {
+            Some((worker_id, verb)) => worker_request(&client, &api, &msg, worker_id, verb),
+            None => client_request(&client, &api, &msg),
+        };
+        match input {
+            Ok(Some(input)) => {
+                if api.inner.inputs.send(input).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                if let Some(reply) = reply {
+                    let body: Bytes = wire::encode_reply::<wire::Ack>(&Err(e)).into();
+                    let _ = client.publish(reply, body).await;
+                }
+            }
+        }
+    }
+}
+
+/// Publishes `result` to the reply subject of `msg`, if it has one.
+pub(super) fn answer_later<T, F>(client: &async_nats::Client, msg: &async_nats::Message, work: F)
+where
+    T: serde::Serialize + Send + 'static,
+    F: std::future::Future<Output = Result<T, WireError>> + Send + 'static,
+{
+    let reply = msg.reply.as_ref().map(|r| r.to_string());
+    let client = client.clone();
+    tokio::spawn(async move {
+        let result = work.await;
+        if let Some(reply) = reply {
+            let body: Bytes = wire::encode_reply(&result).into();
+            let _ = client.publish(reply, body).await;
+        }
+    });
+}
+
+/// A worker's request on `P.w.<worker_id>.<verb>`: the id in the subject
+/// must be the body's, and (auth on) the message must prove that worker's
+/// session — or, to register, a credential allowed to claim what it claims.
+pub(super) fn worker_request(
+    client: &async_nats::Client,
+    api: &LeaderApi,
+    msg: &async_nats::Message,
+    worker_id: &str,
+    verb: &str,
+) -> Result<Option<Input>, WireError> {
+    let guard = &api.inner.guard;
+    let now = wall_now();
+    let (subject, headers, body) = (msg.subject.as_str(), msg.headers.as_ref(), &msg.payload);
+    macro_rules! reply {
+        () => {
+            Responder::Nats(msg.reply.as_ref().map(|r| r.to_string()))
+        };
+    }
+    let same_id = |id: &str| {
+        if id == worker_id {
+            Ok(())
+        } else {
+            Err(WireError::new(
+                ErrorCode::INVALID_ARGUMENT,
+                format!("worker_id {id:?} does not match the subject's {worker_id:?}"),
+            ))
+        }
+    };
+    match verb {
+        "challenge" => {
+            wire::decode_request::<wire::Challenge>(body)?;
+            let nonce = guard.challenge(worker_id, now);
+            answer_later(client, msg, async move { nonce });
+            Ok(None)
+        }
+        "register" => {
+            let r: wire::Register = wire::decode_request(body)?;
+            same_id(&r.worker_id)?;
+            // Auth on: the session is open already (see `Guard::register`);
+            // a registration the driver refuses settles it back.
+            let Some((grant, registrant)) = guard.register(subject, headers, body, &r, now)? else {
+                return Ok(Some(Input::Register(r, Registrant::default(), reply!())));
+            };
+            let (tx, rx) = oneshot::channel();
+            let guard = guard.clone();
+            let worker_id = r.worker_id.clone();
+            answer_later(client, msg, async move {
+                let result = rx
+                    .await
+                    .map_err(|_| unavailable("the server is shutting down"))
+                    .and_then(|r: Result<wire::RegisterReply, WireError>| r);
+                guard.settle_session(&worker_id, &grant.id, result.is_ok());
+                result.map(|mut reply| {
+                    reply.session = Some(grant);
+                    reply
+                })
+            });
+            Ok(Some(Input::Register(r, registrant, Responder::Local(tx))))
+        }
+        "heartbeat" => {
+            let h: wire::Heartbeat = wire::decode_request(body)?;
+            same_id(&h.worker_id)?;
+            if let Err(e) = guard.worker(worker_id, subject, headers, body, now) {
+                // An unknown session (a new leader, or never registered):
+                // "not registered" makes a real worker register again.
+                tracing::debug!(worker_id, error = %e, "heartbeat without a valid session");
+                let epoch = api.inner.epoch;
+                answer_later(client, msg, async move {
+                    Ok(wire::HeartbeatReply {
+                        v: wire::PROTOCOL_VERSION,
+                        epoch,
+                        registered: false,
+                    })
+                });
+                return Ok(None);
+            }
+            Ok(Some(Input::Heartbeat(h, reply!())))
+        }
+        "deregister" => {
+            let d: wire::Deregister = wire::decode_request(body)?;
+            same_id(&d.worker_id)?;
+            guard.worker(worker_id, subject, headers, body, now)?;
+            if !d.drain {
+                guard.close(worker_id);
+            }
+            Ok(Some(Input::Deregister(d, reply!())))
+        }
+        "renew" => {
+            let r: wire::Renew = wire::decode_request(body)?;
+            same_id(&r.worker_id)?;
+            guard.worker(worker_id, subject, headers, body, now)?;
+            Ok(Some(Input::Renew(r, reply!())))
+        }
+        "outcome" => {
+            let o: wire::AttemptReport = wire::decode_request(body)?;
+            same_id(&o.worker_id)?;
+            guard.worker(worker_id, subject, headers, body, now)?;
+            Ok(Some(Input::Outcome(o, reply!())))
+        }
+        "outcomes" => {
+            let o: wire::AttemptReports = wire::decode_request(body)?;
+            same_id(&o.worker_id)?;
+            if o.reports.len() > wire::MAX_REPORTS {
+                return Err(WireError::new(
+                    ErrorCode::INVALID_ARGUMENT,
+                    format!(
+                        "{} reports in one request; at most {}",
+                        o.reports.len(),
+                        wire::MAX_REPORTS
+                    ),
+                ));
+            }
+            for report in &o.reports {
+                same_id(&report.worker_id)?;
+            }
+            guard.worker(worker_id, subject, headers, body, now)?;
+            Ok(Some(Input::Outcomes(o.reports, reply!())))
+        }
+        other => Err(WireError::new(
+            ErrorCode::NOT_FOUND,
+            format!("unknown worker verb {other:?}"),
+        )),
+    }
+}
+
+/// A client's request on `P.api.<verb>`: (auth on) its caller may read,
+/// and may cancel only what its role, pools and ownership allow.
+pub(super) fn client_request(
+    client: &async_nats::Client,
+    api: &LeaderApi,
+    msg: &async_nats::Message,
+) -> Result<Option<Input>, WireError> {
+    let verb = msg.subject.as_str().rsplit('.').next().unwrap_or("");
+    let body = &msg.payload;
+    macro_rules! reply {
+        () => {
+            Responder::Nats(msg.reply.as_ref().map(|r| r.to_string()))
+        };
+    }
+    let caller =
+        api.inner
+            .guard
+            .client(msg.subject.as_str(), msg.headers.as_ref(), body, wall_now())?;
+    let restricted = caller != Principal::anonymous();
+    match verb {
+        "snapshot" => {
+            if !body.is_empty() {
+                wire::decode_request::<wire::GetSnapshot>(body)?;
+            }
+            caller.may_read(None)?;
+            if !restricted {
+                return Ok(Some(Input::Snapshot(reply!())));
+            }
+            let api = api.clone();
+            answer_later(client, msg, async move {
+                let mut snap = api.snapshot().await?;
+                snap.pools.retain(|p| caller.sees_pool(&p.name));
+                snap.workers.retain(|w| caller.sees_pool(&w.pool));
+                Ok(snap)
+            });
+            Ok(None)
+        }
+        "tasks" => {
+            let l: wire::ListTasks = wire::decode_request(body)?;
+            let limit = l.limit as usize;
+            crate::api::check_recent_limit(limit)?;
+            caller.may_read(None)?;
+            if !restricted {
+                return Ok(Some(Input::RecentTasks(limit, reply!())));
+            }
+            let api = api.clone();
+            answer_later(client, msg, async move {
+                let mut tasks = api.recent_tasks(limit).await?;
+                tasks.retain(|t| caller.sees_pool(&t.pool));
+                Ok(wire::TaskList { tasks })
+            });
+            Ok(None)
+        }
+        "task" => {
+            let g: wire::GetTask = wire::decode_request(body)?;
+            let api = api.clone();
+            answer_later(client, msg, async move {
+                let status = api.task(g.task_id).await?;
+                caller.may_read(Some(&status.pool))?;
+                Ok(status)
+            });
+            Ok(None)
+        }
+        "cancel" => {
+            let c: wire::Cancel = wire::decode_request(body)?;
+            let api = api.clone();
+            caller.may_cancel_some()?;
+            answer_later(client, msg, async move {
+                if restricted {
+                    if let Some((pool, owner)) = api.pool_and_owner(c.task_id).await? {
+                        caller.may_cancel(&pool, owner.as_deref())?;
+                    }
+                }
+                api.cancel(c.task_id).await.map(|_| wire::Ack::default())
+            });
+            Ok(None)
+        }
+        other => Err(WireError::new(
+            ErrorCode::NOT_FOUND,
+            format!("unknown api verb {other:?}"),
+        )),
+    }
+}

@@ -1,0 +1,211 @@
+//! Reading the journal back at a takeover: a task's record from the stream leader, the start-record slots, and the warm copy a standby kept.
+
+use super::*;
+
+/// This process's warm copy of the journal once it has seen everything
+/// the bucket held at this takeover (our own takeover write included, so
+/// every write of the deposed leader too); `None` if it does not catch up
+/// within [`warm::CATCH_UP_WAIT`]: the takeover then reads the bucket.
+pub(super) async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
+    if !base.config.server.warm_standby {
+        tracing::info!("reading the journal from the bucket ([server] warm_standby = false)");
+        return None;
+    }
+    let name = format!("KV_{}", base.subjects.results_bucket());
+    let upto = match base.js.get_stream(&name).await {
+        Ok(mut stream) => match stream.info().await {
+            Ok(info) => info.state.last_sequence,
+            Err(e) => {
+                tracing::warn!(error = %e, "journal stream info; reading the journal cold");
+                return None;
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "journal stream; reading the journal cold");
+            return None;
+        }
+    };
+    if base.warm.caught_up(upto, warm::CATCH_UP_WAIT).await {
+        let (live, finished) = base.warm.len();
+        tracing::info!(
+            upto,
+            live,
+            finished,
+            "reading the journal from the warm copy"
+        );
+        Some(base.warm.clone())
+    } else {
+        tracing::warn!(
+            upto,
+            seen = base.warm.seen(),
+            "the warm copy of the journal is behind; reading the journal cold"
+        );
+        None
+    }
+}
+
+/// The journal record of submission `seq`, if any. Retries while NATS
+/// does not answer (a missing answer must not pass for "no record": the
+/// task may have run, or finished); gives up after about 10 s.
+///
+/// Read from the stream's leader (`STREAM.MSG.GET`), not with a direct get:
+/// a KV get is a direct get, which any replica of a replicated bucket may
+/// answer, however far behind (nats-server#6557, no read-after-write) — a
+/// takeover that missed a stored `succeeded` would run the task again.
+pub(super) async fn journal_record(
+    results: &kv::Store,
+    seal: &seal::Seal,
+    seq: u64,
+) -> Result<Option<wire::TaskRecord>, String> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let subject = format!("{}{seq}", results.prefix);
+    let got = read_retrying(|| async {
+        match results
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(m) => Ok((!kv_tombstone(Some(&m.headers))).then_some(m.payload)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+    .map_err(|e| format!("the journal record of task {seq} could not be read: {e}"))?;
+    let key = seq.to_string();
+    Ok(got.and_then(|bytes| {
+        let body = seal
+            .open(&key, &bytes)
+            .map_err(|why| seal::log_refused("journal record", &key, why))
+            .ok()?;
+        match wire::TaskRecord::decode(body) {
+            Ok(record) => Some(record),
+            Err(e) => {
+                tracing::warn!(seq, error = %e, "unreadable journal record ignored");
+                None
+            }
+        }
+    }))
+}
+
+/// Tries `read` while NATS does not answer: 12 tries, 50 ms apart at
+/// first and doubling up to 2 s (about 10 s in all); the last error then.
+pub(super) async fn read_retrying<T, F, Fut>(mut read: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut delay = Duration::from_millis(50);
+    let mut last_error = String::new();
+    for _ in 0..12 {
+        match read().await {
+            Ok(value) => return Ok(value),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the journal failed; retrying");
+                last_error = e;
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    Err(last_error)
+}
+
+/// A key-value message that deletes or purges its key.
+pub(super) fn kv_tombstone(headers: Option<&async_nats::HeaderMap>) -> bool {
+    headers
+        .and_then(|h| h.get("KV-Operation"))
+        .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE")
+}
+
+/// What the submit stream held when a leadership began.
+pub(super) struct Startup {
+    /// Its last sequence: submissions up to it may have journal records.
+    pub(super) last: u64,
+    /// The warm copy of the journal, caught up with this takeover (`None`:
+    /// read the bucket).
+    pub(super) warm: Option<warm::WarmJournal>,
+    /// The start records ([`wire::StartRecords`]) the bucket held.
+    pub(super) starts: Arc<wire::StartIndex>,
+    /// When to tell the driver it has read them all (`None`: nothing to
+    /// read).
+    pub(super) catch_up_to: Option<u64>,
+}
+
+/// Every start record (`s.<n>`) of the results bucket at this takeover,
+/// read from the stream's leader (an ordered consumer, last message per
+/// key). Retries while NATS does not answer; an error after about 10 s
+/// (taking over without them could run an attempt that still runs
+/// again).
+pub(super) async fn read_starts(results: &kv::Store, seal: &seal::Seal) -> Result<wire::StartIndex, Error> {
+    let index = read_retrying(|| read_starts_once(results, seal))
+        .await
+        .map_err(|e| Error::Nats {
+            context: "reading the journal's start records".into(),
+            source: e.into(),
+        })?;
+    tracing::info!(slots = index.len(), "start records read");
+    Ok(index)
+}
+
+pub(super) async fn read_starts_once(
+    results: &kv::Store,
+    seal: &seal::Seal,
+) -> Result<wire::StartIndex, String> {
+    let mut index = wire::StartIndex::default();
+    let mut consumer = results
+        .stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            filter_subject: format!("{}s.>", results.prefix),
+            deliver_policy: jetstream::consumer::DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let pending = consumer
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .num_pending;
+    if pending == 0 {
+        return Ok(index);
+    }
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    let mut read = 0u64;
+    while read < pending {
+        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .map_err(|_| "timed out".to_string())?
+            .ok_or("the consumer ended")?
+            .map_err(|e| e.to_string())?;
+        read += 1;
+        let info = message.info().map_err(|e| e.to_string())?;
+        let left = info.pending;
+        let key = message
+            .subject
+            .as_str()
+            .strip_prefix(results.prefix.as_str())
+            .unwrap_or_default();
+        let Some(slot) = wire::parse_start_key(key) else {
+            continue;
+        };
+        if kv_tombstone(message.headers.as_ref()) {
+            index.set(slot, None);
+        } else {
+            match seal.open(key, &message.payload) {
+                Err(why) => {
+                    seal::log_refused("start record", key, why);
+                    index.set(slot, None);
+                }
+                Ok(body) => match wire::decode::<wire::StartRecords>(body) {
+                    Ok(records) => index.set(slot, Some(records)),
+                    Err(e) => tracing::warn!(slot, error = %e, "unreadable start record ignored"),
+                },
+            }
+        }
+        if left == 0 {
+            break;
+        }
+    }
+    Ok(index)
+}
