@@ -41,7 +41,7 @@
 //! | `process.rs` | one process: connect, JetStream objects, HTTP, stand by or lead |
 //! | `connect.rs` | connecting to NATS |
 //! | `election.rs` | leader election and fencing over one subject |
-//! | `leadership.rs` | one leadership's tasks and its right to act ([`Tenure`]) |
+//! | `leadership.rs` | one leadership's tasks and its right to act (its tenure) |
 //! | `leader_api.rs`, `node.rs` | the API of the leader, and of every server |
 //! | `consumer.rs` | the submit consumer |
 //! | `takeover.rs` | reading the journal back at a takeover |
