@@ -199,12 +199,21 @@ fn the_shipped_server_configs_pass_check_config() {
         .display()
         .to_string();
     for (path, fleets) in [(kubernetes, 2), (systemd, 2)] {
-        // Both run with auth on: every token variable their [auth] names
-        // gets a stand-in (the Secrets, or server.env, in production).
+        // Both run with auth on and a storage key: every token variable
+        // their [auth] names, and the storage key's, gets a stand-in (the
+        // Secrets, or server.env, in production).
         let config = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            config.contains("storage_key_env = "),
+            "{path}: the servers seal what they store"
+        );
         let tokens: Vec<(String, String)> = config
             .lines()
-            .filter_map(|l| l.trim().strip_prefix("token_env = \""))
+            .filter_map(|l| {
+                let l = l.trim();
+                l.strip_prefix("token_env = \"")
+                    .or_else(|| l.strip_prefix("storage_key_env = \""))
+            })
             .filter_map(|rest| rest.split('"').next())
             .map(|var| (var.to_string(), format!("a-stand-in-token-for-{var}")))
             .collect();

@@ -95,10 +95,8 @@ async fn one_worker_credential_cannot_depose_the_leader_with_heartbeats() {
     let after = s
         .submit(Some(&sub), &labelled("after-flood", "gpu=a100,zone=eu"))
         .await;
-    let done = s
-        .until(after, "succeeded", |t| t.state == TaskState::Succeeded)
+    s.until(after, "succeeded", |t| t.state == TaskState::Succeeded)
         .await;
-    assert_eq!(done.attempts.len(), 1);
     let elapsed = started.elapsed();
     assert_eq!(leader(&s).await, before, "leadership changed hands");
     // Count the revokes that came (they go out as the heartbeats are

@@ -61,7 +61,10 @@ pub(super) fn unavailable(message: impl Into<String>) -> WireError {
 }
 
 impl LeaderApi {
-    pub(super) async fn ask<T>(&self, make: impl FnOnce(Responder<T>) -> Input) -> Result<T, WireError> {
+    pub(super) async fn ask<T>(
+        &self,
+        make: impl FnOnce(Responder<T>) -> Input,
+    ) -> Result<T, WireError> {
         let (tx, rx) = oneshot::channel();
         self.inner
             .inputs

@@ -95,15 +95,15 @@ use crate::wire::{self, Subjects, WireError};
 use driver::{Driver, Input, Output, Registrant, Responder, Settings};
 use guard::Guard;
 
+pub use self::connect::connect_nats;
+pub use self::leader_api::{effective_payload_limit, LeaderApi, ENVELOPE_RESERVE};
+pub use self::node::NodeApi;
+pub use self::process::{run, serve, Running};
 #[allow(unused_imports)]
 use self::{
     connect::*, consumer::*, journal::*, leader_api::*, leadership::*, node::*, process::*,
     requests::*, runner::*, takeover::*,
 };
-pub use self::connect::connect_nats;
-pub use self::leader_api::{effective_payload_limit, LeaderApi, ENVELOPE_RESERVE};
-pub use self::node::NodeApi;
-pub use self::process::{run, serve, Running};
 
 /// A server error, with a stable code.
 #[derive(Debug, thiserror::Error)]

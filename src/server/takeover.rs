@@ -137,7 +137,10 @@ pub(super) struct Startup {
 /// key). Retries while NATS does not answer; an error after about 10 s
 /// (taking over without them could run an attempt that still runs
 /// again).
-pub(super) async fn read_starts(results: &kv::Store, seal: &seal::Seal) -> Result<wire::StartIndex, Error> {
+pub(super) async fn read_starts(
+    results: &kv::Store,
+    seal: &seal::Seal,
+) -> Result<wire::StartIndex, Error> {
     let index = read_retrying(|| read_starts_once(results, seal))
         .await
         .map_err(|e| Error::Nats {

@@ -153,7 +153,10 @@ impl Fenced {
     /// Stores `records` (task id, body) if this server still leads, in
     /// atomic batches fenced on the leader subject. `Ok(false)`: refused, a
     /// successor took over (and `lost` is set).
-    pub(in crate::server) async fn put_batch(&self, records: &[(u64, Bytes)]) -> Result<bool, BatchError> {
+    pub(in crate::server) async fn put_batch(
+        &self,
+        records: &[(u64, Bytes)],
+    ) -> Result<bool, BatchError> {
         let mut rest = records;
         while !rest.is_empty() {
             let size = self.batch_max.load(Ordering::Relaxed).clamp(1, rest.len());

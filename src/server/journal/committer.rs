@@ -84,7 +84,11 @@ impl Gathered {
 
     /// The batch's write (once the earlier writes of its tasks are
     /// stored), for the committer's writer.
-    pub(in crate::server) fn write(self, ctx: &Arc<CommitCtx>, permit: tokio::sync::OwnedSemaphorePermit) -> WriteFuture {
+    pub(in crate::server) fn write(
+        self,
+        ctx: &Arc<CommitCtx>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> WriteFuture {
         let ctx = ctx.clone();
         Box::pin(async move {
             for before in self.before {
@@ -364,7 +368,8 @@ pub(in crate::server) async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, 
 }
 
 /// One record write under way in the committer.
-pub(in crate::server) type WriteFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+pub(in crate::server) type WriteFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Stores one record (a refused submission's dead letter first), retrying
 /// while NATS is away; `false` if fenced out — a successor leads and will

@@ -6,7 +6,11 @@ use crate::server::*;
 /// are stored: everything below the driver's floor and below every result
 /// still being written. One request, however many tasks finished —
 /// deleting messages one by one costs nats-server milliseconds each.
-pub(in crate::server) async fn purge(stream: stream::Stream, floor: watch::Receiver<u64>, pending: Pending) {
+pub(in crate::server) async fn purge(
+    stream: stream::Stream,
+    floor: watch::Receiver<u64>,
+    pending: Pending,
+) {
     let mut purged_below = 1u64;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {

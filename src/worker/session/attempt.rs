@@ -20,7 +20,11 @@ pub(super) struct Attempt {
 }
 
 impl Attempt {
-    pub(super) async fn run(self, lease: Lease, registration: futures_util::future::AbortRegistration) {
+    pub(super) async fn run(
+        self,
+        lease: Lease,
+        registration: futures_util::future::AbortRegistration,
+    ) {
         let key = (lease.task_id, lease.attempt);
         let ctx = TaskContext {
             task_id: lease.task_id,

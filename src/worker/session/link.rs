@@ -94,7 +94,10 @@ impl Link {
 
     /// Registers once: with a credential, over a fresh challenge nonce,
     /// opening the session the reply grants.
-    pub(super) async fn register_once(&self, register: &mut Register) -> Result<RegisterReply, CallError> {
+    pub(super) async fn register_once(
+        &self,
+        register: &mut Register,
+    ) -> Result<RegisterReply, CallError> {
         let Some(credential) = &self.credential else {
             register.xkey = None;
             return self
@@ -207,7 +210,10 @@ pub(super) const REPORTS_IN_FLIGHT: usize = 4;
 /// worker's side), and a quiet one reports each outcome at once. Each
 /// attempt still retries its own outcome (see [`Attempt::report`]). Ends
 /// when every sender is gone.
-pub(super) async fn send_reports(link: Arc<Link>, mut queue: mpsc::UnboundedReceiver<PendingReport>) {
+pub(super) async fn send_reports(
+    link: Arc<Link>,
+    mut queue: mpsc::UnboundedReceiver<PendingReport>,
+) {
     // Polled here together rather than a tokio task per request.
     let mut under_way = futures_util::stream::FuturesUnordered::new();
     let mut carried: Option<PendingReport> = None;
@@ -311,7 +317,9 @@ pub(super) async fn report_batch(link: &Link, batch: Vec<PendingReport>) {
 }
 
 /// The next leader record, or never when not subscribed.
-pub(super) async fn next_record(records: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
+pub(super) async fn next_record(
+    records: &mut Option<async_nats::Subscriber>,
+) -> Option<async_nats::Message> {
     match records {
         Some(s) => s.next().await,
         None => std::future::pending().await,

@@ -37,7 +37,6 @@ use crate::wire::{
     RenewReply, Reply, Revoke, RunningAttempt, Subjects, WireError, PROTOCOL_VERSION,
 };
 
-
 mod attempt;
 mod link;
 
