@@ -1158,7 +1158,7 @@ fn readme_md(bodies: &[Body]) -> String {
          UPDATE_SCHEMAS=1 cargo test --test proto_schemas   # rewrites them\n\
          ```\n\n\
          Do not edit these files by hand: change the types (doc comments become \
-         descriptions) or the texts in `src/wire/schemas.rs`, then regenerate and commit the \
+         descriptions) or the texts in `tests/proto_gen/mod.rs`, then regenerate and commit the \
          result. The same test validates sample values of every type against its schema.\n",
     );
     out
