@@ -1037,3 +1037,23 @@ fn error_codes_carry_the_http_status() {
         assert!(text.contains(&format!("### `{code}`")), "{code}");
     }
 }
+
+/// The README's "Errors" section names the codes of `ErrorCode::ALL`, no
+/// more and no fewer.
+#[test]
+fn the_readme_names_every_error_code() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let section = readme
+        .split("\n## Errors\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("README.md has an `## Errors` section");
+    let named: BTreeSet<&str> = section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| word.len() > 4 && word.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .collect();
+    let known: BTreeSet<&str> = ErrorCode::ALL.iter().map(ErrorCode::as_str).collect();
+    assert_eq!(named, known, "README.md `## Errors` against ErrorCode::ALL");
+}

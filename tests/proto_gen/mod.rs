@@ -1192,6 +1192,15 @@ mod tests {
         assert_eq!(got, expected, "{text}");
     }
 
+    /// One row per code of `ErrorCode::ALL`, in its order, and none for a
+    /// code it no longer has.
+    #[test]
+    fn code_docs_follow_the_list_of_codes() {
+        let documented: Vec<&str> = CODE_DOCS.iter().map(|row| row.0).collect();
+        let known: Vec<&str> = ErrorCode::ALL.iter().map(ErrorCode::as_str).collect();
+        assert_eq!(documented, known);
+    }
+
     #[test]
     fn awkward_strings_are_quoted() {
         for text in [
