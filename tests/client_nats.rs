@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -262,12 +262,36 @@ fn status(id: TaskId, state: TaskState) -> TaskStatus {
 
 /// A stand-in leader on `cronoq.api.>`: task 1 is queued until `done`,
 /// then succeeded; other tasks are unknown; cancel is refused; the
-/// snapshot is empty.
-async fn stub_leader(url: &str, done: Arc<AtomicBool>) -> async_nats::Client {
+/// snapshot is empty. It counts the task lookups it has answered.
+struct StubLeader {
+    nats: async_nats::Client,
+    lookups: Arc<AtomicUsize>,
+}
+
+impl StubLeader {
+    /// Returns once a task lookup has been answered. A waiting client
+    /// subscribes to the task's events before its first lookup, on the same
+    /// connection, and nats-server handles a connection's messages in
+    /// order: so from then on an event published reaches the waiter.
+    async fn first_lookup_answered(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.lookups.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the waiter never looked the task up"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+async fn stub_leader(url: &str, done: Arc<AtomicBool>) -> StubLeader {
     let nats = async_nats::connect(url).await.unwrap();
     let mut requests = nats.subscribe("cronoq.api.>").await.unwrap();
     nats.flush().await.unwrap();
     let replier = nats.clone();
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let counter = lookups.clone();
     tokio::spawn(async move {
         while let Some(m) = requests.next().await {
             let Some(reply) = m.reply.clone() else {
@@ -286,6 +310,9 @@ async fn stub_leader(url: &str, done: Arc<AtomicBool>) -> async_nats::Client {
                     } else {
                         Err(WireError::new(ErrorCode::NOT_FOUND, "task not found"))
                     };
+                    // Counted once `done` is read: a test that sees the
+                    // count knows which answer the lookup got.
+                    counter.fetch_add(1, Ordering::SeqCst);
                     wire::encode_reply(&answer)
                 }
                 "cronoq.api.cancel" => wire::encode_reply::<wire::Ack>(&Err(WireError::new(
@@ -298,7 +325,7 @@ async fn stub_leader(url: &str, done: Arc<AtomicBool>) -> async_nats::Client {
             replier.publish(reply, Bytes::from(body)).await.unwrap();
         }
     });
-    nats
+    StubLeader { nats, lookups }
 }
 
 #[tokio::test]
@@ -334,8 +361,8 @@ async fn wait_ends_on_the_terminal_event() {
         let client = client.clone();
         async move { client.wait(TaskId(1)).await }
     });
-    // The waiter subscribes before its first lookup; give it a moment.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The waiter subscribes before its first lookup (answered `queued`).
+    leader.first_lookup_answered().await;
     assert!(!waiter.is_finished());
     done.store(true, Ordering::SeqCst);
     let subjects = Subjects::default();
@@ -350,6 +377,7 @@ async fn wait_ends_on_the_terminal_event() {
         at: Millis(1),
     };
     leader
+        .nats
         .publish(subjects.events(TaskId(1)), wire::encode(&event).into())
         .await
         .unwrap();
@@ -366,7 +394,7 @@ async fn wait_ends_on_the_terminal_event() {
 async fn wait_falls_back_to_lookups() {
     let server = NatsServer::start();
     let done = Arc::new(AtomicBool::new(false));
-    let _leader = stub_leader(&server.url, done.clone()).await;
+    let leader = stub_leader(&server.url, done.clone()).await;
     let client = fast()
         .wait_poll_interval(Duration::from_millis(100))
         .connect(&server.url)
@@ -376,8 +404,9 @@ async fn wait_falls_back_to_lookups() {
         let client = client.clone();
         async move { client.wait(TaskId(1)).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // No event: the lookup finds it finished.
+    // The first lookup finds it queued; no event: a later lookup finds it
+    // finished.
+    leader.first_lookup_answered().await;
     done.store(true, Ordering::SeqCst);
     let s = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
@@ -401,7 +430,7 @@ async fn a_rejected_submission_ends_the_wait_with_its_event() {
         let client = client.clone();
         async move { client.wait(TaskId(9)).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    leader.first_lookup_answered().await;
     assert!(!waiter.is_finished());
     // … until the leader announces it refused the submission.
     let event = wire::TaskEvent {
@@ -415,6 +444,7 @@ async fn a_rejected_submission_ends_the_wait_with_its_event() {
         at: Millis(1),
     };
     leader
+        .nats
         .publish(
             Subjects::default().events(TaskId(9)),
             wire::encode(&event).into(),

@@ -823,6 +823,13 @@ async fn every_code_has_its_status() {
         ("INTERNAL", 500),
         ("SOME_NEWER_CODE", 500),
     ];
+    // A status stated here for every code of the one list.
+    let mut stated: Vec<&str> = cases.iter().map(|case| case.0).collect();
+    stated.retain(|code| *code != "SOME_NEWER_CODE");
+    stated.sort_unstable();
+    let mut known: Vec<&str> = ErrorCode::ALL.iter().map(ErrorCode::as_str).collect();
+    known.sort_unstable();
+    assert_eq!(stated, known, "every code of ErrorCode::ALL has its case");
     for (code, status) in cases {
         let stub = Arc::new(Stub {
             error: Some(WireError::new(

@@ -1,8 +1,9 @@
 //! `proto-schemas/` against the types it is generated from.
 //!
-//! * The checked-in files must equal what `cronoq::wire::schemas::generate`
-//!   makes now; `UPDATE_SCHEMAS=1 cargo test --test proto_schemas` rewrites
-//!   them (and removes files no longer generated).
+//! * The checked-in files must equal what [`proto_gen::generate`] (the
+//!   generator: a module of this test, not of the library) makes now;
+//!   `UPDATE_SCHEMAS=1 cargo test --test proto_schemas` rewrites them (and
+//!   removes files no longer generated).
 //! * Sample values of every body, serialized with serde_json, validate
 //!   against their schema made strict (no unknown properties), and every
 //!   property of every schema is set by some sample: a hand-written or
@@ -10,6 +11,8 @@
 //! * The AsyncAPI document names exactly the subjects `Subjects` makes, the
 //!   schema files it references exist, and every `Cronoq-*` header and
 //!   error code is documented with the status `http::status_of` gives.
+
+mod proto_gen;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -41,7 +44,7 @@ fn root() -> &'static Path {
 }
 
 fn generated() -> BTreeMap<String, String> {
-    wire::schemas::generate(PREFIX).into_iter().collect()
+    proto_gen::generate(PREFIX).into_iter().collect()
 }
 
 /// Every file under `dir`, relative to the crate root.
@@ -84,7 +87,7 @@ fn first_difference(have: &str, want: &str) -> String {
 #[test]
 fn checked_in_files_match_the_types() {
     let files = generated();
-    let dir = root().join(wire::schemas::DIR);
+    let dir = root().join(proto_gen::DIR);
     let stale: Vec<String> = files_under(&dir)
         .into_iter()
         .filter(|path| !files.contains_key(path))
@@ -130,8 +133,8 @@ fn checked_in_files_match_the_types() {
 
 #[test]
 fn generation_is_deterministic() {
-    let a = wire::schemas::generate(PREFIX);
-    let b = wire::schemas::generate(PREFIX);
+    let a = proto_gen::generate(PREFIX);
+    let b = proto_gen::generate(PREFIX);
     assert_eq!(a, b);
     let mut paths: Vec<&String> = a.iter().map(|(p, _)| p).collect();
     let before = paths.clone();
@@ -1033,4 +1036,24 @@ fn error_codes_carry_the_http_status() {
         assert!(text.contains(&row), "error-codes.md lacks the row {row}");
         assert!(text.contains(&format!("### `{code}`")), "{code}");
     }
+}
+
+/// The README's "Errors" section names the codes of `ErrorCode::ALL`, no
+/// more and no fewer.
+#[test]
+fn the_readme_names_every_error_code() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let section = readme
+        .split("\n## Errors\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("README.md has an `## Errors` section");
+    let named: BTreeSet<&str> = section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| word.len() > 4 && word.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .collect();
+    let known: BTreeSet<&str> = ErrorCode::ALL.iter().map(ErrorCode::as_str).collect();
+    assert_eq!(named, known, "README.md `## Errors` against ErrorCode::ALL");
 }

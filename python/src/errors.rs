@@ -38,6 +38,17 @@ fn build(py: Python<'_>, code: &ErrorCode, message: &str) -> PyResult<PyErr> {
     Ok(PyErr::from_value(instance))
 }
 
+/// Every stable code this build knows, in documentation order: the one
+/// list (`ErrorCode::ALL`) that `cronoq._errors` has a class for each of
+/// (checked by `python/tests/test_bad_input.py`).
+#[pyfunction]
+pub fn error_codes() -> Vec<String> {
+    ErrorCode::ALL
+        .iter()
+        .map(|code| code.as_str().to_string())
+        .collect()
+}
+
 /// `INVALID_ARGUMENT` with `message`.
 pub fn invalid(message: impl Into<String>) -> PyErr {
     error(&ErrorCode::INVALID_ARGUMENT, message)

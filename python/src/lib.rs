@@ -44,5 +44,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::Worker>()?;
     m.add_class::<remote::Client>()?;
     m.add_function(wrap_pyfunction!(convert::check_labels, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;
     Ok(())
 }

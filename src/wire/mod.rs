@@ -7,15 +7,16 @@
 //! message carries the protocol version `v`. Replies are
 //! [`Reply::Ok`] or [`Reply::Error`] with a stable [`ErrorCode`].
 //! `proto-schemas/` holds the AsyncAPI document and JSON Schemas generated
-//! from these types by [`schemas::generate`]; `tests/proto_schemas.rs`
-//! fails when the checked-in files differ (regenerate with
-//! `UPDATE_SCHEMAS=1 cargo test --test proto_schemas`).
+//! from these types (their `JsonSchema` impls, [`Subjects`],
+//! [`SUBMIT_HEADERS`], `ErrorCode::ALL`) by the `proto_schemas` test's
+//! generator (`tests/proto_gen/`), which fails when the checked-in files
+//! differ (regenerate with `UPDATE_SCHEMAS=1 cargo test --test
+//! proto_schemas`).
 
 mod headers;
 mod login;
 mod messages;
 mod schema;
-pub mod schemas;
 mod subjects;
 
 pub use headers::*;

@@ -43,12 +43,20 @@ plain_schema!(TaskId, "TaskId", {
 plain_schema!(PoolName, "PoolName", {
     "type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "description": "a pool name"
 });
-plain_schema!(ErrorCode, "ErrorCode", {
-    "type": "string",
-    "description": "a stable error code; see error-codes.md (unknown codes must be accepted)",
-    "examples": ["INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED", "NOT_FOUND",
-        "ALREADY_EXISTS", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "UNAVAILABLE", "INTERNAL"]
-});
+impl JsonSchema for ErrorCode {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("ErrorCode")
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        // The examples are the codes this build knows, from the one list.
+        let known: Vec<&str> = ErrorCode::ALL.iter().map(ErrorCode::as_str).collect();
+        json_schema!({
+            "type": "string",
+            "description": "a stable error code; see error-codes.md (unknown codes must be accepted)",
+            "examples": known
+        })
+    }
+}
 plain_schema!(Labels, "Labels", {
     "type": "object",
     "description": "name=value labels as a map",

@@ -2,9 +2,12 @@
 //! JSON Schema (draft-07) per message body and reply, the AsyncAPI 3.0
 //! document of every subject, `error-codes.md` and a README.
 //!
-//! Nothing here reads or writes files: [`generate`] returns paths and
-//! texts, and `tests/proto_schemas.rs` compares them with the checked-in
-//! files (or writes them with `UPDATE_SCHEMAS=1`). The output is
+//! A module of the `proto_schemas` test, not of the library: the library
+//! keeps only what this reads (the types' `JsonSchema` impls, `Subjects`,
+//! `ErrorCode::ALL`, the header names). Nothing here reads or writes
+//! files: [`generate`] returns paths and texts, and `tests/proto_schemas.rs`
+//! compares them with the checked-in files (or writes them with
+//! `UPDATE_SCHEMAS=1`). The output is
 //! deterministic: object keys sorted, lists in a fixed order, every file
 //! ending in a newline. What cannot be derived from the types (what a
 //! subject is for, what each header and error code means) is written
@@ -17,20 +20,22 @@ use schemars::generate::SchemaSettings;
 use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
-use super::{
+use cronoq::core::{ErrorCode, Snapshot};
+use cronoq::task::TaskStatus;
+use cronoq::wire::{
     Ack, AttemptReport, AttemptReports, AttemptReportsReply, Cancel, Challenge, ChallengeReply,
     Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease, Leases, ListTasks,
     Register, RegisterReply, Renew, RenewReply, Reply, Revoke, SessionGrant, StartRecords,
     Subjects, Submit, TaskEvent, TaskList, TaskRecord, WireError, PROTOCOL_VERSION,
     SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
-use crate::core::{ErrorCode, Snapshot};
-use crate::task::TaskStatus;
 
 /// Where the generated files live, relative to the crate root.
 pub const DIR: &str = "proto-schemas";
 
-/// A note at the top of every generated schema.
+/// A note at the top of every generated schema. (It still names the
+/// module this lived in before it moved to the test harness; changing it
+/// rewrites every file of `proto-schemas/`.)
 const GENERATED: &str = "Generated from the Rust types by cronoq::wire::schemas; do not edit. \
                          Regenerate: UPDATE_SCHEMAS=1 cargo test --test proto_schemas";
 
@@ -143,12 +148,6 @@ fn bodies() -> Vec<Body> {
 ///
 /// If `prefix` is not a valid subject prefix, or a `Cronoq-*` header or
 /// error code has no documentation here.
-///
-/// ```
-/// let files = cronoq::wire::schemas::generate("cronoq");
-/// assert!(files.iter().any(|(path, _)| path == "proto-schemas/asyncapi.yaml"));
-/// assert!(files.iter().all(|(_, text)| text.ends_with('\n')));
-/// ```
 pub fn generate(prefix: &str) -> Vec<(String, String)> {
     let subjects = Subjects::new(prefix).expect("a valid subject prefix");
     let bodies = bodies();
@@ -581,7 +580,9 @@ fn asyncapi(subjects: &Subjects) -> Value {
         let (_, description, example) = HEADER_DOCS
             .iter()
             .find(|(n, _, _)| *n == name)
-            .unwrap_or_else(|| panic!("header {name} has no documentation in wire/schemas.rs"));
+            .unwrap_or_else(|| {
+                panic!("header {name} has no documentation in tests/proto_gen/mod.rs")
+            });
         header_props.insert(
             name.to_string(),
             json!({ "type": "string", "description": description, "examples": [example] }),
@@ -592,7 +593,7 @@ fn asyncapi(subjects: &Subjects) -> Value {
         json!({ "type": "string", "description": NATS_MSG_ID }),
     );
     header_props.insert(
-        crate::auth::AUTH_HEADER.into(),
+        cronoq::auth::AUTH_HEADER.into(),
         json!({
             "type": "string",
             "description": "With `[auth] required = true`: `v1 <token|nkey> <id> <unix ms>.<random> <proof>`, \
@@ -979,9 +980,8 @@ fn literal_ok(text: &str) -> bool {
 
 // ---- error-codes.md -------------------------------------------------------
 
-/// Per code: HTTP status (`crate::http::status_of`, checked by
-/// `tests/proto_schemas.rs`; not called here, since `wire` sits below
-/// `http`), meaning, and when cronoq returns it.
+/// Per code: HTTP status (`cronoq::http::status_of`, checked by
+/// `tests/proto_schemas.rs`), meaning, and when cronoq returns it.
 const CODE_DOCS: [(&str, u16, &str, &str, &str); 9] = [
     (
         "INVALID_ARGUMENT",
@@ -1102,7 +1102,9 @@ fn error_codes_md() -> String {
         CODE_DOCS
             .iter()
             .find(|d| d.0 == code.as_str())
-            .unwrap_or_else(|| panic!("error code {code} has no documentation in wire/schemas.rs"))
+            .unwrap_or_else(|| {
+                panic!("error code {code} has no documentation in tests/proto_gen/mod.rs")
+            })
     };
     for code in ErrorCode::ALL {
         let (name, status, reason, meaning, _) = docs(&code);
@@ -1156,13 +1158,12 @@ fn readme_md(bodies: &[Body]) -> String {
          UPDATE_SCHEMAS=1 cargo test --test proto_schemas   # rewrites them\n\
          ```\n\n\
          Do not edit these files by hand: change the types (doc comments become \
-         descriptions) or the texts in `src/wire/schemas.rs`, then regenerate and commit the \
+         descriptions) or the texts in `tests/proto_gen/mod.rs`, then regenerate and commit the \
          result. The same test validates sample values of every type against its schema.\n",
     );
     out
 }
 
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1189,6 +1190,15 @@ mod tests {
         got.sort_unstable();
         expected.sort_unstable();
         assert_eq!(got, expected, "{text}");
+    }
+
+    /// One row per code of `ErrorCode::ALL`, in its order, and none for a
+    /// code it no longer has.
+    #[test]
+    fn code_docs_follow_the_list_of_codes() {
+        let documented: Vec<&str> = CODE_DOCS.iter().map(|row| row.0).collect();
+        let known: Vec<&str> = ErrorCode::ALL.iter().map(ErrorCode::as_str).collect();
+        assert_eq!(documented, known);
     }
 
     #[test]
