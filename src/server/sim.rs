@@ -45,9 +45,10 @@ use crate::core::{Labels, Millis, PoolConfig, PoolName, TaskId, TaskState};
 use crate::task::Task;
 use crate::wire::{
     self, Ack, AttemptReport, AttemptResult, Heartbeat, HeartbeatReply, Lease, Register,
-    RegisterReply, Revoke, RunningAttempt, StartIndex, StartRecords, Subjects, TaskRecord,
-    WireError,
+    RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, StartIndex, StartRecords, Subjects,
+    TaskRecord, WireError,
 };
+use crate::worker::rules::{lease_lost, renew_every, LeaseVerdict, RevokeVerdict, Rules};
 
 /// splitmix64.
 struct Rng(u64);
@@ -69,6 +70,7 @@ impl Rng {
 }
 
 const POOL: &str = "p";
+const LEASE_TTL: u64 = 2_000;
 const HEARTBEAT_EVERY: u64 = 200;
 /// The election timeout: a follower takes over after seeing no renewal
 /// for this long; the leader renews at every step it runs.
@@ -82,7 +84,9 @@ fn settings() -> Settings {
     };
     Settings {
         server_id: "sim".into(),
-        lease_ttl: Millis(3_600_000),
+        // Short: long attempts live by their renewals, and a lease whose
+        // renewals stop (a dead worker, a paused leader) expires.
+        lease_ttl: Millis(LEASE_TTL),
         worker_timeout: Millis(1_000),
         heartbeat_interval: Millis(HEARTBEAT_EVERY),
         max_payload_bytes: 1 << 16,
@@ -152,10 +156,27 @@ enum Write {
 enum Waiting {
     Register(oneshot::Receiver<Result<RegisterReply, WireError>>),
     Heartbeat(oneshot::Receiver<Result<HeartbeatReply, WireError>>),
-    Report((TaskId, u32), oneshot::Receiver<Result<Ack, WireError>>),
+    /// The run's key and lease epoch.
+    Report(
+        (TaskId, u32),
+        u64,
+        oneshot::Receiver<Result<Ack, WireError>>,
+    ),
+    /// A renewal of the run's lease (key, lease epoch).
+    Renew(
+        (TaskId, u32),
+        u64,
+        oneshot::Receiver<Result<RenewReply, WireError>>,
+    ),
 }
 
 struct Run {
+    /// The epoch of the lease it runs under.
+    epoch: u64,
+    /// It ends failed (retryable) rather than succeeded.
+    fails: bool,
+    /// When its lease is renewed next (as `Attempt::renew_until_lost`).
+    next_renew: u64,
     done_at: u64,
     /// Finished: reporting until acknowledged (or stale).
     reporting: bool,
@@ -164,14 +185,23 @@ struct Run {
 struct Worker {
     id: String,
     slots: u32,
-    epoch: u64,
     registered: bool,
-    running: BTreeMap<(TaskId, u32), Run>,
-    /// Attempts that ran here (the real worker remembers the last 4,096):
-    /// a duplicated lease is not obeyed twice.
-    done: BTreeSet<(TaskId, u32)>,
+    /// The real worker's rules (`crate::worker::rules`): which lease to
+    /// obey, which revoke to act on, what a registration stops, the epoch.
+    rules: Rules,
+    /// The timing of what runs (the rules say what runs).
+    runs: BTreeMap<(TaskId, u32), Run>,
     waiting: Vec<Waiting>,
     next_heartbeat: u64,
+}
+
+impl Worker {
+    /// The run of `key` under `epoch` ended: gone if it is the current one.
+    fn end_run(&mut self, key: (TaskId, u32), epoch: u64) {
+        if self.rules.ended(key, epoch) {
+            self.runs.remove(&key);
+        }
+    }
 }
 
 /// Something on its way from the leader to a worker.
@@ -206,6 +236,16 @@ struct World {
     started: BTreeMap<(TaskId, u32), String>,
     runs: u64,
     reruns: u64,
+    /// Attempts a newer leader leased again to the worker running them
+    /// (the worker's rules restart them).
+    restarts: u64,
+    /// Attempts that ended failed (retryable).
+    failures: u64,
+    /// Renewals sent, and those refused as lost (the run stopped).
+    renewals: u64,
+    renewals_lost: u64,
+    /// Leases and revokes delivered twice.
+    duplicates: u64,
     /// Recovered tasks whose running attempt came from a start record.
     from_starts: u64,
     /// Start-record slots written again.
@@ -230,6 +270,11 @@ impl World {
             started: BTreeMap::new(),
             runs: 0,
             reruns: 0,
+            restarts: 0,
+            failures: 0,
+            renewals: 0,
+            renewals_lost: 0,
+            duplicates: 0,
             from_starts: 0,
             slot_rewrites: 0,
         };
@@ -245,10 +290,9 @@ impl World {
         self.workers.push(Worker {
             id: format!("w{}", self.next_worker),
             slots,
-            epoch: 0,
             registered: false,
-            running: BTreeMap::new(),
-            done: BTreeSet::new(),
+            rules: Rules::default(),
+            runs: BTreeMap::new(),
             waiting: Vec::new(),
             next_heartbeat: self.now,
         });
@@ -431,6 +475,7 @@ impl World {
                         continue; // task events
                     };
                     let copies = if self.rng.chance(30) { 2 } else { 1 };
+                    self.duplicates += copies - 1;
                     for _ in 0..copies {
                         let at = self.now + self.rng.below(150);
                         self.network.push(Message {
@@ -589,8 +634,8 @@ impl World {
                 Body::Revoke(revoke) => {
                     let worker = &mut self.workers[w];
                     let key = (revoke.task_id, revoke.attempt);
-                    if revoke.epoch >= worker.epoch {
-                        if let Some(run) = worker.running.get_mut(&key) {
+                    if worker.rules.revoke(key, revoke.epoch) == RevokeVerdict::Stop {
+                        if let Some(run) = worker.runs.get_mut(&key) {
                             if !run.reporting {
                                 // Stopped: reports cancelled.
                                 run.reporting = true;
@@ -609,19 +654,28 @@ impl World {
     fn on_lease(&mut self, w: usize, lease: Lease) {
         let worker = &mut self.workers[w];
         let key = (lease.task_id, lease.attempt);
-        if lease.epoch != worker.epoch
-            || worker.running.contains_key(&key)
-            || worker.done.contains(&key)
-        {
-            return;
-        }
+        let restart = match worker.rules.lease(key, lease.epoch, false) {
+            LeaseVerdict::Start => false,
+            LeaseVerdict::Restart { .. } => {
+                // The same attempt leased again by a newer leader, on the
+                // same worker: the old run stops and reports nothing.
+                worker.runs.remove(&key);
+                self.restarts += 1;
+                true
+            }
+            _ => return,
+        };
         assert!(
             !self.journal.succeeded.contains(&lease.task_id.0),
             "task {} ran again (attempt {}) after its success was stored",
             lease.task_id,
             lease.attempt
         );
-        if let Some(other) = self.started.get(&key) {
+        if let Some(other) = self
+            .started
+            .get(&key)
+            .filter(|o| !restart || **o != worker.id)
+        {
             panic!(
                 "attempt {} of task {} started twice: on {other} and on {}",
                 lease.attempt, lease.task_id, worker.id
@@ -638,9 +692,13 @@ impl World {
         } else {
             self.now + 20 + self.rng.below(400)
         };
-        worker.running.insert(
+        let fails = self.rng.chance(50);
+        worker.runs.insert(
             key,
             Run {
+                epoch: lease.epoch,
+                fails,
+                next_renew: self.now + renew_every(lease.ttl).0,
                 done_at,
                 reporting: false,
             },
@@ -658,22 +716,9 @@ impl World {
                 Waiting::Register(mut rx) => match rx.try_recv() {
                     Ok(Ok(reply)) => {
                         let worker = &mut self.workers[w];
-                        let keep: BTreeSet<(TaskId, u32)> = reply
-                            .adopted
-                            .iter()
-                            .map(|a| (a.task_id, a.attempt))
-                            .collect();
-                        let stopped: Vec<(TaskId, u32)> = worker
-                            .running
-                            .keys()
-                            .filter(|k| !keep.contains(k))
-                            .copied()
-                            .collect();
-                        for k in stopped {
-                            worker.running.remove(&k);
-                            worker.done.insert(k);
+                        for k in worker.rules.registered(reply.epoch, &reply.adopted) {
+                            worker.runs.remove(&k);
                         }
-                        worker.epoch = reply.epoch;
                         worker.registered = true;
                     }
                     Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {}
@@ -681,25 +726,46 @@ impl World {
                 },
                 Waiting::Heartbeat(mut rx) => match rx.try_recv() {
                     Ok(Ok(reply)) if reply.registered => {
-                        let worker = &mut self.workers[w];
-                        worker.epoch = worker.epoch.max(reply.epoch);
+                        self.workers[w].rules.heard_epoch(reply.epoch);
                     }
                     Ok(Ok(_)) => register_again = true,
                     Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {}
                     Err(oneshot::error::TryRecvError::Empty) => still.push(Waiting::Heartbeat(rx)),
                 },
-                Waiting::Report(key, mut rx) => match rx.try_recv() {
-                    Ok(Ok(_)) => {
-                        self.workers[w].running.remove(&key);
-                        self.workers[w].done.insert(key);
+                Waiting::Renew(key, epoch, mut rx) => match rx.try_recv() {
+                    Ok(Ok(reply)) => {
+                        if let Some(run) = self.workers[w].runs.get_mut(&key) {
+                            run.next_renew = now + renew_every(reply.ttl).0;
+                        }
                     }
-                    Ok(Err(e)) if e.code != crate::core::ErrorCode::UNAVAILABLE => {
-                        self.workers[w].running.remove(&key);
-                        self.workers[w].done.insert(key);
+                    // The lease is gone: the attempt stops, reporting
+                    // nothing (the leader counted it lost).
+                    Ok(Err(e)) if lease_lost(&e.code) => {
+                        let worker = &mut self.workers[w];
+                        let current = worker
+                            .runs
+                            .get(&key)
+                            .is_some_and(|r| r.epoch == epoch && !r.reporting);
+                        if current {
+                            self.renewals_lost += 1;
+                            worker.end_run(key, epoch);
+                        }
                     }
                     Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {}
                     Err(oneshot::error::TryRecvError::Empty) => {
-                        still.push(Waiting::Report(key, rx))
+                        still.push(Waiting::Renew(key, epoch, rx))
+                    }
+                },
+                Waiting::Report(key, epoch, mut rx) => match rx.try_recv() {
+                    // Taken, or refused for good: the run ended (as the
+                    // real attempt tells its loop, with its lease epoch).
+                    Ok(Ok(_)) => self.workers[w].end_run(key, epoch),
+                    Ok(Err(e)) if e.code != crate::core::ErrorCode::UNAVAILABLE => {
+                        self.workers[w].end_run(key, epoch)
+                    }
+                    Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {}
+                    Err(oneshot::error::TryRecvError::Empty) => {
+                        still.push(Waiting::Report(key, epoch, rx))
                     }
                 },
             }
@@ -707,11 +773,7 @@ impl World {
         self.workers[w].waiting = still;
         let worker = &self.workers[w];
         let (id, slots) = (worker.id.clone(), worker.slots);
-        let running: Vec<RunningAttempt> = worker
-            .running
-            .keys()
-            .map(|&(task_id, attempt)| RunningAttempt { task_id, attempt })
-            .collect();
+        let running: Vec<RunningAttempt> = worker.rules.running();
         if !worker.registered || register_again {
             if worker
                 .waiting
@@ -751,27 +813,58 @@ impl World {
                 self.workers[w].waiting.push(Waiting::Heartbeat(rx));
             }
         }
+        // Running attempts renew their leases.
+        let renew: Vec<((TaskId, u32), u64)> = self.workers[w]
+            .runs
+            .iter()
+            .filter(|(_, r)| !r.reporting && r.done_at > now && r.next_renew <= now)
+            .map(|(k, r)| (*k, r.epoch))
+            .collect();
+        for (key, epoch) in renew {
+            if let Some(run) = self.workers[w].runs.get_mut(&key) {
+                run.next_renew = now + renew_every(Millis(LEASE_TTL)).0;
+            }
+            let body = Renew {
+                v: 1,
+                worker_id: id.clone(),
+                task_id: key.0,
+                attempt: key.1,
+                epoch,
+            };
+            let (tx, rx) = oneshot::channel();
+            if self.request(|| Input::Renew(body, Responder::Local(tx))) {
+                self.renewals += 1;
+                self.workers[w].waiting.push(Waiting::Renew(key, epoch, rx));
+            }
+        }
         // Finished runs report (again, until answered).
-        let epoch = self.workers[w].epoch;
-        let due: Vec<((TaskId, u32), bool)> = self.workers[w]
-            .running
+        let due: Vec<((TaskId, u32), u64, bool, bool)> = self.workers[w]
+            .runs
             .iter()
             .filter(|(_, r)| r.done_at <= now)
-            .map(|(k, r)| (*k, r.reporting && r.done_at == 0))
+            .map(|(k, r)| (*k, r.epoch, r.reporting && r.done_at == 0, r.fails))
             .collect();
-        for (key, cancelled) in due {
+        for (key, epoch, cancelled, fails) in due {
             let worker = &mut self.workers[w];
             if worker
                 .waiting
                 .iter()
-                .any(|x| matches!(x, Waiting::Report(k, _) if *k == key))
+                .any(|x| matches!(x, Waiting::Report(k, e, _) if *k == key && *e == epoch))
             {
                 continue;
             }
-            let run = worker.running.get_mut(&key).expect("due");
+            let run = worker.runs.get_mut(&key).expect("due");
+            if !run.reporting && fails && !cancelled {
+                self.failures += 1;
+            }
             run.reporting = true;
             let result = if cancelled {
                 AttemptResult::Cancelled
+            } else if fails {
+                AttemptResult::Failed {
+                    error: "boom".into(),
+                    retryable: true,
+                }
             } else {
                 AttemptResult::Succeeded {
                     output: Bytes::from("ok"),
@@ -787,7 +880,9 @@ impl World {
             };
             let (tx, rx) = oneshot::channel();
             if self.request(|| Input::Outcome(report, Responder::Local(tx))) {
-                self.workers[w].waiting.push(Waiting::Report(key, rx));
+                self.workers[w]
+                    .waiting
+                    .push(Waiting::Report(key, epoch, rx));
             }
         }
     }
@@ -844,7 +939,7 @@ impl World {
     }
 }
 
-fn run(seed: u64) -> [u64; 5] {
+fn run(seed: u64) -> [u64; 10] {
     let mut world = World::new(seed);
     for _ in 0..2_000 {
         world.step(true);
@@ -878,6 +973,11 @@ fn run(seed: u64) -> [u64; 5] {
         world.from_starts,
         world.slot_rewrites,
         world.resumed_deposed,
+        world.restarts,
+        world.failures,
+        world.renewals,
+        world.renewals_lost,
+        world.duplicates,
     ]
 }
 
@@ -893,7 +993,7 @@ fn failover_simulation() {
             (0..n).collect()
         }
     };
-    let mut total = [0u64; 5];
+    let mut total = [0u64; 10];
     let runs_of_seeds = seeds.len();
     for seed in seeds {
         let result = std::panic::catch_unwind(|| run(seed));
@@ -909,13 +1009,30 @@ fn failover_simulation() {
             }
         }
     }
-    let [runs, reruns, from_starts, slot_rewrites, resumed_deposed] = total;
+    let [runs, reruns, from_starts, slot_rewrites, resumed_deposed, restarts, failures, renewals, renewals_lost, duplicates] =
+        total;
     eprintln!(
         "{runs} attempts started, {reruns} of them retries (crashes, lost workers); \
          {from_starts} running attempts recovered from start records, \
          {slot_rewrites} start-record slots written again; \
-         {resumed_deposed} paused leaders resumed deposed, emitting nothing"
+         {resumed_deposed} paused leaders resumed deposed, emitting nothing; \
+         {restarts} attempts restarted by their worker's rules under a newer lease; \
+         {failures} failed attempts, {renewals} renewals ({renewals_lost} refused: lease lost), \
+         {duplicates} duplicated leases or revokes"
     );
+    // Each fault path was taken somewhere across the seeds.
+    if runs_of_seeds >= 1_000 {
+        for (what, n) in [
+            ("a retry", reruns),
+            ("a start record read back", from_starts),
+            ("a failed attempt", failures),
+            ("a renewal", renewals),
+            ("a renewal refused as lost", renewals_lost),
+            ("a duplicated message", duplicates),
+        ] {
+            assert!(n > 0, "no seed exercised {what}");
+        }
+    }
     assert!(
         resumed_deposed > 0 || runs_of_seeds < 100,
         "no paused leader resumed"

@@ -32,6 +32,7 @@
 
 mod command;
 mod identity;
+pub(crate) mod rules;
 mod session;
 #[cfg(test)]
 mod tests;

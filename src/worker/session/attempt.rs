@@ -220,7 +220,9 @@ impl Attempt {
 }
 
 pub(super) fn renew_period(ttl: Millis) -> Duration {
-    (ttl.to_duration() / 3).max(MIN_RENEW_PERIOD)
+    crate::worker::rules::renew_every(ttl)
+        .to_duration()
+        .max(MIN_RENEW_PERIOD)
 }
 
 pub(super) fn outcome_name(result: &AttemptResult) -> &'static str {

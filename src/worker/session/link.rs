@@ -46,8 +46,7 @@ impl CallError {
 
     /// The leader no longer knows the attempt (or knows a newer one).
     pub(super) fn is_stale(&self) -> bool {
-        matches!(self, CallError::Remote(e)
-            if e.code == ErrorCode::FAILED_PRECONDITION || e.code == ErrorCode::NOT_FOUND)
+        matches!(self, CallError::Remote(e) if crate::worker::rules::lease_lost(&e.code))
     }
 }
 

@@ -29,7 +29,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Error, Handler, Validated, WorkerOptions};
 use crate::auth::{Credential, Grant, WorkerKeys, WorkerSession};
-use crate::core::{ErrorCode, Labels, Millis, PoolName, TaskId};
+use crate::core::{ErrorCode, Labels, Millis, PoolName};
 use crate::task::TaskContext;
 use crate::wire::{
     self, Ack, AttemptReport, AttemptReports, AttemptReportsReply, AttemptResult, Challenge,
@@ -99,7 +99,6 @@ enum StopReason {
 
 /// The loop's record of one attempt it runs.
 struct Running {
-    epoch: u64,
     /// Set once the handler has returned: the attempt only reports now, and
     /// its slot counts as free (the leader frees it when the report lands,
     /// and may lease the next attempt before the report's reply reaches us).
@@ -118,33 +117,7 @@ impl Running {
     }
 }
 
-type AttemptKey = (TaskId, u32);
-
-/// The last [`DoneAttempts::CAP`] attempts that ran here.
-#[derive(Default)]
-struct DoneAttempts {
-    order: std::collections::VecDeque<AttemptKey>,
-    set: std::collections::HashSet<AttemptKey>,
-}
-
-impl DoneAttempts {
-    const CAP: usize = 4096;
-
-    fn insert(&mut self, key: AttemptKey) {
-        if self.set.insert(key) {
-            self.order.push_back(key);
-            if self.order.len() > Self::CAP {
-                if let Some(old) = self.order.pop_front() {
-                    self.set.remove(&old);
-                }
-            }
-        }
-    }
-
-    fn contains(&self, key: &AttemptKey) -> bool {
-        self.set.contains(key)
-    }
-}
+use super::rules::{AttemptKey, LeaseVerdict, RevokeVerdict, Rules};
 
 struct Session {
     link: Arc<Link>,
@@ -153,12 +126,12 @@ struct Session {
     labels: Labels,
     slots: u32,
     grace: Duration,
-    epoch: u64,
     heartbeat_interval: Duration,
+    /// The handles of the attempts it runs (which ones, under which
+    /// epoch, is `rules`' to say).
     running: HashMap<AttemptKey, Running>,
-    /// Attempts that ran here, most recent last (bounded): a lease for one
-    /// of them again (a duplicate) is not obeyed twice.
-    done: DoneAttempts,
+    /// The rules every lease, revoke and registration goes through.
+    rules: Rules,
     finished_tx: mpsc::UnboundedSender<(AttemptKey, u64)>,
     /// Outcomes to [`send_reports`].
     reports: mpsc::UnboundedSender<PendingReport>,
@@ -219,10 +192,9 @@ pub(super) async fn run(
         labels: options.labels.clone(),
         slots: options.slots,
         grace: options.grace,
-        epoch: 0,
         heartbeat_interval: Duration::ZERO,
         running: HashMap::new(),
-        done: DoneAttempts::default(),
+        rules: Rules::default(),
         finished_tx,
         reports: reports_tx,
     };
@@ -275,9 +247,8 @@ pub(super) async fn run(
             Some((key, epoch)) = finished_rx.recv() => {
                 // Only the run that ended: a newer leader's lease of the
                 // same attempt may have replaced it meanwhile.
-                if session.running.get(&key).is_some_and(|r| r.epoch == epoch) {
+                if session.rules.ended(key, epoch) {
                     session.running.remove(&key);
-                    session.done.insert(key);
                 }
             }
             message = inbox.next() => {
@@ -296,7 +267,7 @@ pub(super) async fn run(
                 let epoch = serde_json::from_slice::<Epoch>(&record.payload).map_or(0, |r| r.epoch);
                 // Epoch 0 is a takeover write: its leader does not answer
                 // yet. Its first renewal, right after, carries the epoch.
-                let moved = epoch != 0 && epoch != session.epoch;
+                let moved = epoch != 0 && epoch != session.rules.epoch();
                 if moved && forced_at.elapsed() >= Duration::from_millis(50) {
                     forced_at = Instant::now();
                     tracing::debug!(worker_id = %session.link.worker_id, epoch, "leader record moved; heartbeating now");
@@ -334,7 +305,9 @@ impl Session {
     }
 
     fn accept(&mut self, reply: RegisterReply) {
-        self.epoch = reply.epoch;
+        // Anything not adopted was stopped already (`stop_all_but`).
+        let orphans = self.rules.registered(reply.epoch, &reply.adopted);
+        debug_assert!(orphans.is_empty(), "{orphans:?}");
         self.heartbeat_interval = reply.heartbeat_interval.to_duration().max(MIN_HEARTBEAT);
         tracing::info!(
             worker_id = %self.link.worker_id,
@@ -412,13 +385,7 @@ impl Session {
 
     /// What this worker runs (or still reports on).
     fn running_attempts(&self) -> Vec<RunningAttempt> {
-        let mut running: Vec<RunningAttempt> = self
-            .running
-            .keys()
-            .map(|&(task_id, attempt)| RunningAttempt { task_id, attempt })
-            .collect();
-        running.sort_by_key(|a| (a.task_id, a.attempt));
-        running
+        self.rules.running()
     }
 
     async fn heartbeat(
@@ -440,14 +407,14 @@ impl Session {
             .await
         {
             Ok(reply) if reply.registered => {
-                if reply.epoch > self.epoch {
+                let previous = self.rules.epoch();
+                if self.rules.heard_epoch(reply.epoch) {
                     tracing::info!(
                         worker_id = %self.link.worker_id,
                         epoch = reply.epoch,
-                        previous_epoch = self.epoch,
+                        previous_epoch = previous,
                         "leader epoch moved"
                     );
-                    self.epoch = reply.epoch;
                 }
             }
             Ok(reply) if draining => {
@@ -471,7 +438,7 @@ impl Session {
                 // than run beside the retry. `None`: told to stop while
                 // re-registering; the loop sees the stop signal next.
                 if let Some(reply) = self.register(stop).await? {
-                    self.stop_all_but(&reply.adopted).await;
+                    self.stop_all_but(reply.epoch, &reply.adopted).await;
                     self.accept(reply);
                 }
             }
@@ -564,61 +531,35 @@ impl Session {
 
     fn on_lease(&mut self, lease: Lease, draining: bool) {
         let key = (lease.task_id, lease.attempt);
-        if self.done.contains(&key) {
-            tracing::warn!(
-                worker_id = %self.link.worker_id,
-                task_id = %lease.task_id,
-                attempt = lease.attempt,
-                "lease of an attempt that already ran here ignored"
-            );
-            return;
-        }
-        if lease.epoch != self.epoch {
-            tracing::warn!(
-                worker_id = %self.link.worker_id,
-                task_id = %lease.task_id,
-                attempt = lease.attempt,
-                lease_epoch = lease.epoch,
-                epoch = self.epoch,
-                "lease of another epoch ignored"
-            );
-            return;
-        }
-        if draining {
-            tracing::info!(
-                worker_id = %self.link.worker_id,
-                task_id = %lease.task_id,
-                attempt = lease.attempt,
-                "lease ignored while draining"
-            );
-            return;
-        }
-        if let Some(old) = self.running.get(&key) {
-            if old.epoch >= lease.epoch {
-                tracing::debug!(
-                    worker_id = %self.link.worker_id,
-                    task_id = %lease.task_id,
-                    attempt = lease.attempt,
-                    "duplicate lease ignored"
-                );
+        let (worker_id, task_id, attempt) = (&self.link.worker_id, lease.task_id, lease.attempt);
+        match self.rules.lease(key, lease.epoch, draining) {
+            LeaseVerdict::AlreadyRan => {
+                tracing::warn!(%worker_id, %task_id, attempt, "lease of an attempt that already ran here ignored");
                 return;
             }
-            // The same (task, attempt) leased again by a newer leader: the
-            // run of the older leadership reports to nobody who listens.
-            // Stop it and run this lease, rather than ignore it and let the
-            // new leader's lease expire.
-            tracing::info!(
-                worker_id = %self.link.worker_id,
-                task_id = %lease.task_id,
-                attempt = lease.attempt,
-                old_epoch = old.epoch,
-                epoch = lease.epoch,
-                "attempt leased again by a newer leader; restarting it"
-            );
-            if let Some(old) = self.running.remove(&key) {
-                old.stop(StopReason::Shutdown);
-                old.join.abort();
+            LeaseVerdict::OtherEpoch { worker_epoch } => {
+                tracing::warn!(%worker_id, %task_id, attempt, lease_epoch = lease.epoch, epoch = worker_epoch, "lease of another epoch ignored");
+                return;
             }
+            LeaseVerdict::Draining => {
+                tracing::info!(%worker_id, %task_id, attempt, "lease ignored while draining");
+                return;
+            }
+            LeaseVerdict::Duplicate => {
+                tracing::debug!(%worker_id, %task_id, attempt, "duplicate lease ignored");
+                return;
+            }
+            LeaseVerdict::Restart { old_epoch } => {
+                // The run of the older leadership reports to nobody who
+                // listens: stop it and run this lease, rather than let the
+                // new leader's lease expire.
+                tracing::info!(%worker_id, %task_id, attempt, old_epoch, epoch = lease.epoch, "attempt leased again by a newer leader; restarting it");
+                if let Some(old) = self.running.remove(&key) {
+                    old.stop(StopReason::Shutdown);
+                    old.join.abort();
+                }
+            }
+            LeaseVerdict::Start => {}
         }
         if self.free_slots() == 0 {
             // The leader counts slots; run it rather than lose it.
@@ -651,12 +592,10 @@ impl Session {
             finished: self.finished_tx.clone(),
             reports: self.reports.clone(),
         };
-        let epoch = lease.epoch;
         let join = tokio::spawn(attempt.run(lease, registration));
         self.running.insert(
             key,
             Running {
-                epoch,
                 reporting,
                 stop,
                 abort,
@@ -667,26 +606,21 @@ impl Session {
 
     fn on_revoke(&mut self, revoke: Revoke) {
         let key = (revoke.task_id, revoke.attempt);
+        let (worker_id, task_id, attempt) = (&self.link.worker_id, revoke.task_id, revoke.attempt);
+        match self.rules.revoke(key, revoke.epoch) {
+            RevokeVerdict::NotRunning => {
+                tracing::debug!(%worker_id, %task_id, attempt, "revoke of an attempt not running ignored");
+                return;
+            }
+            RevokeVerdict::OlderEpoch { lease_epoch } => {
+                tracing::warn!(%worker_id, %task_id, attempt, revoke_epoch = revoke.epoch, epoch = lease_epoch, "revoke from an older epoch ignored");
+                return;
+            }
+            RevokeVerdict::Stop => {}
+        }
         let Some(running) = self.running.get(&key) else {
-            tracing::debug!(
-                worker_id = %self.link.worker_id,
-                task_id = %revoke.task_id,
-                attempt = revoke.attempt,
-                "revoke of an attempt not running ignored"
-            );
             return;
         };
-        if revoke.epoch < running.epoch {
-            tracing::warn!(
-                worker_id = %self.link.worker_id,
-                task_id = %revoke.task_id,
-                attempt = revoke.attempt,
-                revoke_epoch = revoke.epoch,
-                epoch = running.epoch,
-                "revoke from an older epoch ignored"
-            );
-            return;
-        }
         tracing::info!(
             worker_id = %self.link.worker_id,
             task_id = %revoke.task_id,
@@ -699,15 +633,8 @@ impl Session {
 
     /// Stops every attempt the leader did not re-attach, and waits for
     /// them to end.
-    async fn stop_all_but(&mut self, adopted: &[RunningAttempt]) {
-        let keep: std::collections::HashSet<AttemptKey> =
-            adopted.iter().map(|a| (a.task_id, a.attempt)).collect();
-        let orphans: Vec<AttemptKey> = self
-            .running
-            .keys()
-            .filter(|k| !keep.contains(k))
-            .copied()
-            .collect();
+    async fn stop_all_but(&mut self, epoch: u64, adopted: &[RunningAttempt]) {
+        let orphans = self.rules.registered(epoch, adopted);
         if !adopted.is_empty() {
             tracing::info!(
                 worker_id = %self.link.worker_id,
@@ -729,7 +656,6 @@ impl Session {
                 r.stop(StopReason::Shutdown);
                 r.join.abort();
                 stopped.push(r);
-                self.done.insert(key);
             }
         }
         for r in stopped {
@@ -740,6 +666,7 @@ impl Session {
     /// Aborts every attempt (handler and any pending report) and waits for
     /// their tasks to end.
     async fn abort_all(&mut self) {
+        self.rules.stop_all();
         let running: Vec<Running> = self.running.drain().map(|(_, r)| r).collect();
         for r in &running {
             r.stop(StopReason::Shutdown);
