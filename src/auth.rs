@@ -60,8 +60,10 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 use crate::core::{ErrorCode, Labels, Millis, PoolName};
-use crate::server::AuthSection;
 use crate::wire::WireError;
+
+mod config;
+pub use config::{AuthSection, InlineSecret, NkeySection, TokenSection};
 
 /// The header that carries a proof.
 pub const AUTH_HEADER: &str = "Cronoq-Auth";
