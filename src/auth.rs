@@ -65,8 +65,8 @@ use crate::wire::WireError;
 mod config;
 pub use config::{AuthSection, InlineSecret, NkeySection, TokenSection};
 
-/// The header that carries a proof.
-pub const AUTH_HEADER: &str = "Cronoq-Auth";
+/// The header that carries a proof (a wire name, defined in `wire`).
+pub use crate::wire::AUTH_HEADER;
 
 /// How far a client's nonce time may be from the leader's clock.
 pub const CLOCK_SKEW: Millis = Millis(60_000);
