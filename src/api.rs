@@ -1,5 +1,5 @@
 //! The one interface behind the HTTP API (and the CLI's client commands):
-//! submit, look up, cancel, snapshot, health. The embedded [`Scheduler`]
+//! submit, look up, cancel, snapshot, health. The embedded [`Scheduler`](crate::Scheduler)
 //! implements it, and so do the distributed server (as leader) and the
 //! remote client, so `cronoq dev` can serve the same HTTP API with or
 //! without NATS.
@@ -10,10 +10,12 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::core::{ErrorCode, Snapshot, TaskId};
-use crate::embedded::{self, Scheduler};
 use crate::metrics::MetricsSnapshot;
 use crate::task::{Task, TaskStatus};
 use crate::wire::WireError;
+
+mod submit;
+pub use submit::{BackoffRequest, SubmitRequest, SubmitResponse};
 
 /// An API error: a stable code and a message (the same shape on the wire
 /// and over HTTP).
@@ -84,51 +86,5 @@ pub fn check_recent_limit(limit: usize) -> Result<(), ApiError> {
             ErrorCode::INVALID_ARGUMENT,
             format!("limit {limit} is outside 1..={MAX_RECENT_TASKS}"),
         ))
-    }
-}
-
-impl From<embedded::Error> for ApiError {
-    fn from(e: embedded::Error) -> ApiError {
-        WireError::new(e.code(), e.to_string())
-    }
-}
-
-impl Api for Scheduler {
-    fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
-        Box::pin(async move { Ok(self.submit_now(task)?.id()) })
-    }
-
-    fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {
-        Box::pin(async move {
-            Scheduler::task(self, id)
-                .ok_or_else(|| WireError::new(ErrorCode::NOT_FOUND, format!("task {id} not found")))
-        })
-    }
-
-    fn cancel(&self, id: TaskId) -> ApiFuture<'_, ()> {
-        Box::pin(async move { Ok(Scheduler::cancel(self, id)?) })
-    }
-
-    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
-        Box::pin(async move { Ok(Scheduler::snapshot(self)) })
-    }
-
-    fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
-        Box::pin(async move {
-            check_recent_limit(limit)?;
-            Ok(Scheduler::recent_tasks(self, limit))
-        })
-    }
-
-    fn health(&self) -> Health {
-        Health {
-            live: true,
-            ready: true,
-            detail: "embedded scheduler".into(),
-        }
-    }
-
-    fn metrics(&self) -> ApiFuture<'_, MetricsSnapshot> {
-        Box::pin(async move { Ok(Scheduler::metrics(self)) })
     }
 }

@@ -60,11 +60,13 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 use crate::core::{ErrorCode, Labels, Millis, PoolName};
-use crate::server::AuthSection;
 use crate::wire::WireError;
 
-/// The header that carries a proof.
-pub const AUTH_HEADER: &str = "Cronoq-Auth";
+mod config;
+pub use config::{AuthSection, InlineSecret, NkeySection, TokenSection};
+
+/// The header that carries a proof (a wire name, defined in `wire`).
+pub use crate::wire::AUTH_HEADER;
 
 /// How far a client's nonce time may be from the leader's clock.
 pub const CLOCK_SKEW: Millis = Millis(60_000);

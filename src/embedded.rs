@@ -50,6 +50,8 @@ use crate::ledger::Ledger;
 pub use crate::task::TaskContext;
 use crate::task::{Outcome, Task, TaskError, TaskStatus};
 
+mod api_impl;
+
 /// An embedded scheduler error, with a stable [`ErrorCode`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

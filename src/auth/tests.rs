@@ -1,14 +1,19 @@
 //! Unit tests of credentials, proofs, nonces and sessions.
 
 use super::*;
-use crate::server::ServerConfig;
 
 const GPU_TOKEN: &str = "gpu-worker-token-0123456789";
 const SUBMIT_TOKEN: &str = "submitter-token-0123456789";
 const READ_TOKEN: &str = "reader-token-0123456789abc";
 
 fn config(text: &str) -> AuthSection {
-    let c: ServerConfig = toml::from_str(text).expect("config parses");
+    /// The part of the server's config file that auth reads.
+    #[derive(serde::Deserialize)]
+    struct File {
+        #[serde(default)]
+        auth: AuthSection,
+    }
+    let c: File = toml::from_str(text).expect("config parses");
     c.auth
 }
 

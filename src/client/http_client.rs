@@ -21,10 +21,9 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 
 use super::{check_key, wait_by_polling, ClientOptions, Error};
-use crate::api::{Api, ApiFuture, Health};
+use crate::api::{Api, ApiFuture, Health, SubmitRequest, SubmitResponse};
 use crate::auth::Credential;
 use crate::core::{Rejection, Snapshot, TaskId};
-use crate::http::{SubmitRequest, SubmitResponse};
 use crate::task::{Task, TaskStatus};
 use crate::wire::WireError;
 

@@ -17,105 +17,13 @@
 //!
 //! Pure functions over plain data; the core calls [`fleet_figures`] from
 //! its complete per-reqset counts (never from the capped demand rows of
-//! the snapshot), and [`answer`] reads the result back from a
-//! [`Snapshot`] for `GET /v1/autoscale`.
+//! the snapshot), and [`answer`](super::answer) (beside the snapshot, so
+//! that this module stays below it) reads the result back from a
+//! [`Snapshot`](super::Snapshot) for `GET /v1/autoscale`.
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{Labels, PoolName, Rejection};
-use super::snapshot::Snapshot;
-
-/// The most fleets one pool may declare (each is a metric series).
-pub const MAX_FLEETS: usize = 64;
-
-/// One declared fleet (config: `fleets = [{ labels = { gpu = "a100" },
-/// min = 0, max = 8, slots_per_worker = 2 }]`). Bounds are in workers.
-///
-/// ```
-/// use cronoq::core::{FleetConfig, Labels};
-/// let fleet = FleetConfig { labels: Labels::from([("gpu", "a100")]), min: 0, max: 8, slots_per_worker: 2 };
-/// assert!(fleet.validate().is_ok());
-/// assert!(FleetConfig { min: 9, ..fleet.clone() }.validate().is_err());
-/// assert!(FleetConfig { slots_per_worker: 0, ..fleet }.validate().is_err());
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FleetConfig {
-    /// The exact label set of the fleet's workers (empty: unlabeled).
-    #[serde(default)]
-    pub labels: Labels,
-    /// Fewest workers.
-    #[serde(default)]
-    pub min: u32,
-    /// Most workers.
-    pub max: u32,
-    /// Slots each worker of the fleet offers (`cronoq worker --slots`).
-    #[serde(default = "one")]
-    pub slots_per_worker: u32,
-}
-
-fn one() -> u32 {
-    1
-}
-
-impl FleetConfig {
-    /// Refuses a fleet that cannot work: malformed labels, `min > max`,
-    /// `slots_per_worker` 0 (`INVALID_ARGUMENT`).
-    pub fn validate(&self) -> Result<(), Rejection> {
-        let label_text = if self.labels.is_empty() {
-            "(unlabeled)".to_string()
-        } else {
-            self.labels.to_string()
-        };
-        self.labels
-            .validate()
-            .map_err(|e| Rejection::InvalidArgument(format!("fleet {label_text}: labels: {e}")))?;
-        if self.min > self.max {
-            return Err(Rejection::InvalidArgument(format!(
-                "fleet {label_text}: min {} is above max {}",
-                self.min, self.max
-            )));
-        }
-        if self.slots_per_worker == 0 {
-            return Err(Rejection::InvalidArgument(format!(
-                "fleet {label_text}: slots_per_worker must be at least 1"
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Checks every fleet of a pool, that no label set is declared twice and
-/// that there are at most [`MAX_FLEETS`].
-///
-/// ```
-/// use cronoq::core::{validate_fleets, FleetConfig, Labels};
-/// let cpu = FleetConfig { labels: Labels::new(), min: 0, max: 4, slots_per_worker: 1 };
-/// assert!(validate_fleets(&[cpu.clone()]).is_ok());
-/// assert!(validate_fleets(&[cpu.clone(), cpu]).is_err());
-/// ```
-pub fn validate_fleets(fleets: &[FleetConfig]) -> Result<(), Rejection> {
-    if fleets.len() > MAX_FLEETS {
-        return Err(Rejection::InvalidArgument(format!(
-            "{} fleets are declared; at most {MAX_FLEETS} per pool",
-            fleets.len()
-        )));
-    }
-    for (i, fleet) in fleets.iter().enumerate() {
-        fleet.validate()?;
-        if fleets[..i].iter().any(|f| f.labels == fleet.labels) {
-            return Err(Rejection::InvalidArgument(format!(
-                "fleet {} is declared twice",
-                if fleet.labels.is_empty() {
-                    "(unlabeled)".to_string()
-                } else {
-                    fleet.labels.to_string()
-                }
-            )));
-        }
-    }
-    Ok(())
-}
+use super::model::{FleetConfig, Labels, PoolName};
 
 /// The fleet (index into `fleets`) that a task requiring `required` counts
 /// toward: the fleets whose labels include `required`, fewest labels
@@ -304,58 +212,6 @@ pub struct AutoscaleAnswer {
     pub max: u64,
     /// Configured slots per worker (0 when not declared).
     pub slots_per_worker: u32,
-}
-
-/// The autoscaling answer for the fleet `labels` of `pool`, read from a
-/// snapshot. Always an answer: a pool or label set the snapshot does not
-/// know is idle (all zero), and an undeclared label set gets
-/// `declared: false`, desired 0 and the busy/capacity of its group.
-///
-/// ```
-/// use cronoq::core::*;
-/// let mut core = Core::new();
-/// let pool = PoolName::new("p").unwrap();
-/// let gpu = Labels::from([("gpu", "a100")]);
-/// let mut config = PoolConfig::default();
-/// config.fleets = vec![FleetConfig { labels: gpu.clone(), min: 0, max: 8, slots_per_worker: 2 }];
-/// core.handle(Millis(0), Event::PoolConfigured { pool: pool.clone(), config }).unwrap();
-/// let idle = answer(&core.snapshot(), &pool, &gpu);
-/// assert!(idle.declared && idle.desired == 0 && idle.max == 8);
-/// let unknown = answer(&core.snapshot(), &pool, &Labels::from([("gpu", "h100")]));
-/// assert!(!unknown.declared && unknown.desired == 0);
-/// ```
-pub fn answer(snapshot: &Snapshot, pool: &PoolName, labels: &Labels) -> AutoscaleAnswer {
-    let mut answer = AutoscaleAnswer {
-        pool: pool.clone(),
-        labels: labels.clone(),
-        declared: false,
-        desired: 0,
-        waiting: 0,
-        reserved: 0,
-        busy: 0,
-        capacity: 0,
-        min: 0,
-        max: 0,
-        slots_per_worker: 0,
-    };
-    let Some(p) = snapshot.pools.iter().find(|p| &p.name == pool) else {
-        return answer;
-    };
-    if let Some(f) = p.fleets.iter().find(|f| &f.labels == labels) {
-        answer.declared = true;
-        answer.desired = f.desired;
-        answer.waiting = f.waiting;
-        answer.reserved = f.reserved;
-        answer.busy = f.busy;
-        answer.capacity = f.capacity;
-        answer.min = f.min;
-        answer.max = f.max;
-        answer.slots_per_worker = f.slots_per_worker;
-    } else if let Some(g) = p.groups.iter().find(|g| &g.labels == labels) {
-        answer.busy = u64::from(g.busy);
-        answer.capacity = u64::from(g.capacity);
-    }
-    answer
 }
 
 #[cfg(test)]

@@ -10,8 +10,6 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::autoscale::{validate_fleets, FleetConfig};
-
 /// A count of milliseconds. As an instant it counts from the Unix epoch; as
 /// a span it is a plain duration. The core never reads a clock: every
 /// instant it sees was handed to it.
@@ -841,4 +839,96 @@ impl fmt::Display for WaitReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(self.as_str())
     }
+}
+
+/// The most fleets one pool may declare (each is a metric series).
+pub const MAX_FLEETS: usize = 64;
+
+/// One declared fleet (config: `fleets = [{ labels = { gpu = "a100" },
+/// min = 0, max = 8, slots_per_worker = 2 }]`). Bounds are in workers.
+///
+/// ```
+/// use cronoq::core::{FleetConfig, Labels};
+/// let fleet = FleetConfig { labels: Labels::from([("gpu", "a100")]), min: 0, max: 8, slots_per_worker: 2 };
+/// assert!(fleet.validate().is_ok());
+/// assert!(FleetConfig { min: 9, ..fleet.clone() }.validate().is_err());
+/// assert!(FleetConfig { slots_per_worker: 0, ..fleet }.validate().is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// The exact label set of the fleet's workers (empty: unlabeled).
+    #[serde(default)]
+    pub labels: Labels,
+    /// Fewest workers.
+    #[serde(default)]
+    pub min: u32,
+    /// Most workers.
+    pub max: u32,
+    /// Slots each worker of the fleet offers (`cronoq worker --slots`).
+    #[serde(default = "one")]
+    pub slots_per_worker: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl FleetConfig {
+    /// Refuses a fleet that cannot work: malformed labels, `min > max`,
+    /// `slots_per_worker` 0 (`INVALID_ARGUMENT`).
+    pub fn validate(&self) -> Result<(), Rejection> {
+        let label_text = if self.labels.is_empty() {
+            "(unlabeled)".to_string()
+        } else {
+            self.labels.to_string()
+        };
+        self.labels
+            .validate()
+            .map_err(|e| Rejection::InvalidArgument(format!("fleet {label_text}: labels: {e}")))?;
+        if self.min > self.max {
+            return Err(Rejection::InvalidArgument(format!(
+                "fleet {label_text}: min {} is above max {}",
+                self.min, self.max
+            )));
+        }
+        if self.slots_per_worker == 0 {
+            return Err(Rejection::InvalidArgument(format!(
+                "fleet {label_text}: slots_per_worker must be at least 1"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Checks every fleet of a pool, that no label set is declared twice and
+/// that there are at most [`MAX_FLEETS`].
+///
+/// ```
+/// use cronoq::core::{validate_fleets, FleetConfig, Labels};
+/// let cpu = FleetConfig { labels: Labels::new(), min: 0, max: 4, slots_per_worker: 1 };
+/// assert!(validate_fleets(&[cpu.clone()]).is_ok());
+/// assert!(validate_fleets(&[cpu.clone(), cpu]).is_err());
+/// ```
+pub fn validate_fleets(fleets: &[FleetConfig]) -> Result<(), Rejection> {
+    if fleets.len() > MAX_FLEETS {
+        return Err(Rejection::InvalidArgument(format!(
+            "{} fleets are declared; at most {MAX_FLEETS} per pool",
+            fleets.len()
+        )));
+    }
+    for (i, fleet) in fleets.iter().enumerate() {
+        fleet.validate()?;
+        if fleets[..i].iter().any(|f| f.labels == fleet.labels) {
+            return Err(Rejection::InvalidArgument(format!(
+                "fleet {} is declared twice",
+                if fleet.labels.is_empty() {
+                    "(unlabeled)".to_string()
+                } else {
+                    fleet.labels.to_string()
+                }
+            )));
+        }
+    }
+    Ok(())
 }

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::autoscale::{fleet_figures, FleetAutoscale, ReqsetDemand};
+use super::autoscale::{fleet_figures, AutoscaleAnswer, FleetAutoscale, ReqsetDemand};
 use super::model::{Labels, Millis, PoolName, WaitReason};
 use super::Core;
 
@@ -414,4 +414,56 @@ fn label_text(labels: &Labels) -> String {
     } else {
         labels.to_string()
     }
+}
+
+/// The autoscaling answer for the fleet `labels` of `pool`, read from a
+/// snapshot. Always an answer: a pool or label set the snapshot does not
+/// know is idle (all zero), and an undeclared label set gets
+/// `declared: false`, desired 0 and the busy/capacity of its group.
+///
+/// ```
+/// use cronoq::core::*;
+/// let mut core = Core::new();
+/// let pool = PoolName::new("p").unwrap();
+/// let gpu = Labels::from([("gpu", "a100")]);
+/// let mut config = PoolConfig::default();
+/// config.fleets = vec![FleetConfig { labels: gpu.clone(), min: 0, max: 8, slots_per_worker: 2 }];
+/// core.handle(Millis(0), Event::PoolConfigured { pool: pool.clone(), config }).unwrap();
+/// let idle = answer(&core.snapshot(), &pool, &gpu);
+/// assert!(idle.declared && idle.desired == 0 && idle.max == 8);
+/// let unknown = answer(&core.snapshot(), &pool, &Labels::from([("gpu", "h100")]));
+/// assert!(!unknown.declared && unknown.desired == 0);
+/// ```
+pub fn answer(snapshot: &Snapshot, pool: &PoolName, labels: &Labels) -> AutoscaleAnswer {
+    let mut answer = AutoscaleAnswer {
+        pool: pool.clone(),
+        labels: labels.clone(),
+        declared: false,
+        desired: 0,
+        waiting: 0,
+        reserved: 0,
+        busy: 0,
+        capacity: 0,
+        min: 0,
+        max: 0,
+        slots_per_worker: 0,
+    };
+    let Some(p) = snapshot.pools.iter().find(|p| &p.name == pool) else {
+        return answer;
+    };
+    if let Some(f) = p.fleets.iter().find(|f| &f.labels == labels) {
+        answer.declared = true;
+        answer.desired = f.desired;
+        answer.waiting = f.waiting;
+        answer.reserved = f.reserved;
+        answer.busy = f.busy;
+        answer.capacity = f.capacity;
+        answer.min = f.min;
+        answer.max = f.max;
+        answer.slots_per_worker = f.slots_per_worker;
+    } else if let Some(g) = p.groups.iter().find(|g| &g.labels == labels) {
+        answer.busy = u64::from(g.busy);
+        answer.capacity = u64::from(g.capacity);
+    }
+    answer
 }

@@ -3,8 +3,8 @@
 //! puts both over the file).
 //!
 //! Unknown keys are refused, so a typo is an error rather than a silently
-//! ignored setting. `[auth]` is parsed and kept here; it is enforced by the
-//! auth layer.
+//! ignored setting. `[auth]` is kept here in the types of the auth layer
+//! ([`crate::auth::AuthSection`]), which enforces it.
 
 use std::path::Path;
 use std::time::Duration;
@@ -12,6 +12,9 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::core::{Backoff, FleetConfig, Millis, OnMiss, PoolConfig, PoolName, Rejection};
+
+/// `[auth]` and its credentials belong to [`crate::auth`], which reads them.
+pub use crate::auth::{AuthSection, InlineSecret, NkeySection, TokenSection};
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
@@ -346,88 +349,6 @@ impl PoolSection {
         })?;
         Ok((name, config))
     }
-}
-
-/// `[auth]`.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuthSection {
-    /// False: anonymous access (dev only).
-    #[serde(default)]
-    pub required: bool,
-    /// `[[auth.tokens]]`.
-    #[serde(default)]
-    pub tokens: Vec<TokenSection>,
-    /// `[[auth.nkeys]]`.
-    #[serde(default)]
-    pub nkeys: Vec<NkeySection>,
-}
-
-/// A secret written into the config file: refused, and never printed.
-#[derive(Clone, Deserialize)]
-#[serde(transparent)]
-pub struct InlineSecret(#[allow(dead_code)] String);
-
-impl std::fmt::Debug for InlineSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-/// `[[auth.tokens]]`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenSection {
-    /// Env var holding the token (the token itself never sits in the file).
-    pub token_env: String,
-    /// An inline token: always refused (secrets come only from the
-    /// environment); parsed so the refusal can say so.
-    #[serde(default)]
-    pub token: Option<InlineSecret>,
-    /// `worker`, `submitter`, `reader` or `admin`.
-    pub role: String,
-    /// Pools it may use (empty or `"*"`: all).
-    #[serde(default)]
-    pub pools: Vec<String>,
-    /// Labels a worker with it may claim: `name=value` or `name=*`
-    /// (none when empty).
-    #[serde(default)]
-    pub labels: Vec<String>,
-    /// The most workers it may have registered at once (default
-    /// [`crate::auth::DEFAULT_MAX_WORKERS_PER_CREDENTIAL`]).
-    #[serde(default)]
-    pub max_workers: Option<u32>,
-    /// The most slots its workers may offer together (default
-    /// [`crate::auth::DEFAULT_MAX_SLOTS_PER_CREDENTIAL`]).
-    #[serde(default)]
-    pub max_slots: Option<u64>,
-}
-
-/// `[[auth.nkeys]]`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NkeySection {
-    /// The public key (`U…`).
-    pub public_key: String,
-    /// An inline seed: always refused (the seed stays with the worker).
-    #[serde(default)]
-    pub seed: Option<InlineSecret>,
-    /// Role.
-    pub role: String,
-    /// Pools.
-    #[serde(default)]
-    pub pools: Vec<String>,
-    /// Labels it may claim.
-    #[serde(default)]
-    pub labels: Vec<String>,
-    /// The most workers it may have registered at once (default
-    /// [`crate::auth::DEFAULT_MAX_WORKERS_PER_CREDENTIAL`]).
-    #[serde(default)]
-    pub max_workers: Option<u32>,
-    /// The most slots its workers may offer together (default
-    /// [`crate::auth::DEFAULT_MAX_SLOTS_PER_CREDENTIAL`]).
-    #[serde(default)]
-    pub max_slots: Option<u64>,
 }
 
 impl ServerSection {
