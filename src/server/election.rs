@@ -195,7 +195,7 @@ impl Observed {
     /// let forged: LeaderRecord = serde_json::from_str(r#"{"id":"evil","epoch":99999999}"#).unwrap();
     /// let o = Observed { seq: 12, record: Some(forged) };
     /// assert!(o.not_genuine().is_some());
-    /// let real = LeaderRecord { id: "s1".into(), http: String::new(), epoch: 9, resigned: false, instance: "0123456789abcdef".into() };
+    /// let real = LeaderRecord { id: "s1".into(), http: String::new(), epoch: 9, resigned: false, instance: "0123456789abcdef".into(), seal: None };
     /// assert_eq!(Observed { seq: 12, record: Some(real) }.not_genuine(), None);
     /// ```
     pub fn not_genuine(&self) -> Option<String> {
