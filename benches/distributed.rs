@@ -1,8 +1,10 @@
-//! Distributed mode end to end against a minimal dispatcher over the same
-//! `nats-server`, as its ceiling.
+//! Distributed mode end to end against two minimal dispatchers over the
+//! same `nats-server`: one without durable results (the old ceiling) and one
+//! that stores each outcome before acknowledging the submission, as cronoq
+//! does (issue 22: "an honest ceiling").
 //!
 //! One `nats-server -js` on a free loopback port (its own store dir, killed
-//! on drop, also on panic) serves both sides, alternating, in one run:
+//! on drop, also on panic) serves every side, one after another, in one run:
 //!
 //! * **cronoq**: `cronoq::server::serve` in this process (unique subject
 //!   prefix per round, HTTP on `127.0.0.1:0`), 4 in-process
@@ -24,6 +26,18 @@
 //!   cronoq side's 4 × 16 slots). The submissions carry cronoq's own
 //!   submission headers and body, so the stream stores the same bytes.
 //!   Submit→dispatch is the submit call's start to the worker's receipt.
+//! * **durable**: the same submit stream and submissions, a pull consumer
+//!   with explicit acks; a dispatch task takes a submission while one of
+//!   64 slots (4 workers × 16) is free and publishes it (core NATS) to one of
+//!   4 `D.worker.<n>` subjects; the worker publishes done to `D.done`; an
+//!   outcome task frees the slot, publishes the outcome (9 bytes) to
+//!   `D.result.<seq>` in a file-backed results stream, and acks the
+//!   submission once that write is acknowledged: two JetStream writes per
+//!   task, the outcome writes pipelined (up to 4,096 submissions unacked,
+//!   the consumer's `max_ack_pending`, as cronoq's committer has up to
+//!   4,096 writes in flight). cronoq writes two journal records per task
+//!   (start and result) besides the submission, and its records are larger.
+//!   Submit→dispatch as for the ceiling.
 //!
 //! Each round also waits until its submit stream is empty ("settled": for
 //! cronoq, every result stored and every submission deleted; read from the
@@ -39,21 +53,27 @@
 //! task also carries the idle runtime's cost, so compare it only between
 //! saturated rounds.
 //!
-//! Each round also prints the CPU both processes spent per task, ceiling
-//! over cronoq: on a shared machine the rates move with what else runs,
-//! the CPU per task much less.
+//! The three sides run one after another in each round, the first one
+//! rotating. Each round also prints the CPU both processes spent per task,
+//! durable and ceiling over cronoq: on a shared machine the rates move with
+//! what else runs, the CPU per task much less. The result gives the median
+//! rates, cronoq's ratio to each dispatcher, and per side the medians of
+//! messages in/out (nats-server's `/varz`), JetStream API calls and CPU
+//! (bench process, nats-server) per task.
 //!
 //! Then a latency run: cronoq again, submissions paced at half the median
-//! cronoq rate (and the ceiling at the same pace, for reference); targets:
-//! cronoq / ceiling ≥ 0.5 in tasks/s, p99 submit→start < 10 ms at half the
-//! peak. Not a timed test: it prints figures and PASS/FAIL and never fails
+//! cronoq rate, then the ceiling and the durable dispatcher at the same
+//! pace; targets: cronoq / durable ≥ 0.6 in tasks/s and cronoq's p99
+//! submit→start ≤ 2 × the durable dispatcher's p99 at that rate (issue 22);
+//! cronoq / ceiling ≥ 0.5 and p99 < 10 ms at half the peak (before). Not
+//! a timed test: it prints figures and PASS/FAIL and never fails
 //! on a miss. A missing `nats-server` skips the bench with the install
 //! command.
 //!
 //! `cargo bench --bench distributed`; `CRONOQ_BENCH_TASKS=20000` for a
 //! quick run, `CRONOQ_BENCH_ROUNDS` for more or fewer rounds,
 //! `CRONOQ_BENCH_LATENCY_TASKS` for the paced run (0: none), `CRONOQ_BENCH_ONLY=cronoq`
-//! (or `ceiling`) to run one side under a profiler,
+//! (or `ceiling`, or `durable`) to run one side under a profiler,
 //! `CRONOQ_BENCH_RATE=<tasks/s>` to pace that side, `CRONOQ_BENCH_DUMP=<dir>`
 //! to write each round's per-task stamps as CSV, `CRONOQ_BENCH_JOURNAL_BATCHES=1`
 //! to write the journal in atomic batches (`[server] journal_batches`).
@@ -61,9 +81,10 @@
 mod common;
 
 use cronoq::api::Api as _;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
@@ -76,14 +97,23 @@ use cronoq::wire::{self, Subjects, TaskEvent};
 use cronoq::worker::{Worker, WorkerOptions};
 use cronoq::{Task, TaskError, TaskState};
 use futures_util::StreamExt;
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{oneshot, watch, Notify, Semaphore};
 
 const WORKERS: usize = 4;
 const SLOTS_PER_WORKER: u32 = 16;
 const IN_FLIGHT_SUBMITS: usize = 256;
+/// Submissions the durable dispatcher may hold unacknowledged (dispatched
+/// or with their outcome being stored): cronoq's committer has up to 4,096
+/// journal writes in flight.
+const DURABLE_IN_FLIGHT_WRITES: usize = 4_096;
 const POOL: &str = "bench";
 const TARGET_RATIO: f64 = 0.5;
 const TARGET_P99: Duration = Duration::from_millis(10);
+/// Issue 22: cronoq's rate at least this share of the durable dispatcher's.
+const TARGET_DURABLE_RATIO: f64 = 0.6;
+/// Issue 22: cronoq's p99 submit→start at half its rate at most this many
+/// times the durable dispatcher's p99 at the same rate.
+const TARGET_P99_FACTOR: f64 = 2.0;
 /// How long one round may take before the bench gives up on it.
 const ROUND_DEADLINE: Duration = Duration::from_secs(600);
 /// How long the submit stream may take to empty after a round, by default
@@ -638,38 +668,9 @@ async fn ceiling_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>
     }
 
     let submitter = connect(&url, "bench-submitter").await;
-    let submit_js = jetstream::new(submitter.clone());
-    // cronoq's own submission bytes, so the stream stores the same.
-    let (_, headers, body) = wire::submission(
-        &Subjects::new(&prefix).expect("prefix"),
-        &Task::new(Bytes::new()).pool(POOL),
-    )
-    .expect("submission");
     let before = nats.usage();
     let begin = now_ns();
-    {
-        let submitted = submitted.clone();
-        submit_all(n, pace, move |_| {
-            let (js, subject, headers, body, submitted) = (
-                submit_js.clone(),
-                submit_subject.clone(),
-                headers.clone(),
-                body.clone(),
-                submitted.clone(),
-            );
-            async move {
-                let t0 = now_ns();
-                let ack = js
-                    .publish_with_headers(subject, headers, body)
-                    .await
-                    .expect("publish")
-                    .await
-                    .expect("publish acknowledged");
-                submitted.set(ack.sequence, t0);
-            }
-        })
-        .await;
-    }
+    submit_to_stream(&submitter, &prefix, &submit_subject, n, pace, &submitted).await;
     tokio::time::timeout(ROUND_DEADLINE, finished.1.notified())
         .await
         .unwrap_or_else(|_| panic!("dispatched {} of {n}", done.load(Ordering::Relaxed)));
@@ -682,6 +683,227 @@ async fn ceiling_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>
     delete_stream(&js, &stream_name).await;
 
     dump(&format!("ceiling-{tag}"), &submitted, &started);
+    Round {
+        n,
+        elapsed: Duration::from_nanos(end - begin),
+        settled: settled.map(|t| Duration::from_nanos(t - begin)),
+        to_start: Stamps::deltas(&submitted, &started),
+        to_handler: None,
+        usage,
+    }
+}
+
+/// Publishes `n` copies of cronoq's own submission (its headers and body,
+/// so the stream stores the same bytes as cronoq's) to `subject` through
+/// JetStream, stamping each submit call's start by the sequence its
+/// acknowledgement names.
+async fn submit_to_stream(
+    submitter: &async_nats::Client,
+    prefix: &str,
+    subject: &str,
+    n: usize,
+    pace: Option<f64>,
+    submitted: &Arc<Stamps>,
+) {
+    let submit_js = jetstream::new(submitter.clone());
+    let (_, headers, body) = wire::submission(
+        &Subjects::new(prefix).expect("prefix"),
+        &Task::new(Bytes::new()).pool(POOL),
+    )
+    .expect("submission");
+    let (subject, submitted) = (subject.to_string(), submitted.clone());
+    submit_all(n, pace, move |_| {
+        let (js, subject, headers, body, submitted) = (
+            submit_js.clone(),
+            subject.clone(),
+            headers.clone(),
+            body.clone(),
+            submitted.clone(),
+        );
+        async move {
+            let t0 = now_ns();
+            let ack = js
+                .publish_with_headers(subject, headers, body)
+                .await
+                .expect("publish")
+                .await
+                .expect("publish acknowledged");
+            submitted.set(ack.sequence, t0);
+        }
+    })
+    .await;
+}
+
+// ---- the durable dispatcher: results stored before the submission's ack -----
+
+/// The outcome the durable dispatcher stores per task: the task's sequence,
+/// a state byte and an empty output (cronoq's result record is larger: it
+/// carries the attempt, its worker and times).
+fn outcome_record(seq: u64) -> Bytes {
+    let mut b = Vec::with_capacity(9);
+    b.extend_from_slice(&seq.to_le_bytes());
+    b.push(b'S');
+    Bytes::from(b)
+}
+
+async fn durable_round(nats: &NatsServer, tag: &str, n: usize, pace: Option<f64>) -> Round {
+    nats.wait_quiet().await;
+    let url = nats.url();
+    let prefix = format!("dd{tag}");
+    let stream_name = format!("{}_SUBMIT", prefix.to_uppercase());
+    let results_name = format!("{}_RESULTS", prefix.to_uppercase());
+    let submit_subject = format!("{prefix}.submit");
+    let done_subject = format!("{prefix}.done");
+
+    let dispatcher = connect(&url, "bench-durable").await;
+    let js = jetstream::new(dispatcher.clone());
+    let submit_stream = js
+        .create_stream(stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![submit_subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("durable submit stream");
+    js.create_stream(stream::Config {
+        name: results_name.clone(),
+        subjects: vec![format!("{prefix}.result.>")],
+        storage: stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .expect("durable results stream");
+    let consumer = submit_stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("dispatcher".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            max_ack_pending: DURABLE_IN_FLIGHT_WRITES as i64,
+            ..Default::default()
+        })
+        .await
+        .expect("durable consumer");
+
+    let submitted = Stamps::new(n);
+    let started = Stamps::new(n);
+
+    let mut tasks = Vec::new();
+    for w in 0..WORKERS {
+        let worker = connect(&url, &format!("bench-durable-worker-{w}")).await;
+        let mut leases = worker
+            .subscribe(format!("{prefix}.worker.{w}"))
+            .await
+            .expect("worker subscription");
+        worker.flush().await.expect("flush");
+        let (started, done_subject) = (started.clone(), done_subject.clone());
+        tasks.push(tokio::spawn(async move {
+            while let Some(m) = leases.next().await {
+                let seq = u64::from_le_bytes(m.payload[..8].try_into().expect("8 bytes"));
+                started.set_first(seq, now_ns());
+                worker
+                    .publish(done_subject.clone(), m.payload)
+                    .await
+                    .expect("done");
+            }
+        }));
+    }
+
+    let mut dones = dispatcher
+        .subscribe(done_subject.clone())
+        .await
+        .expect("done subscription");
+    dispatcher.flush().await.expect("flush");
+    let finished = Arc::new((AtomicU64::new(0), Notify::new()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Semaphore::new(WORKERS * SLOTS_PER_WORKER as usize));
+    let dispatched: Arc<Mutex<HashMap<u64, jetstream::Message>>> = Arc::default();
+    {
+        // Dispatch: take a submission once one of the 64 slots is free and
+        // send it to a worker (core NATS).
+        let (dispatcher, prefix, slots, dispatched) = (
+            dispatcher.clone(),
+            prefix.clone(),
+            slots.clone(),
+            dispatched.clone(),
+        );
+        let mut messages = consumer.messages().await.expect("durable messages");
+        tasks.push(tokio::spawn(async move {
+            loop {
+                slots.acquire().await.expect("slots").forget();
+                let Some(m) = messages.next().await else {
+                    return;
+                };
+                let m = m.expect("durable message");
+                let seq = m.info().expect("message info").stream_sequence;
+                dispatched.lock().expect("dispatched").insert(seq, m);
+                dispatcher
+                    .publish(
+                        format!("{prefix}.worker.{}", seq % WORKERS as u64),
+                        Bytes::copy_from_slice(&seq.to_le_bytes()),
+                    )
+                    .await
+                    .expect("lease");
+            }
+        }));
+    }
+    {
+        // Outcomes: on a worker's done, free its slot and store the outcome;
+        // once the write is acknowledged, ack the submission. Many writes
+        // in flight, polled together in this task.
+        let (prefix, finished, done) = (prefix.clone(), finished.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut storing = futures_util::stream::FuturesUnordered::new();
+            loop {
+                tokio::select! {
+                    Some(d) = dones.next() => {
+                        let seq = u64::from_le_bytes(d.payload[..8].try_into().expect("8 bytes"));
+                        let m = dispatched
+                            .lock()
+                            .expect("dispatched")
+                            .remove(&seq)
+                            .expect("a dispatched task");
+                        slots.add_permits(1);
+                        let ack = js
+                            .publish(format!("{prefix}.result.{seq}"), outcome_record(seq))
+                            .await
+                            .expect("store outcome");
+                        storing.push(async move {
+                            ack.await.expect("outcome stored");
+                            m.ack().await.expect("ack");
+                        });
+                    }
+                    Some(()) = storing.next(), if !storing.is_empty() => {
+                        if done.fetch_add(1, Ordering::Relaxed) + 1 == n {
+                            finished.0.store(now_ns(), Ordering::Relaxed);
+                            finished.1.notify_one();
+                        }
+                    }
+                    else => break,
+                }
+            }
+        }));
+    }
+
+    let submitter = connect(&url, "bench-submitter").await;
+    let before = nats.usage();
+    let begin = now_ns();
+    submit_to_stream(&submitter, &prefix, &submit_subject, n, pace, &submitted).await;
+    tokio::time::timeout(ROUND_DEADLINE, finished.1.notified())
+        .await
+        .unwrap_or_else(|_| panic!("durable: stored {} of {n}", done.load(Ordering::Relaxed)));
+    let end = finished.0.load(Ordering::Relaxed);
+    let settled = wait_empty(nats, &stream_name).await;
+    let usage = nats.usage().since(before);
+    for t in tasks {
+        t.abort();
+    }
+    let js = jetstream::new(dispatcher);
+    delete_stream(&js, &stream_name).await;
+    delete_stream(&js, &results_name).await;
+
+    dump(&format!("durable-{tag}"), &submitted, &started);
     Round {
         n,
         elapsed: Duration::from_nanos(end - begin),
@@ -733,7 +955,8 @@ fn profile_one(
         let r = match side {
             "cronoq" => rt.block_on(cronoq_round(nats, &tag, n, pace)),
             "ceiling" => rt.block_on(ceiling_round(nats, &tag, n, pace)),
-            other => panic!("CRONOQ_BENCH_ONLY={other:?}: expected cronoq or ceiling"),
+            "durable" => rt.block_on(durable_round(nats, &tag, n, pace)),
+            other => panic!("CRONOQ_BENCH_ONLY={other:?}: expected cronoq, ceiling or durable"),
         };
         print_round(side, &r);
         if let Some(h) = &r.to_handler {
@@ -778,45 +1001,65 @@ fn main() {
          subjects -> reply -> ack; {} in flight; end = last ack",
         WORKERS * SLOTS_PER_WORKER as usize
     );
+    println!(
+        "  durable   stream (work queue) -> pull consumer -> publish to 1 of {WORKERS} worker \
+         subjects -> done -> outcome stored in a file stream (awaited, pipelined) -> ack; \
+         {} dispatched at once; end = last ack",
+        WORKERS * SLOTS_PER_WORKER as usize
+    );
     println!("  runtime   tokio multi-thread, {threads} workers, shared by every component of both sides");
 
     // Warm-up: the runtime, the allocator, nats-server's store.
     let warm = (n / 10).max(1_000);
     rt.block_on(ceiling_round(&nats, "w", warm, None));
+    rt.block_on(durable_round(&nats, "w", warm, None));
     rt.block_on(cronoq_round(&nats, "w", warm, None));
 
-    let mut ceiling_rates = Vec::new();
-    let mut cronoq_rates = Vec::new();
+    let mut sides: [Vec<Round>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let mut ratios = Vec::new();
+    let mut durable_ratios = Vec::new();
     let mut cpu_ratios = Vec::new();
+    let mut durable_cpu_ratios = Vec::new();
     for round in 1..=rounds {
-        // Alternate which side goes first.
-        let (c, d) = if round % 2 == 1 {
-            let d = rt.block_on(ceiling_round(&nats, &format!("r{round}"), n, None));
-            let c = rt.block_on(cronoq_round(&nats, &format!("r{round}"), n, None));
-            (c, d)
-        } else {
-            let c = rt.block_on(cronoq_round(&nats, &format!("r{round}"), n, None));
-            let d = rt.block_on(ceiling_round(&nats, &format!("r{round}"), n, None));
-            (c, d)
+        // Rotate which side goes first.
+        let tag = format!("r{round}");
+        let mut got: [Option<Round>; 3] = [None, None, None];
+        for k in 0..SIDES.len() {
+            let side = (round - 1 + k) % SIDES.len();
+            got[side] = Some(rt.block_on(run_side(&nats, side, &tag, n, None)));
+        }
+        let [Some(d), Some(dd), Some(c)] = got else {
+            unreachable!("every side ran")
         };
         println!("  round {round}");
         print_round("ceiling", &d);
+        print_round("durable", &dd);
         print_round("cronoq", &c);
-        let cpu_ratio = d.cpu_per_task() / c.cpu_per_task();
+        let (cpu_ratio, durable_cpu_ratio) = (
+            d.cpu_per_task() / c.cpu_per_task(),
+            dd.cpu_per_task() / c.cpu_per_task(),
+        );
         println!(
-            "  {:<16} ratio {:.3} (CPU per task: ceiling / cronoq {cpu_ratio:.3})",
+            "  {:<16} cronoq / durable {:.3}, cronoq / ceiling {:.3} (CPU per task: durable / cronoq {durable_cpu_ratio:.3}, ceiling / cronoq {cpu_ratio:.3})",
             "",
+            c.rate() / dd.rate(),
             c.rate() / d.rate()
         );
         cpu_ratios.push(cpu_ratio);
-        ceiling_rates.push(d.rate());
-        cronoq_rates.push(c.rate());
+        durable_cpu_ratios.push(durable_cpu_ratio);
         ratios.push(c.rate() / d.rate());
+        durable_ratios.push(c.rate() / dd.rate());
+        for (all, r) in sides.iter_mut().zip([d, dd, c]) {
+            all.push(r);
+        }
     }
-    let ceiling = median(&mut ceiling_rates);
-    let peak = median(&mut cronoq_rates);
+    let [ceiling_rounds, durable_rounds, cronoq_rounds] = &sides;
+    let rate = |rs: &[Round]| median(&mut rs.iter().map(Round::rate).collect::<Vec<_>>());
+    let ceiling = rate(ceiling_rounds);
+    let durable = rate(durable_rounds);
+    let peak = rate(cronoq_rounds);
     let ratio = peak / ceiling;
+    let durable_ratio = peak / durable;
 
     let pace = peak / 2.0;
     let default_latency_tasks = ((pace * 10.0) as usize)
@@ -825,40 +1068,71 @@ fn main() {
     let latency_tasks = env_count("CRONOQ_BENCH_LATENCY_TASKS", default_latency_tasks);
     // `CRONOQ_BENCH_LATENCY_TASKS=0`: no latency run.
     let latency = (latency_tasks > 0).then(|| {
-        println!("  latency run: paced at half the median cronoq rate");
+        println!("  latency run: each side paced at half the median cronoq rate");
         let lc = rt.block_on(cronoq_round(&nats, "lat", latency_tasks, Some(pace)));
         print_latency("cronoq", &lc, pace);
         let ld = rt.block_on(ceiling_round(&nats, "lat", latency_tasks, Some(pace)));
         print_latency("ceiling", &ld, pace);
-        (lc, ld)
+        let ldd = rt.block_on(durable_round(&nats, "lat", latency_tasks, Some(pace)));
+        print_latency("durable", &ldd, pace);
+        (lc, ld, ldd)
     });
 
     let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
     println!();
     println!("  ==== distributed: result ({rounds} rounds of {n} tasks, medians) ====");
-    println!("  ceiling    {ceiling:>8.0} tasks/s   (minimal dispatcher, same nats-server)");
+    println!(
+        "  ceiling    {ceiling:>8.0} tasks/s   (request/reply dispatcher, no durable results)"
+    );
+    println!("  durable    {durable:>8.0} tasks/s   (dispatcher storing each outcome in a file stream before the submission's ack)");
     println!("  cronoq     {peak:>8.0} tasks/s");
+    println!(
+        "  ratio      cronoq / durable = {durable_ratio:.3} (median of per-round ratios {:.3})",
+        median(&mut durable_ratios)
+    );
     println!(
         "  ratio      cronoq / ceiling = {ratio:.3} (median of per-round ratios {:.3})",
         median(&mut ratios)
     );
     println!(
-        "  cpu        per task, ceiling / cronoq = {:.3} (median of rounds; both processes: \
+        "  cpu        per task, durable / cronoq = {:.3}, ceiling / cronoq = {:.3} (medians of rounds; both processes: \
          the ratio a machine to itself would give)",
+        median(&mut durable_cpu_ratios),
         median(&mut cpu_ratios)
     );
+    println!("  per task   (medians of rounds)");
+    for (label, rs) in [
+        ("ceiling", ceiling_rounds),
+        ("durable", durable_rounds),
+        ("cronoq", cronoq_rounds),
+    ] {
+        println!("  {label:<10} {}", per_task_medians(rs));
+    }
     println!(
-        "  target     ratio >= {TARGET_RATIO}: {}",
+        "  target     cronoq / durable >= {TARGET_DURABLE_RATIO} (issue 22): {}",
+        verdict(durable_ratio >= TARGET_DURABLE_RATIO)
+    );
+    println!(
+        "  target     cronoq / ceiling >= {TARGET_RATIO}: {}",
         verdict(ratio >= TARGET_RATIO)
     );
-    if let Some((lc, ld)) = latency {
+    if let Some((lc, ld, ldd)) = latency {
         let p99 = lc.to_start.pct(99.0);
+        let durable_p99 = ldd.to_start.pct(99.0);
         println!(
-            "  latency    at {pace:.0} tasks/s ({latency_tasks} tasks): submit→start p50 {} p99 {}  (ceiling submit→dispatch p50 {} p99 {})",
+            "  latency    at {pace:.0} tasks/s ({latency_tasks} tasks): cronoq submit→start p50 {} p99 {}; \
+             durable submit→dispatch p50 {} p99 {}; ceiling p50 {} p99 {}",
             ms(lc.to_start.pct(50.0)),
             ms(p99),
+            ms(ldd.to_start.pct(50.0)),
+            ms(durable_p99),
             ms(ld.to_start.pct(50.0)),
             ms(ld.to_start.pct(99.0)),
+        );
+        println!(
+            "  target     p99 cronoq <= {TARGET_P99_FACTOR} x durable's p99 at the same rate (issue 22): {:.2}x: {}",
+            p99.as_secs_f64() / durable_p99.as_secs_f64().max(1e-9),
+            verdict(p99.as_secs_f64() <= TARGET_P99_FACTOR * durable_p99.as_secs_f64())
         );
         println!(
             "  target     p99 submit→start < {} ms: {}",
@@ -870,4 +1144,31 @@ fn main() {
         "  reproduce  cargo bench --bench distributed   (CRONOQ_BENCH_TASKS=20000 CRONOQ_BENCH_ROUNDS=1 for a quick run)"
     );
     println!();
+}
+
+/// The sides in the order `main` keeps their rounds.
+const SIDES: [&str; 3] = ["ceiling", "durable", "cronoq"];
+
+async fn run_side(nats: &NatsServer, side: usize, tag: &str, n: usize, pace: Option<f64>) -> Round {
+    match SIDES[side] {
+        "ceiling" => ceiling_round(nats, tag, n, pace).await,
+        "durable" => durable_round(nats, tag, n, pace).await,
+        _ => cronoq_round(nats, tag, n, pace).await,
+    }
+}
+
+/// Medians over rounds of messages, API calls and CPU per task.
+fn per_task_medians(rs: &[Round]) -> String {
+    let med = |f: &dyn Fn(&Round) -> f64| median(&mut rs.iter().map(f).collect::<Vec<_>>());
+    let per = |x: u64, r: &Round| x as f64 / r.n as f64;
+    let us = |d: Duration, r: &Round| d.as_secs_f64() * 1e6 / r.n as f64;
+    format!(
+        "msgs/task in {:.2} out {:.2}, js api/task {:.2}, cpu/task bench {:.1} µs nats-server {:.1} µs ({:.1} µs both)",
+        med(&|r| per(r.usage.in_msgs, r)),
+        med(&|r| per(r.usage.out_msgs, r)),
+        med(&|r| per(r.usage.js_api, r)),
+        med(&|r| us(r.usage.self_cpu, r)),
+        med(&|r| us(r.usage.nats_cpu, r)),
+        med(&|r| r.cpu_per_task() * 1e6),
+    )
 }
