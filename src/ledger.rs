@@ -33,10 +33,10 @@
 //!   live entries sit in a window indexed by `id - base`.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use crate::core::{AttemptOutcome, Core, Labels, Millis, PoolName, TaskId, TaskState};
 use crate::metrics::{Metrics, MetricsSnapshot};
@@ -85,11 +85,54 @@ impl<X, R: Default> Entry<X, R> {
     }
 }
 
-/// A task that just finished.
+/// A task that just finished: its outcome (the caller's own copy) and the
+/// shell's data.
 pub(crate) struct Finished<X, R> {
-    pub outcome: Arc<Outcome>,
+    pub outcome: Outcome,
     pub extra: X,
     pub run_extra: R,
+}
+
+/// A retained outcome, kept by value in the ring: no allocation of its own
+/// (the usual single attempt sits inline), so retaining and evicting a
+/// task costs no malloc/free. An [`Outcome`] is built from it when someone
+/// reads it.
+pub(crate) struct Done {
+    id: TaskId,
+    pool: PoolName,
+    state: TaskState,
+    output: Option<Bytes>,
+    error: Option<String>,
+    attempts: SmallVec<[AttemptRecord; 1]>,
+    deadline_missed: bool,
+}
+
+impl Done {
+    fn of(outcome: &Outcome) -> Done {
+        Done {
+            id: outcome.id,
+            pool: outcome.pool.clone(),
+            state: outcome.state,
+            output: outcome.output.clone(),
+            error: outcome.error.clone(),
+            attempts: outcome.attempts.iter().cloned().collect(),
+            deadline_missed: outcome.deadline_missed,
+        }
+    }
+
+    /// The outcome as [`Scheduler::wait`](crate::Scheduler::wait) and
+    /// `task` show it.
+    pub fn to_outcome(&self) -> Outcome {
+        Outcome {
+            id: self.id,
+            pool: self.pool.clone(),
+            state: self.state,
+            output: self.output.clone(),
+            error: self.error.clone(),
+            attempts: self.attempts.to_vec(),
+            deadline_missed: self.deadline_missed,
+        }
+    }
 }
 
 /// An entry of the ring of retained outcomes.
@@ -98,18 +141,24 @@ enum Retained {
     Task(TaskId, Option<String>),
     /// A resubmission that stands for an earlier entry of the ring.
     Alias(TaskId),
+    /// A task recorded again since (its newer entry stands).
+    Replaced,
 }
 
 /// What an id stands for.
 pub(crate) enum Found<'a, X, R> {
     Live(TaskId, &'a Entry<X, R>),
-    Finished(&'a Arc<Outcome>),
+    Finished(&'a Done),
 }
 
 /// The records of live and recently finished tasks.
 pub(crate) struct Ledger<X, R> {
     live: Entries<Entry<X, R>>,
-    finished: FxHashMap<TaskId, Arc<Outcome>>,
+    /// Retained outcomes by id: tasks finish roughly in id order, so this
+    /// is a window indexed by id like `live`, with no hashing per task.
+    finished: Entries<Done>,
+    /// How many outcomes `finished` holds.
+    retained: usize,
     /// Retained outcomes (and their aliases), oldest first.
     ring: VecDeque<Retained>,
     /// Idempotency key → the task that holds it (live or retained).
@@ -126,7 +175,8 @@ impl<X, R: Default> Ledger<X, R> {
     pub fn new(retain: usize) -> Ledger<X, R> {
         Ledger {
             live: Entries::default(),
-            finished: FxHashMap::default(),
+            finished: Entries::default(),
+            retained: 0,
             ring: VecDeque::new(),
             keys: FxHashMap::default(),
             aliases: FxHashMap::default(),
@@ -151,7 +201,7 @@ impl<X, R: Default> Ledger<X, R> {
         if let Some(entry) = self.live.get_mut(original) {
             entry.run().aliases.push(dup);
             self.aliases.insert(dup, original);
-        } else if self.finished.contains_key(&original) {
+        } else if self.finished.get(original).is_some() {
             // Behind its original in the ring: evicted after it.
             self.aliases.insert(dup, original);
             self.ring.push_back(Retained::Alias(dup));
@@ -209,7 +259,7 @@ impl<X, R: Default> Ledger<X, R> {
     }
 
     pub fn is_finished(&self, id: TaskId) -> bool {
-        self.finished.contains_key(&self.resolve(id))
+        self.finished.get(self.resolve(id)).is_some()
     }
 
     /// Known at all (live, retained, or an alias of either).
@@ -224,15 +274,20 @@ impl<X, R: Default> Ledger<X, R> {
     /// The live entry or the retained outcome that `id` stands for.
     pub fn find(&self, id: TaskId) -> Option<Found<'_, X, R>> {
         let id = self.resolve(id);
-        if let Some(done) = self.finished.get(&id) {
+        if let Some(done) = self.done(id) {
             return Some(Found::Finished(done));
         }
         self.live.get(id).map(|e| Found::Live(id, e))
     }
 
-    /// A retained outcome.
-    pub fn outcome(&self, id: TaskId) -> Option<&Arc<Outcome>> {
-        self.finished.get(&self.resolve(id))
+    /// The retained record of finished task `id` (not resolved).
+    fn done(&self, id: TaskId) -> Option<&Done> {
+        self.finished.get(id)
+    }
+
+    /// A retained outcome (a copy, built now).
+    pub fn outcome(&self, id: TaskId) -> Option<Outcome> {
+        self.done(self.resolve(id)).map(Done::to_outcome)
     }
 
     /// Attempt `attempt` started in `group` (on `worker`, remotely) at
@@ -355,7 +410,7 @@ impl<X, R: Default> Ledger<X, R> {
             record.ended_at = Some(now);
             record.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
         }
-        let outcome = Arc::new(Outcome {
+        let outcome = Outcome {
             id,
             pool,
             state,
@@ -367,8 +422,8 @@ impl<X, R: Default> Ledger<X, R> {
             error: run.error,
             attempts: run.attempts,
             deadline_missed,
-        });
-        self.retire(outcome.clone(), run.key, run.aliases);
+        };
+        self.retire(&outcome, run.key, run.aliases);
         Some(Finished {
             outcome,
             extra: entry.extra,
@@ -378,8 +433,8 @@ impl<X, R: Default> Ledger<X, R> {
 
     /// Records an outcome decided without the core: a refused submission,
     /// counted as submitted, finished with its state and dead-lettered.
-    pub fn record_outcome(&mut self, outcome: Arc<Outcome>, key: Option<&str>) {
-        if self.finished.contains_key(&outcome.id) {
+    pub fn record_outcome(&mut self, outcome: &Outcome, key: Option<&str>) {
+        if self.finished.get(outcome.id).is_some() {
             return;
         }
         let m = self.metrics.pool(outcome.pool.as_str());
@@ -394,7 +449,7 @@ impl<X, R: Default> Ledger<X, R> {
         self.retire(outcome, key.map(str::to_string), Vec::new());
     }
 
-    fn retire(&mut self, outcome: Arc<Outcome>, key: Option<String>, aliases: Vec<TaskId>) {
+    fn retire(&mut self, outcome: &Outcome, key: Option<String>, aliases: Vec<TaskId>) {
         let id = outcome.id;
         if self.retain == 0 {
             if let Some(key) = key {
@@ -407,14 +462,28 @@ impl<X, R: Default> Ledger<X, R> {
             }
             return;
         }
-        self.finished.insert(id, outcome);
+        if self.finished.remove(id).is_some() {
+            // Recorded twice (never from the core): the newer record
+            // stands, the older leaves the ring (rare, so a scan).
+            self.retained -= 1;
+            if let Some(older) = self
+                .ring
+                .iter_mut()
+                .find(|r| matches!(r, Retained::Task(t, _) if *t == id))
+            {
+                *older = Retained::Replaced;
+            }
+        }
+        self.finished.insert(id, Done::of(outcome));
+        self.retained += 1;
         self.ring.push_back(Retained::Task(id, key));
         // The aliases follow their original in the ring and leave after it.
         self.ring.extend(aliases.into_iter().map(Retained::Alias));
-        while self.finished.len() > self.retain {
+        while self.retained > self.retain {
             match self.ring.pop_front() {
                 Some(Retained::Task(old, key)) => {
-                    self.finished.remove(&old);
+                    self.finished.remove(old);
+                    self.retained -= 1;
                     if let Some(key) = key {
                         if self.keys.get(&key) == Some(&old) {
                             self.keys.remove(&key);
@@ -424,20 +493,22 @@ impl<X, R: Default> Ledger<X, R> {
                 Some(Retained::Alias(a)) => {
                     self.aliases.remove(&a);
                 }
+                Some(Retained::Replaced) => {}
                 None => break,
             }
         }
         // Aliases at the front stood for tasks already gone.
-        while let Some(Retained::Alias(a)) = self.ring.front() {
-            self.aliases.remove(a);
-            self.ring.pop_front();
+        while let Some(Retained::Alias(_) | Retained::Replaced) = self.ring.front() {
+            if let Some(Retained::Alias(a)) = self.ring.pop_front() {
+                self.aliases.remove(&a);
+            }
         }
     }
 
     /// A live or retained task as `task` shows it; `None` if unknown.
     pub fn status(&self, core: &Core, id: TaskId) -> Option<TaskStatus> {
         match self.find(id)? {
-            Found::Finished(done) => Some(TaskStatus::of_outcome(done)),
+            Found::Finished(done) => Some(TaskStatus::of_outcome(&done.to_outcome())),
             Found::Live(id, entry) => {
                 let view = core.task(id)?;
                 let run = entry.run.as_deref();
@@ -455,7 +526,7 @@ impl<X, R: Default> Ledger<X, R> {
     pub fn recent(&self, core: &Core, limit: usize) -> Vec<TaskStatus> {
         let finished = self.ring.iter().rev().filter_map(|r| match r {
             Retained::Task(id, _) => Some(*id),
-            Retained::Alias(_) => None,
+            Retained::Alias(_) | Retained::Replaced => None,
         });
         crate::task::newest_ids(self.live.newest(limit).into_iter(), finished, limit)
             .into_iter()
@@ -614,7 +685,7 @@ mod tests {
         );
     }
 
-    fn finish(l: &mut Ledger<(), ()>, id: u64, state: TaskState) -> Arc<Outcome> {
+    fn finish(l: &mut Ledger<(), ()>, id: u64, state: TaskState) -> Outcome {
         l.finish(TaskId(id), PoolName::default(), state, false, Millis(9))
             .expect("live")
             .outcome
@@ -739,7 +810,7 @@ mod tests {
             l.alias(TaskId(1000 + id), TaskId(id));
             finish(&mut l, id, TaskState::Succeeded);
         }
-        assert_eq!(l.finished.len(), 3);
+        assert_eq!(l.retained, 3);
         assert!(l.keys.len() <= 3 && l.aliases.len() <= 4 && l.ring.len() <= 7);
     }
 
@@ -834,7 +905,7 @@ mod tests {
         l.accept(TaskId(1), &pool, Bytes::new(), None, (), Millis(0));
         l.unaccept(TaskId(1));
         l.record_outcome(
-            Arc::new(Outcome {
+            &Outcome {
                 id: TaskId(1),
                 pool,
                 state: TaskState::Failed,
@@ -842,7 +913,7 @@ mod tests {
                 error: Some("refused".into()),
                 attempts: Vec::new(),
                 deadline_missed: false,
-            }),
+            },
             None,
         );
         let m = figures(&l);
