@@ -168,6 +168,9 @@ pub(crate) struct Ledger<X, R> {
     retain: usize,
     /// Counters and histograms per pool.
     metrics: Metrics,
+    /// The pool of the last submission and its metrics slot (a pool's
+    /// slot never changes): most submissions skip the lookup.
+    last_slot: Option<(PoolName, u32)>,
 }
 
 impl<X, R: Default> Ledger<X, R> {
@@ -182,6 +185,7 @@ impl<X, R: Default> Ledger<X, R> {
             aliases: FxHashMap::default(),
             retain,
             metrics: Metrics::default(),
+            last_slot: None,
         }
     }
 
@@ -219,7 +223,14 @@ impl<X, R: Default> Ledger<X, R> {
         extra: X,
         now: Millis,
     ) {
-        let metrics_slot = self.metrics.slot(pool.as_str());
+        let metrics_slot = match &self.last_slot {
+            Some((last, slot)) if last == pool => *slot,
+            _ => {
+                let slot = self.metrics.slot(pool.as_str());
+                self.last_slot = Some((pool.clone(), slot));
+                slot
+            }
+        };
         self.metrics.at(metrics_slot).submitted += 1;
         let mut entry = Entry {
             payload,
@@ -562,6 +573,9 @@ pub(crate) struct Entries<T> {
     window: VecDeque<Option<T>>,
     in_window: usize,
     far: FxHashMap<TaskId, T>,
+    /// No id above this is in `far`: a new id (past the window, the usual
+    /// miss) costs no hash probe.
+    far_max: u64,
 }
 
 impl<T> Default for Entries<T> {
@@ -571,6 +585,7 @@ impl<T> Default for Entries<T> {
             window: VecDeque::new(),
             in_window: 0,
             far: FxHashMap::default(),
+            far_max: 0,
         }
     }
 }
@@ -582,7 +597,7 @@ impl<T> Entries<T> {
             self.base = id.0;
         }
         let Some(at) = id.0.checked_sub(self.base) else {
-            self.far.insert(id, entry);
+            self.put_far(id, entry);
             return;
         };
         let at = at as usize;
@@ -593,7 +608,7 @@ impl<T> Entries<T> {
             // An id below the window's end: not from the counter.
             match &mut self.window[at] {
                 Some(_) => {
-                    self.far.insert(id, entry);
+                    self.put_far(id, entry);
                 }
                 slot => {
                     *slot = Some(entry);
@@ -606,6 +621,15 @@ impl<T> Entries<T> {
         self.in_window += 1;
     }
 
+    fn put_far(&mut self, id: TaskId, entry: T) {
+        self.far_max = self.far_max.max(id.0);
+        self.far.insert(id, entry);
+    }
+
+    fn may_be_far(&self, id: TaskId) -> bool {
+        id.0 <= self.far_max && !self.far.is_empty()
+    }
+
     fn index(&self, id: TaskId) -> Option<usize> {
         let at = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
         (at < self.window.len() && self.window[at].is_some()).then_some(at)
@@ -614,6 +638,7 @@ impl<T> Entries<T> {
     pub(crate) fn get(&self, id: TaskId) -> Option<&T> {
         match self.index(id) {
             Some(at) => self.window[at].as_ref(),
+            None if !self.may_be_far(id) => None,
             None => self.far.get(&id),
         }
     }
@@ -621,6 +646,7 @@ impl<T> Entries<T> {
     pub(crate) fn get_mut(&mut self, id: TaskId) -> Option<&mut T> {
         match self.index(id) {
             Some(at) => self.window[at].as_mut(),
+            None if !self.may_be_far(id) => None,
             None => self.far.get_mut(&id),
         }
     }
@@ -646,6 +672,9 @@ impl<T> Entries<T> {
 
     pub(crate) fn remove(&mut self, id: TaskId) -> Option<T> {
         let Some(at) = self.index(id) else {
+            if !self.may_be_far(id) {
+                return None;
+            }
             return self.far.remove(&id);
         };
         self.in_window -= 1;
@@ -657,7 +686,7 @@ impl<T> Entries<T> {
         while self.window.len() > 64 && self.in_window * 2 < self.window.len() {
             if let Some(Some(old)) = self.window.pop_front() {
                 self.in_window -= 1;
-                self.far.insert(TaskId(self.base), old);
+                self.put_far(TaskId(self.base), old);
             }
             self.base += 1;
         }
