@@ -138,7 +138,7 @@ impl Done {
 /// An entry of the ring of retained outcomes.
 enum Retained {
     /// A finished task and the key it held.
-    Task(TaskId, Option<String>),
+    Task(Done, Option<String>),
     /// A resubmission that stands for an earlier entry of the ring.
     Alias(TaskId),
     /// A task recorded again since (its newer entry stands).
@@ -154,13 +154,17 @@ pub(crate) enum Found<'a, X, R> {
 /// The records of live and recently finished tasks.
 pub(crate) struct Ledger<X, R> {
     live: Entries<Entry<X, R>>,
-    /// Retained outcomes by id: tasks finish roughly in id order, so this
-    /// is a window indexed by id like `live`, with no hashing per task.
-    finished: Entries<Done>,
-    /// How many outcomes `finished` holds.
+    /// Retained task → its place in the ring (counted from the first entry
+    /// ever pushed). Tasks finish roughly in id order, so this is a window
+    /// indexed by id like `live`: no hashing per task in the usual case,
+    /// and 8-byte values when finishing order strays (queued work).
+    finished: Entries<u64>,
+    /// How many outcomes the ring holds.
     retained: usize,
     /// Retained outcomes (and their aliases), oldest first.
     ring: VecDeque<Retained>,
+    /// The place of the ring's front entry.
+    ring_base: u64,
     /// Idempotency key → the task that holds it (live or retained).
     keys: FxHashMap<String, TaskId>,
     /// A resubmission with a known key → the task it duplicates.
@@ -181,6 +185,7 @@ impl<X, R: Default> Ledger<X, R> {
             finished: Entries::default(),
             retained: 0,
             ring: VecDeque::new(),
+            ring_base: 0,
             keys: FxHashMap::default(),
             aliases: FxHashMap::default(),
             retain,
@@ -293,7 +298,11 @@ impl<X, R: Default> Ledger<X, R> {
 
     /// The retained record of finished task `id` (not resolved).
     fn done(&self, id: TaskId) -> Option<&Done> {
-        self.finished.get(id)
+        let at = self.finished.get(id)?.checked_sub(self.ring_base)?;
+        match self.ring.get(usize::try_from(at).ok()?)? {
+            Retained::Task(done, _) => Some(done),
+            Retained::Alias(_) | Retained::Replaced => None,
+        }
     }
 
     /// A retained outcome (a copy, built now).
@@ -473,26 +482,27 @@ impl<X, R: Default> Ledger<X, R> {
             }
             return;
         }
-        if self.finished.remove(id).is_some() {
+        if let Some(older) = self.finished.remove(id) {
             // Recorded twice (never from the core): the newer record
-            // stands, the older leaves the ring (rare, so a scan).
+            // stands, the older leaves the ring.
             self.retained -= 1;
-            if let Some(older) = self
-                .ring
-                .iter_mut()
-                .find(|r| matches!(r, Retained::Task(t, _) if *t == id))
+            if let Some(entry) = older
+                .checked_sub(self.ring_base)
+                .and_then(|at| self.ring.get_mut(at as usize))
             {
-                *older = Retained::Replaced;
+                *entry = Retained::Replaced;
             }
         }
-        self.finished.insert(id, Done::of(outcome));
+        self.finished
+            .insert(id, self.ring_base + self.ring.len() as u64);
         self.retained += 1;
-        self.ring.push_back(Retained::Task(id, key));
+        self.ring.push_back(Retained::Task(Done::of(outcome), key));
         // The aliases follow their original in the ring and leave after it.
         self.ring.extend(aliases.into_iter().map(Retained::Alias));
         while self.retained > self.retain {
-            match self.ring.pop_front() {
+            match self.pop_front() {
                 Some(Retained::Task(old, key)) => {
+                    let old = old.id;
                     self.finished.remove(old);
                     self.retained -= 1;
                     if let Some(key) = key {
@@ -510,10 +520,16 @@ impl<X, R: Default> Ledger<X, R> {
         }
         // Aliases at the front stood for tasks already gone.
         while let Some(Retained::Alias(_) | Retained::Replaced) = self.ring.front() {
-            if let Some(Retained::Alias(a)) = self.ring.pop_front() {
+            if let Some(Retained::Alias(a)) = self.pop_front() {
                 self.aliases.remove(&a);
             }
         }
+    }
+
+    fn pop_front(&mut self) -> Option<Retained> {
+        let front = self.ring.pop_front()?;
+        self.ring_base += 1;
+        Some(front)
     }
 
     /// A live or retained task as `task` shows it; `None` if unknown.
@@ -536,7 +552,7 @@ impl<X, R: Default> Ledger<X, R> {
     /// [`TaskStatus::summary`]s: O(`limit`) lookups, not a scan.
     pub fn recent(&self, core: &Core, limit: usize) -> Vec<TaskStatus> {
         let finished = self.ring.iter().rev().filter_map(|r| match r {
-            Retained::Task(id, _) => Some(*id),
+            Retained::Task(done, _) => Some(done.id),
             Retained::Alias(_) | Retained::Replaced => None,
         });
         crate::task::newest_ids(self.live.newest(limit).into_iter(), finished, limit)
