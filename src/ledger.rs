@@ -136,6 +136,9 @@ impl Done {
 }
 
 /// An entry of the ring of retained outcomes.
+// The ring is a contiguous array of outcomes on purpose: boxing `Done`
+// would cost an allocation per finished task, and aliases are rare.
+#[allow(clippy::large_enum_variant)]
 enum Retained {
     /// A finished task and the key it held.
     Task(Done, Option<String>),
