@@ -84,7 +84,7 @@ impl Error {
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Bytes, TaskError>> + Send>>;
 type ExecutorFn = Arc<dyn Fn(TaskContext, Bytes) -> BoxFuture + Send + Sync>;
 
-type OutcomeTx = oneshot::Sender<Arc<Outcome>>;
+type OutcomeTx = oneshot::Sender<Outcome>;
 
 /// What the embedded shell keeps beside the ledger's record of a live
 /// task: its first waiter (most tasks have exactly one).
@@ -147,7 +147,7 @@ impl<T> Batch<T> {
 /// hand to waiters (waking a waiter may take a while; not under the lock).
 struct Work {
     jobs: Batch<Job>,
-    outcomes: Batch<(Arc<Outcome>, Option<OutcomeTx>, Vec<OutcomeTx>)>,
+    outcomes: Batch<(Outcome, Option<OutcomeTx>, Vec<OutcomeTx>)>,
 }
 
 struct State {
@@ -389,7 +389,7 @@ impl Scheduler {
                         Some(entry) => add_waiter(entry, tx),
                         None => {
                             if let Some(done) = st.ledger.outcome(existing) {
-                                let _ = tx.send(done.clone());
+                                let _ = tx.send(done);
                             }
                         }
                     }
@@ -471,18 +471,18 @@ impl Scheduler {
         let rx = {
             let mut st = self.inner.lock();
             if let Some(done) = st.ledger.outcome(id) {
-                return Ok((**done).clone());
+                return Ok(done);
             }
             let entry = st.ledger.get_mut(id).ok_or(Error::NotFound(id))?;
             let (tx, rx) = oneshot::channel();
             add_waiter(entry, tx);
             rx
         };
-        rx.await.map(|o| (*o).clone()).map_err(|_| Error::Closed)
+        rx.await.map_err(|_| Error::Closed)
     }
 }
 
-fn add_waiter(entry: &mut Entry, tx: oneshot::Sender<Arc<Outcome>>) {
+fn add_waiter(entry: &mut Entry, tx: OutcomeTx) {
     if entry.extra.is_none() {
         entry.extra = Some(tx);
     } else {
@@ -503,7 +503,7 @@ impl State {
 /// A submitted task: its id, and a way to wait for its outcome.
 pub struct TaskHandle {
     id: TaskId,
-    rx: oneshot::Receiver<Arc<Outcome>>,
+    rx: oneshot::Receiver<Outcome>,
 }
 
 impl TaskHandle {
@@ -519,10 +519,7 @@ impl TaskHandle {
     /// first: [`Error::Closed`]. The handle holds no reference to the
     /// scheduler, so it never keeps a dropped one alive.
     pub async fn wait(self) -> Result<Outcome, Error> {
-        match self.rx.await {
-            Ok(o) => Ok(Arc::try_unwrap(o).unwrap_or_else(|o| (*o).clone())),
-            Err(_) => Err(Error::Closed),
-        }
+        self.rx.await.map_err(|_| Error::Closed)
     }
 }
 
@@ -642,8 +639,12 @@ impl Inner {
     /// Delivers outcomes and spawns attempts, outside the lock.
     fn spawn_all(self: &Arc<Self>, work: Work) {
         work.outcomes.for_each(|(outcome, waiter, more)| {
-            for tx in waiter.into_iter().chain(more) {
+            // Copies for the waiters past the first; the first gets it.
+            for tx in more {
                 let _ = tx.send(outcome.clone());
+            }
+            if let Some(tx) = waiter {
+                let _ = tx.send(outcome);
             }
         });
         work.jobs.for_each(|job| {

@@ -33,10 +33,10 @@
 //!   live entries sit in a window indexed by `id - base`.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use crate::core::{AttemptOutcome, Core, Labels, Millis, PoolName, TaskId, TaskState};
 use crate::metrics::{Metrics, MetricsSnapshot};
@@ -85,33 +85,89 @@ impl<X, R: Default> Entry<X, R> {
     }
 }
 
-/// A task that just finished.
+/// A task that just finished: its outcome (the caller's own copy) and the
+/// shell's data.
 pub(crate) struct Finished<X, R> {
-    pub outcome: Arc<Outcome>,
+    pub outcome: Outcome,
     pub extra: X,
     pub run_extra: R,
 }
 
+/// A retained outcome, kept by value in the ring: no allocation of its own
+/// (the usual single attempt sits inline), so retaining and evicting a
+/// task costs no malloc/free. An [`Outcome`] is built from it when someone
+/// reads it.
+pub(crate) struct Done {
+    id: TaskId,
+    pool: PoolName,
+    state: TaskState,
+    output: Option<Bytes>,
+    error: Option<String>,
+    attempts: SmallVec<[AttemptRecord; 1]>,
+    deadline_missed: bool,
+}
+
+impl Done {
+    fn of(outcome: &Outcome) -> Done {
+        Done {
+            id: outcome.id,
+            pool: outcome.pool.clone(),
+            state: outcome.state,
+            output: outcome.output.clone(),
+            error: outcome.error.clone(),
+            attempts: outcome.attempts.iter().cloned().collect(),
+            deadline_missed: outcome.deadline_missed,
+        }
+    }
+
+    /// The outcome as [`Scheduler::wait`](crate::Scheduler::wait) and
+    /// `task` show it.
+    pub fn to_outcome(&self) -> Outcome {
+        Outcome {
+            id: self.id,
+            pool: self.pool.clone(),
+            state: self.state,
+            output: self.output.clone(),
+            error: self.error.clone(),
+            attempts: self.attempts.to_vec(),
+            deadline_missed: self.deadline_missed,
+        }
+    }
+}
+
 /// An entry of the ring of retained outcomes.
+// The ring is a contiguous array of outcomes on purpose: boxing `Done`
+// would cost an allocation per finished task, and aliases are rare.
+#[allow(clippy::large_enum_variant)]
 enum Retained {
     /// A finished task and the key it held.
-    Task(TaskId, Option<String>),
+    Task(Done, Option<String>),
     /// A resubmission that stands for an earlier entry of the ring.
     Alias(TaskId),
+    /// A task recorded again since (its newer entry stands).
+    Replaced,
 }
 
 /// What an id stands for.
 pub(crate) enum Found<'a, X, R> {
     Live(TaskId, &'a Entry<X, R>),
-    Finished(&'a Arc<Outcome>),
+    Finished(&'a Done),
 }
 
 /// The records of live and recently finished tasks.
 pub(crate) struct Ledger<X, R> {
     live: Entries<Entry<X, R>>,
-    finished: FxHashMap<TaskId, Arc<Outcome>>,
+    /// Retained task → its place in the ring (counted from the first entry
+    /// ever pushed). Tasks finish roughly in id order, so this is a window
+    /// indexed by id like `live`: no hashing per task in the usual case,
+    /// and 8-byte values when finishing order strays (queued work).
+    finished: Entries<u64>,
+    /// How many outcomes the ring holds.
+    retained: usize,
     /// Retained outcomes (and their aliases), oldest first.
     ring: VecDeque<Retained>,
+    /// The place of the ring's front entry.
+    ring_base: u64,
     /// Idempotency key → the task that holds it (live or retained).
     keys: FxHashMap<String, TaskId>,
     /// A resubmission with a known key → the task it duplicates.
@@ -119,6 +175,9 @@ pub(crate) struct Ledger<X, R> {
     retain: usize,
     /// Counters and histograms per pool.
     metrics: Metrics,
+    /// The pool of the last submission and its metrics slot (a pool's
+    /// slot never changes): most submissions skip the lookup.
+    last_slot: Option<(PoolName, u32)>,
 }
 
 impl<X, R: Default> Ledger<X, R> {
@@ -126,12 +185,15 @@ impl<X, R: Default> Ledger<X, R> {
     pub fn new(retain: usize) -> Ledger<X, R> {
         Ledger {
             live: Entries::default(),
-            finished: FxHashMap::default(),
+            finished: Entries::default(),
+            retained: 0,
             ring: VecDeque::new(),
+            ring_base: 0,
             keys: FxHashMap::default(),
             aliases: FxHashMap::default(),
             retain,
             metrics: Metrics::default(),
+            last_slot: None,
         }
     }
 
@@ -151,7 +213,7 @@ impl<X, R: Default> Ledger<X, R> {
         if let Some(entry) = self.live.get_mut(original) {
             entry.run().aliases.push(dup);
             self.aliases.insert(dup, original);
-        } else if self.finished.contains_key(&original) {
+        } else if self.finished.get(original).is_some() {
             // Behind its original in the ring: evicted after it.
             self.aliases.insert(dup, original);
             self.ring.push_back(Retained::Alias(dup));
@@ -169,7 +231,14 @@ impl<X, R: Default> Ledger<X, R> {
         extra: X,
         now: Millis,
     ) {
-        let metrics_slot = self.metrics.slot(pool.as_str());
+        let metrics_slot = match &self.last_slot {
+            Some((last, slot)) if last == pool => *slot,
+            _ => {
+                let slot = self.metrics.slot(pool.as_str());
+                self.last_slot = Some((pool.clone(), slot));
+                slot
+            }
+        };
         self.metrics.at(metrics_slot).submitted += 1;
         let mut entry = Entry {
             payload,
@@ -209,7 +278,7 @@ impl<X, R: Default> Ledger<X, R> {
     }
 
     pub fn is_finished(&self, id: TaskId) -> bool {
-        self.finished.contains_key(&self.resolve(id))
+        self.finished.get(self.resolve(id)).is_some()
     }
 
     /// Known at all (live, retained, or an alias of either).
@@ -224,15 +293,24 @@ impl<X, R: Default> Ledger<X, R> {
     /// The live entry or the retained outcome that `id` stands for.
     pub fn find(&self, id: TaskId) -> Option<Found<'_, X, R>> {
         let id = self.resolve(id);
-        if let Some(done) = self.finished.get(&id) {
+        if let Some(done) = self.done(id) {
             return Some(Found::Finished(done));
         }
         self.live.get(id).map(|e| Found::Live(id, e))
     }
 
-    /// A retained outcome.
-    pub fn outcome(&self, id: TaskId) -> Option<&Arc<Outcome>> {
-        self.finished.get(&self.resolve(id))
+    /// The retained record of finished task `id` (not resolved).
+    fn done(&self, id: TaskId) -> Option<&Done> {
+        let at = self.finished.get(id)?.checked_sub(self.ring_base)?;
+        match self.ring.get(usize::try_from(at).ok()?)? {
+            Retained::Task(done, _) => Some(done),
+            Retained::Alias(_) | Retained::Replaced => None,
+        }
+    }
+
+    /// A retained outcome (a copy, built now).
+    pub fn outcome(&self, id: TaskId) -> Option<Outcome> {
+        self.done(self.resolve(id)).map(Done::to_outcome)
     }
 
     /// Attempt `attempt` started in `group` (on `worker`, remotely) at
@@ -355,7 +433,7 @@ impl<X, R: Default> Ledger<X, R> {
             record.ended_at = Some(now);
             record.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
         }
-        let outcome = Arc::new(Outcome {
+        let outcome = Outcome {
             id,
             pool,
             state,
@@ -367,8 +445,8 @@ impl<X, R: Default> Ledger<X, R> {
             error: run.error,
             attempts: run.attempts,
             deadline_missed,
-        });
-        self.retire(outcome.clone(), run.key, run.aliases);
+        };
+        self.retire(&outcome, run.key, run.aliases);
         Some(Finished {
             outcome,
             extra: entry.extra,
@@ -378,8 +456,8 @@ impl<X, R: Default> Ledger<X, R> {
 
     /// Records an outcome decided without the core: a refused submission,
     /// counted as submitted, finished with its state and dead-lettered.
-    pub fn record_outcome(&mut self, outcome: Arc<Outcome>, key: Option<&str>) {
-        if self.finished.contains_key(&outcome.id) {
+    pub fn record_outcome(&mut self, outcome: &Outcome, key: Option<&str>) {
+        if self.finished.get(outcome.id).is_some() {
             return;
         }
         let m = self.metrics.pool(outcome.pool.as_str());
@@ -394,7 +472,7 @@ impl<X, R: Default> Ledger<X, R> {
         self.retire(outcome, key.map(str::to_string), Vec::new());
     }
 
-    fn retire(&mut self, outcome: Arc<Outcome>, key: Option<String>, aliases: Vec<TaskId>) {
+    fn retire(&mut self, outcome: &Outcome, key: Option<String>, aliases: Vec<TaskId>) {
         let id = outcome.id;
         if self.retain == 0 {
             if let Some(key) = key {
@@ -407,14 +485,29 @@ impl<X, R: Default> Ledger<X, R> {
             }
             return;
         }
-        self.finished.insert(id, outcome);
-        self.ring.push_back(Retained::Task(id, key));
+        if let Some(older) = self.finished.remove(id) {
+            // Recorded twice (never from the core): the newer record
+            // stands, the older leaves the ring.
+            self.retained -= 1;
+            if let Some(entry) = older
+                .checked_sub(self.ring_base)
+                .and_then(|at| self.ring.get_mut(at as usize))
+            {
+                *entry = Retained::Replaced;
+            }
+        }
+        self.finished
+            .insert(id, self.ring_base + self.ring.len() as u64);
+        self.retained += 1;
+        self.ring.push_back(Retained::Task(Done::of(outcome), key));
         // The aliases follow their original in the ring and leave after it.
         self.ring.extend(aliases.into_iter().map(Retained::Alias));
-        while self.finished.len() > self.retain {
-            match self.ring.pop_front() {
+        while self.retained > self.retain {
+            match self.pop_front() {
                 Some(Retained::Task(old, key)) => {
-                    self.finished.remove(&old);
+                    let old = old.id;
+                    self.finished.remove(old);
+                    self.retained -= 1;
                     if let Some(key) = key {
                         if self.keys.get(&key) == Some(&old) {
                             self.keys.remove(&key);
@@ -424,20 +517,28 @@ impl<X, R: Default> Ledger<X, R> {
                 Some(Retained::Alias(a)) => {
                     self.aliases.remove(&a);
                 }
+                Some(Retained::Replaced) => {}
                 None => break,
             }
         }
         // Aliases at the front stood for tasks already gone.
-        while let Some(Retained::Alias(a)) = self.ring.front() {
-            self.aliases.remove(a);
-            self.ring.pop_front();
+        while let Some(Retained::Alias(_) | Retained::Replaced) = self.ring.front() {
+            if let Some(Retained::Alias(a)) = self.pop_front() {
+                self.aliases.remove(&a);
+            }
         }
+    }
+
+    fn pop_front(&mut self) -> Option<Retained> {
+        let front = self.ring.pop_front()?;
+        self.ring_base += 1;
+        Some(front)
     }
 
     /// A live or retained task as `task` shows it; `None` if unknown.
     pub fn status(&self, core: &Core, id: TaskId) -> Option<TaskStatus> {
         match self.find(id)? {
-            Found::Finished(done) => Some(TaskStatus::of_outcome(done)),
+            Found::Finished(done) => Some(TaskStatus::of_outcome(&done.to_outcome())),
             Found::Live(id, entry) => {
                 let view = core.task(id)?;
                 let run = entry.run.as_deref();
@@ -454,8 +555,8 @@ impl<X, R: Default> Ledger<X, R> {
     /// [`TaskStatus::summary`]s: O(`limit`) lookups, not a scan.
     pub fn recent(&self, core: &Core, limit: usize) -> Vec<TaskStatus> {
         let finished = self.ring.iter().rev().filter_map(|r| match r {
-            Retained::Task(id, _) => Some(*id),
-            Retained::Alias(_) => None,
+            Retained::Task(done, _) => Some(done.id),
+            Retained::Alias(_) | Retained::Replaced => None,
         });
         crate::task::newest_ids(self.live.newest(limit).into_iter(), finished, limit)
             .into_iter()
@@ -486,6 +587,9 @@ pub(crate) struct Entries<T> {
     window: VecDeque<Option<T>>,
     in_window: usize,
     far: FxHashMap<TaskId, T>,
+    /// No id above this is in `far`: a new id (past the window, the usual
+    /// miss) costs no hash probe.
+    far_max: u64,
 }
 
 impl<T> Default for Entries<T> {
@@ -495,6 +599,7 @@ impl<T> Default for Entries<T> {
             window: VecDeque::new(),
             in_window: 0,
             far: FxHashMap::default(),
+            far_max: 0,
         }
     }
 }
@@ -506,7 +611,7 @@ impl<T> Entries<T> {
             self.base = id.0;
         }
         let Some(at) = id.0.checked_sub(self.base) else {
-            self.far.insert(id, entry);
+            self.put_far(id, entry);
             return;
         };
         let at = at as usize;
@@ -517,7 +622,7 @@ impl<T> Entries<T> {
             // An id below the window's end: not from the counter.
             match &mut self.window[at] {
                 Some(_) => {
-                    self.far.insert(id, entry);
+                    self.put_far(id, entry);
                 }
                 slot => {
                     *slot = Some(entry);
@@ -530,6 +635,15 @@ impl<T> Entries<T> {
         self.in_window += 1;
     }
 
+    fn put_far(&mut self, id: TaskId, entry: T) {
+        self.far_max = self.far_max.max(id.0);
+        self.far.insert(id, entry);
+    }
+
+    fn may_be_far(&self, id: TaskId) -> bool {
+        id.0 <= self.far_max && !self.far.is_empty()
+    }
+
     fn index(&self, id: TaskId) -> Option<usize> {
         let at = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
         (at < self.window.len() && self.window[at].is_some()).then_some(at)
@@ -538,6 +652,7 @@ impl<T> Entries<T> {
     pub(crate) fn get(&self, id: TaskId) -> Option<&T> {
         match self.index(id) {
             Some(at) => self.window[at].as_ref(),
+            None if !self.may_be_far(id) => None,
             None => self.far.get(&id),
         }
     }
@@ -545,6 +660,7 @@ impl<T> Entries<T> {
     pub(crate) fn get_mut(&mut self, id: TaskId) -> Option<&mut T> {
         match self.index(id) {
             Some(at) => self.window[at].as_mut(),
+            None if !self.may_be_far(id) => None,
             None => self.far.get_mut(&id),
         }
     }
@@ -570,6 +686,9 @@ impl<T> Entries<T> {
 
     pub(crate) fn remove(&mut self, id: TaskId) -> Option<T> {
         let Some(at) = self.index(id) else {
+            if !self.may_be_far(id) {
+                return None;
+            }
             return self.far.remove(&id);
         };
         self.in_window -= 1;
@@ -581,7 +700,7 @@ impl<T> Entries<T> {
         while self.window.len() > 64 && self.in_window * 2 < self.window.len() {
             if let Some(Some(old)) = self.window.pop_front() {
                 self.in_window -= 1;
-                self.far.insert(TaskId(self.base), old);
+                self.put_far(TaskId(self.base), old);
             }
             self.base += 1;
         }
@@ -609,7 +728,7 @@ mod tests {
         );
     }
 
-    fn finish(l: &mut Ledger<(), ()>, id: u64, state: TaskState) -> Arc<Outcome> {
+    fn finish(l: &mut Ledger<(), ()>, id: u64, state: TaskState) -> Outcome {
         l.finish(TaskId(id), PoolName::default(), state, false, Millis(9))
             .expect("live")
             .outcome
@@ -734,7 +853,7 @@ mod tests {
             l.alias(TaskId(1000 + id), TaskId(id));
             finish(&mut l, id, TaskState::Succeeded);
         }
-        assert_eq!(l.finished.len(), 3);
+        assert_eq!(l.retained, 3);
         assert!(l.keys.len() <= 3 && l.aliases.len() <= 4 && l.ring.len() <= 7);
     }
 
@@ -829,7 +948,7 @@ mod tests {
         l.accept(TaskId(1), &pool, Bytes::new(), None, (), Millis(0));
         l.unaccept(TaskId(1));
         l.record_outcome(
-            Arc::new(Outcome {
+            &Outcome {
                 id: TaskId(1),
                 pool,
                 state: TaskState::Failed,
@@ -837,7 +956,7 @@ mod tests {
                 error: Some("refused".into()),
                 attempts: Vec::new(),
                 deadline_missed: false,
-            }),
+            },
             None,
         );
         let m = figures(&l);

@@ -157,13 +157,27 @@ impl Core {
                     .iter()
                     .filter(|t| t.phase != Phase::Free && t.reqset == ri)
                     .count() as u64;
-                if users != set.live || users == 0 {
+                // One no task uses is kept only while in the idle list.
+                if users != set.live || (users == 0 && !set.kept_idle) {
                     return Err(format!(
                         "reqset {} of pool {}: live {} but {} tasks use it",
                         set.labels, pool.name, set.live, users
                     ));
                 }
             }
+        }
+        let kept = g.reqsets.iter().filter(|s| s.kept_idle).count();
+        let listed = g
+            .reqsets
+            .iter()
+            .enumerate()
+            .filter(|(r, s)| s.kept_idle && g.idle_reqsets.contains(&(*r as u32)))
+            .count();
+        if kept != listed || g.idle_reqsets.len() > super::groups::MAX_IDLE_REQSETS {
+            return Err(format!(
+                "{kept} reqsets kept idle, {listed} of them listed, {} in the idle list",
+                g.idle_reqsets.len()
+            ));
         }
         if g.pool_count() != g.live_pools().count() {
             return Err("pool name index does not match the pools in use".into());

@@ -22,18 +22,27 @@
 //! was never configured and has neither groups nor live tasks are
 //! *forgotten* ([`Groups::forget_group`], [`Groups::forget_reqset`],
 //! [`Groups::forget_pool`]); their slots go on free lists and are reused.
+//! Idle reqsets are forgotten lazily: the last [`MAX_IDLE_REQSETS`] to
+//! become idle are kept ([`Groups::idle_reqsets`]), so a label set used by
+//! one task after another is not rebuilt for each.
 //! Label pairs are interned per pool, so they leave with their pool. A
 //! group's place among equally preferred groups is its creation number
 //! (`Group::created`), not its (reused) index.
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::model::{Labels, PoolConfig, PoolName};
 use super::queue::WaitQueue;
+
+/// How many reqsets with no live task are kept (per core) before the oldest
+/// is forgotten: a label set that comes back (one task at a time, each
+/// finishing before the next arrives) finds its reqset and its index
+/// entries instead of rebuilding them per task.
+pub(crate) const MAX_IDLE_REQSETS: usize = 256;
 
 /// A group's handle, unique across pools of one core.
 #[derive(
@@ -105,6 +114,8 @@ pub(crate) struct ReqSet {
     pub live: u64,
     /// Its pool.
     pub pool: u32,
+    /// In [`Groups::idle_reqsets`]: kept, though it may have no live task.
+    pub kept_idle: bool,
 }
 
 impl ReqSet {
@@ -117,6 +128,7 @@ impl ReqSet {
             free_groups: BTreeSet::new(),
             queue: WaitQueue::default(),
             live: 0,
+            kept_idle: false,
         }
     }
 }
@@ -196,6 +208,11 @@ pub(crate) struct Groups {
     /// Interned label pairs of each group, sorted: for fast subset tests.
     pub group_pairs: Vec<Box<[u32]>>,
     pub reqsets: Vec<ReqSet>,
+    /// Reqsets that lost their last live task, oldest first, kept for the
+    /// next task that requires the same labels (at most
+    /// [`MAX_IDLE_REQSETS`]; entries of reqsets used again or forgotten
+    /// since are skipped when they come out).
+    pub idle_reqsets: VecDeque<u32>,
     vacant_pools: Vec<u32>,
     vacant_groups: Vec<u32>,
     vacant_reqsets: Vec<u32>,

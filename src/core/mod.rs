@@ -499,11 +499,28 @@ impl Core {
                     let set = &self.groups.reqsets[r as usize];
                     if set.pool != u32::MAX
                         && set.live == 0
+                        && !set.kept_idle
                         && self.groups.pools[set.pool as usize].reqsets[0] != r
                     {
-                        let p = set.pool;
-                        self.groups.forget_reqset(r);
-                        self.tidy.push(Tidy::Pool(p));
+                        // Kept for the next task with these labels; the
+                        // oldest idle one beyond the bound is forgotten.
+                        self.groups.reqsets[r as usize].kept_idle = true;
+                        self.groups.idle_reqsets.push_back(r);
+                        while self.groups.idle_reqsets.len() > groups::MAX_IDLE_REQSETS {
+                            let Some(old) = self.groups.idle_reqsets.pop_front() else {
+                                break;
+                            };
+                            let set = &mut self.groups.reqsets[old as usize];
+                            if !set.kept_idle {
+                                continue; // forgotten with its pool since
+                            }
+                            set.kept_idle = false;
+                            if set.pool != u32::MAX && set.live == 0 {
+                                let p = set.pool;
+                                self.groups.forget_reqset(old);
+                                self.tidy.push(Tidy::Pool(p));
+                            }
+                        }
                     }
                 }
                 Tidy::Pool(p) => {

@@ -27,7 +27,6 @@
 //! lost, so they are retried elsewhere and never handed back to it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use bytes::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};

@@ -267,7 +267,7 @@ impl Driver {
         e: WireError,
     ) {
         tracing::info!(task_id = %id, pool = %pool, code = %e.code, error = %e.message, "submission refused");
-        let outcome = Arc::new(Outcome {
+        let outcome = Outcome {
             id,
             pool,
             state: TaskState::Failed,
@@ -275,8 +275,8 @@ impl Driver {
             error: Some(format!("submission refused: {} [{}]", e.message, e.code)),
             attempts: Vec::new(),
             deadline_missed: false,
-        });
-        self.ledger.record_outcome(outcome.clone(), None);
+        };
+        self.ledger.record_outcome(&outcome, None);
         self.record_finished(now, &outcome, Some(e));
     }
 
