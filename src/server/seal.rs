@@ -173,12 +173,8 @@ impl Seal {
             return refused(Refused::Unsealed);
         }
         let (mac, body) = stored[MAGIC.len()..].split_at(MAC_LEN);
-        let mut check = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
-        check.update(b"cronoq-store-v1\n");
-        check.update(kv_key.as_bytes());
-        check.update(b"\n");
-        check.update(body);
-        if check.verify_slice(mac).is_err() {
+        let expected = Seal::mac(key, kv_key, body);
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(&expected[..], mac)) {
             return refused(Refused::Forged);
         }
         Ok(body)
