@@ -123,8 +123,10 @@ impl From<Rejection> for WireError {
 }
 
 /// The subject, headers and body of a MessagePack submission of `task`
-/// (`Nats-Msg-Id` = its idempotency key, so JetStream de-duplicates).
-/// The task must have been validated (`Task::to_spec`) first.
+/// (`Nats-Msg-Id` = its idempotency key, so JetStream de-duplicates): the
+/// one encoder of every submission (the leader's own and every client's),
+/// so the key is checked ([`crate::task::check_key`]) before it becomes a
+/// header. The task must have been validated (`Task::to_spec`) first.
 pub fn submission(
     subjects: &Subjects,
     task: &crate::task::Task,
@@ -133,6 +135,7 @@ pub fn submission(
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
     if let Some(key) = task.key() {
+        crate::task::check_key(key)?;
         headers.insert("Nats-Msg-Id", key);
     }
     let body = encode(&Submit::from_task(task));
