@@ -18,7 +18,10 @@ use serde_json::Value;
 
 /// The table both languages read.
 fn table() -> Vec<Value> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/submit_refusals.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/submit_refusals.json"
+    );
     let text = std::fs::read_to_string(path).expect("reading the table");
     let table: Value = serde_json::from_str(&text).expect("the table is JSON");
     table["rows"].as_array().expect("rows").clone()

@@ -598,6 +598,27 @@ mod tests {
         assert!(task.to_spec(TaskId(1), 1 << 20).is_ok());
     }
 
+    #[test]
+    fn backoff_is_a_flag_and_a_bad_flag_is_refused_as_on_every_path() {
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let args = submit_args(&["--backoff", "1s,1m", "x"]);
+        let task = task_of(&args, b"x".to_vec(), now).unwrap();
+        assert_eq!(
+            task.backoff,
+            Some((
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(60)
+            ))
+        );
+        let args = submit_args(&["--tolerance", "5s", "x"]);
+        let e = task_of(&args, Vec::new(), now).unwrap_err();
+        assert_eq!(e.to_string(), "tolerance is given without start_at");
+        assert_eq!(
+            crate::cli::error_code(&e),
+            Some(ErrorCode::INVALID_ARGUMENT)
+        );
+    }
+
     fn status(
         state: TaskState,
         reason: Option<WaitReason>,

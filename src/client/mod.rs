@@ -365,8 +365,18 @@ impl Client {
     /// holds it.
     async fn publish_submission(&self, task: Task) -> Result<TaskId, Error> {
         task.to_spec(TaskId(1), self.max_payload_bytes)?;
+        let nonce = auth::client_nonce(SystemTime::now());
+        let msg_id = match (&self.credential, task.key()) {
+            (None, key) => key.map(str::to_string),
+            // Scoped to the credential, so another credential cannot take
+            // the key first.
+            (Some(credential), Some(key)) => Some(credential.msg_id(key)),
+            // The nonce: a replayed copy is a duplicate for the stream.
+            (Some(_), None) => Some(nonce.clone()),
+        };
         // The one encoder (it checks the idempotency key).
-        let (subject, mut headers, body) = wire::submission(&self.subjects, &task)?;
+        let (subject, mut headers, body) =
+            wire::submission_with_msg_id(&self.subjects, &task, msg_id.as_deref())?;
         let server_max = self.server_max.get(&self.nats);
         if server_max > 0 && body.len() > server_max {
             return Err(Rejection::InvalidArgument(format!(
@@ -374,19 +384,6 @@ impl Client {
                 body.len()
             ))
             .into());
-        }
-        let nonce = auth::client_nonce(SystemTime::now());
-        match (&self.credential, task.key()) {
-            // As the encoder put it: `Nats-Msg-Id` = the key, or none.
-            (None, _) => {}
-            // Scoped to the credential, so another credential cannot take
-            // the key first.
-            (Some(credential), Some(key)) => headers.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                credential.msg_id(key).as_str(),
-            ),
-            // The nonce: a replayed copy is a duplicate for the stream.
-            (Some(_), None) => headers.insert(async_nats::header::NATS_MESSAGE_ID, nonce.as_str()),
         }
         // Last: the proof covers `Nats-Msg-Id` and the other headers.
         if let Some(credential) = &self.credential {

@@ -4,16 +4,16 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /v1/snapshot` | the [`Snapshot`] as JSON |
+//! | `GET /v1/snapshot` | the [`Snapshot`](crate::core::Snapshot) as JSON |
 //! | `GET /` | the live dashboard ([`dashboard`]; its data: `GET /v1/dashboard`) |
 //! | `POST /v1/tasks` | a [`SubmitRequest`] → [`SubmitResponse`] `{"id": n}`; a `traceparent` header is the task's W3C trace context |
 //! | `GET /v1/tasks?limit=N` | the newest N (default 50, at most 500) tasks, live or recently finished: [`crate::wire::TaskList`] `{"tasks": […]}`, highest id first, without outputs |
-//! | `GET /v1/tasks/{id}` | the [`TaskStatus`] as JSON |
+//! | `GET /v1/tasks/{id}` | the [`TaskStatus`](crate::task::TaskStatus) as JSON |
 //! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
-//! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`] (see [`autoscale`]) |
+//! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`](crate::core::AutoscaleAnswer) (see [`autoscale_query`]) |
 //! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]) |
-//! | `GET /healthz` | [`Health`] JSON; 200 when live, else 503 |
-//! | `GET /readyz` | [`Health`] JSON; 200 when ready, else 503 |
+//! | `GET /healthz` | [`Health`](crate::api::Health) JSON; 200 when live, else 503 |
+//! | `GET /readyz` | [`Health`](crate::api::Health) JSON; 200 when ready, else 503 |
 //!
 //! Every error is JSON `{"code": "…", "message": "…"}` with the status of
 //! [`status_of`]; the mapping lives in one place, the [`IntoResponse`] of
@@ -21,7 +21,7 @@
 //! id in the path), unknown routes and wrong methods (`NOT_FOUND`).
 //! `FAILED_PRECONDITION` is 409 Conflict (e.g. cancelling a finished task),
 //! not 412: no request here carries HTTP preconditions (`If-Match`).
-//! A 503 of `/healthz` or `/readyz` carries both shapes: the [`Health`]
+//! A 503 of `/healthz` or `/readyz` carries both shapes: the [`Health`](crate::api::Health)
 //! fields and `code`/`message`.
 //!
 //! A message never echoes a long value back: one over

@@ -216,6 +216,20 @@ mod tests {
     }
 
     #[test]
+    fn backoff_is_a_header() {
+        let pool = PoolName::new("p").unwrap();
+        let now = SystemTime::UNIX_EPOCH;
+        let task =
+            task_from_headers(&pool, Bytes::new(), [("Cronoq-Backoff", "1s, 1m")], now).unwrap();
+        assert_eq!(
+            task.backoff,
+            Some((Duration::from_secs(1), Duration::from_secs(60)))
+        );
+        let e = task_from_headers(&pool, Bytes::new(), [("Cronoq-Backoff", "1s")], now);
+        assert!(e.is_err());
+    }
+
+    #[test]
     fn bad_headers_are_refused() {
         let pool = PoolName::new("p").unwrap();
         let now = SystemTime::UNIX_EPOCH;

@@ -123,20 +123,32 @@ impl From<Rejection> for WireError {
 }
 
 /// The subject, headers and body of a MessagePack submission of `task`
-/// (`Nats-Msg-Id` = its idempotency key, so JetStream de-duplicates): the
-/// one encoder of every submission (the leader's own and every client's),
-/// so the key is checked ([`crate::task::check_key`]) before it becomes a
-/// header. The task must have been validated (`Task::to_spec`) first.
+/// (`Nats-Msg-Id` = its idempotency key, so JetStream de-duplicates).
+/// The task must have been validated (`Task::to_spec`) first.
 pub fn submission(
     subjects: &Subjects,
     task: &crate::task::Task,
 ) -> Result<(String, async_nats::HeaderMap, bytes::Bytes), Rejection> {
+    submission_with_msg_id(subjects, task, task.key())
+}
+
+/// [`submission`] with `Nats-Msg-Id` as given (a client acting as a
+/// credential scopes the key to it): the one encoder of every submission
+/// (the leader's own and every client's), so the idempotency key is
+/// checked ([`crate::task::check_key`]) before anything is published.
+pub fn submission_with_msg_id(
+    subjects: &Subjects,
+    task: &crate::task::Task,
+    msg_id: Option<&str>,
+) -> Result<(String, async_nats::HeaderMap, bytes::Bytes), Rejection> {
     let pool = crate::core::PoolName::new(task.pool_name())?;
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
     if let Some(key) = task.key() {
         crate::task::check_key(key)?;
-        headers.insert("Nats-Msg-Id", key);
+    }
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
+    if let Some(id) = msg_id {
+        headers.insert("Nats-Msg-Id", id);
     }
     let body = encode(&Submit::from_task(task));
     Ok((subjects.submit(&pool), headers, body.into()))
