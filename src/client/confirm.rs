@@ -39,7 +39,7 @@ pub(crate) async fn leaders_verdict(api: &dyn Api, id: TaskId) -> Result<(), Wir
     }
 }
 
-/// How long [`Client::submit`] with a credential waits for the leader to
+/// How long [`super::Client::submit`] with a credential waits for the leader to
 /// take a submission (and check it) before returning it as accepted.
 pub const CONFIRM_FOR: Duration = Duration::from_secs(5);
 

@@ -20,7 +20,7 @@ use crate::wire::WireError;
 /// (`None`: no `Authorization` header).
 pub type ApiFor = dyn Fn(Option<Credential>) -> Arc<dyn Api> + Send + Sync;
 
-/// How [`router_with_auth`] calls as the caller: usually
+/// How [`super::router_with_auth`] calls as the caller: usually
 /// [`HttpAuth::through`] a NATS [`crate::client::Client`], whose requests
 /// then carry the caller's proof to the leader.
 #[derive(Clone)]
