@@ -479,7 +479,9 @@ impl Scheduler {
     /// # }
     /// ```
     pub fn metrics(&self) -> crate::metrics::MetricsSnapshot {
-        self.inner.lock().ledger.metrics()
+        let mut m = self.inner.lock().ledger.metrics();
+        m.schedules = self.schedule_metrics();
+        m
     }
 
     /// Waits for a task by id (live or recently finished).

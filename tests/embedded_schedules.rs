@@ -113,6 +113,11 @@ async fn allow_fires_every_tick_once_in_order_with_its_key() {
         .unwrap();
     assert_eq!(Some(again.id()), info.history.last().unwrap().task);
     assert_eq!(info.counters.skipped, 0);
+    // Counters per schedule and the fire lag, in the metrics snapshot.
+    let m = sched.metrics().schedules.unwrap();
+    assert_eq!(m.schedules[0].schedule, "a");
+    assert_eq!(m.schedules[0].fires, info.counters.fires);
+    assert!(m.fire_lag.count >= 5);
 }
 
 #[tokio::test(start_paused = true)]

@@ -172,6 +172,12 @@ impl Scheduler {
         Ok(BackfillReport { fired, skipped })
     }
 
+    /// The schedule figures, once a schedule call started the book.
+    pub(super) fn schedule_metrics(&self) -> Option<crate::metrics::ScheduleMetrics> {
+        let s = self.inner.schedules.get()?;
+        Some(s.lock().metrics())
+    }
+
     /// Submits fires and cancels, answering the book; refused fires may
     /// free a buffered tick, whose fire is carried out too.
     fn carry_out_orders(&self, book: &mut Book, orders: Vec<Order>, now: Millis) {

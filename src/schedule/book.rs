@@ -643,6 +643,23 @@ impl Book {
         out
     }
 
+    /// Per schedule counters and the fire lag, for `/metrics`.
+    pub fn metrics(&self) -> crate::metrics::ScheduleMetrics {
+        crate::metrics::ScheduleMetrics {
+            schedules: self
+                .entries
+                .iter()
+                .map(|(name, e)| crate::metrics::ScheduleFigures {
+                    schedule: name.clone(),
+                    fires: e.counters.fires,
+                    skipped: e.counters.skipped,
+                    missed: e.counters.missed,
+                })
+                .collect(),
+            fire_lag: self.lag.clone(),
+        }
+    }
+
     /// Whether `task` is a live run of a schedule.
     pub fn is_live(&self, task: TaskId) -> bool {
         self.live.contains_key(&task)
