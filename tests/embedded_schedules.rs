@@ -268,6 +268,14 @@ async fn bad_requests_answer_their_code_and_change_nothing() {
     ] {
         assert_eq!(e.code, ErrorCode::NOT_FOUND, "{}", e.message);
     }
+    // The limit on schedules.
+    let small = Scheduler::builder().max_schedules(1).build().unwrap();
+    small.schedule(every("one", "1m", Overlap::Allow)).unwrap();
+    let e = small
+        .schedule(every("two", "1m", Overlap::Allow))
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::RESOURCE_EXHAUSTED);
+    assert_eq!(small.list_schedules().len(), 1);
     let future = BackfillRange::new(Millis(0), Millis(u64::MAX / 2)).unwrap();
     let e = api.backfill_schedule("a".into(), future).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT);
