@@ -469,6 +469,9 @@ impl Book {
         if let Some(w) = entry.wake {
             self.wakeups.remove(&(w, name.to_string()));
         }
+        // Its runs go on, but their ends no longer concern a schedule (nor
+        // one re-created under the same name).
+        self.live.retain(|_, (n, _, _)| n != name);
         Ok(entry.stored())
     }
 
@@ -658,6 +661,13 @@ impl Book {
                 .collect(),
             fire_lag: self.lag.clone(),
         }
+    }
+
+    /// The runs the book believes live. After [`Book::restore`] a shell
+    /// looks each up and reports those that ended while no one led with
+    /// [`Book::run_ended`]; otherwise `skip` would wait on them for ever.
+    pub fn live_tasks(&self) -> Vec<TaskId> {
+        self.live.keys().copied().collect()
     }
 
     /// Whether `task` is a live run of a schedule.

@@ -277,9 +277,30 @@ fn a_stored_schedule_restores_its_state_and_live_runs() {
         .restore(serde_json::from_str(&json).unwrap())
         .unwrap();
     assert!(successor.is_live(TaskId(1)));
+    assert_eq!(successor.live_tasks(), vec![TaskId(1)]);
     assert!(fires(&successor.step(Millis(20 * S))).is_empty());
     successor.run_ended(TaskId(1), TaskState::Succeeded, Millis(21 * S));
     assert_eq!(fires(&successor.step(Millis(30 * S))).len(), 1);
+}
+
+#[test]
+fn a_deleted_schedule_forgets_its_runs() {
+    let mut book = Book::default();
+    book.create(spec("s", "10s", Overlap::Skip), None, Millis(0))
+        .unwrap();
+    let o = book.step(Millis(10 * S));
+    accept_all(&mut book, &o, &mut 0, Millis(10 * S));
+    let stored = book.delete("s").unwrap();
+    assert_eq!(stored.history.len(), 1);
+    assert!(!book.is_live(TaskId(1)));
+    assert_eq!(book.next_wakeup(), None);
+    // Re-created under the same name: the old run's end changes nothing.
+    book.create(spec("s", "10s", Overlap::Skip), None, Millis(15 * S))
+        .unwrap();
+    assert!(book
+        .run_ended(TaskId(1), TaskState::Succeeded, Millis(16 * S))
+        .is_empty());
+    assert!(book.get("s").unwrap().history().next().is_none());
 }
 
 #[test]
