@@ -4,6 +4,9 @@
 //! remote client, so `cronoq dev` can serve the same HTTP API with or
 //! without NATS.
 //!
+//! Schedules (issue 23) have their own methods and types
+//! (`api/schedules.rs`); their defaults answer `FAILED_PRECONDITION`.
+//!
 //! Futures are boxed so the trait can be used as `Arc<dyn Api>`.
 
 use std::future::Future;
@@ -14,7 +17,12 @@ use crate::metrics::MetricsSnapshot;
 use crate::task::{Task, TaskStatus};
 use crate::wire::WireError;
 
+mod schedules;
 mod submit;
+pub use schedules::{
+    BackfillRange, BackfillReport, BackfillRequest, CreateScheduleRequest, FireKind, FireRecord,
+    MissedTicks, ScheduleCounters, ScheduleEntry, ScheduleInfo, MAX_BACKFILL_TICKS, NEXT_FIRES,
+};
 pub use submit::{BackoffRequest, SubmitRequest, SubmitResponse};
 
 /// An API error: a stable code and a message (the same shape on the wire
@@ -65,6 +73,70 @@ pub trait Api: Send + Sync + 'static {
             ))
         })
     }
+
+    // Schedules (issue 23). Every method answers `FAILED_PRECONDITION`
+    // unless the implementation serves schedules. A refused request
+    // (`INVALID_ARGUMENT`, `ALREADY_EXISTS`, `NOT_FOUND`,
+    // `RESOURCE_EXHAUSTED`, `PERMISSION_DENIED`) changes nothing.
+
+    /// Creates a schedule (`ALREADY_EXISTS` on a taken name,
+    /// `RESOURCE_EXHAUSTED` past the limit); its first tick is the first
+    /// one after now.
+    fn create_schedule(&self, spec: CreateScheduleRequest) -> ApiFuture<'_, ScheduleInfo> {
+        let _ = spec;
+        no_schedules()
+    }
+    /// Every schedule, by name.
+    fn list_schedules(&self) -> ApiFuture<'_, Vec<ScheduleEntry>> {
+        no_schedules()
+    }
+    /// One schedule (`NOT_FOUND` if there is none by that name).
+    fn get_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        let _ = name;
+        no_schedules()
+    }
+    /// Pauses a schedule: its ticks pass without runs until resumed
+    /// (pausing a paused schedule changes nothing).
+    fn pause_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        let _ = name;
+        no_schedules()
+    }
+    /// Resumes a schedule; ticks that passed while paused do not fire.
+    fn resume_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        let _ = name;
+        no_schedules()
+    }
+    /// Deletes a schedule; its runs already started go on.
+    fn delete_schedule(&self, name: String) -> ApiFuture<'_, ()> {
+        let _ = name;
+        no_schedules()
+    }
+    /// Starts one run now, outside the tick sequence (its own key; the
+    /// overlap policy does not apply).
+    fn trigger_schedule(&self, name: String) -> ApiFuture<'_, FireRecord> {
+        let _ = name;
+        no_schedules()
+    }
+    /// Fires each tick in the range (at most [`MAX_BACKFILL_TICKS`]),
+    /// obeying the overlap policy.
+    fn backfill_schedule(
+        &self,
+        name: String,
+        range: BackfillRange,
+    ) -> ApiFuture<'_, BackfillReport> {
+        let _ = (name, range);
+        no_schedules()
+    }
+}
+
+/// The answer of an [`Api`] that serves no schedules.
+fn no_schedules<'a, T: Send + 'a>() -> ApiFuture<'a, T> {
+    Box::pin(async {
+        Err(WireError::new(
+            ErrorCode::FAILED_PRECONDITION,
+            "this endpoint serves no schedules",
+        ))
+    })
 }
 
 /// The most tasks one [`Api::recent_tasks`] call lists.
