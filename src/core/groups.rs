@@ -35,8 +35,9 @@ use std::collections::{BTreeSet, VecDeque};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use super::model::{Labels, PoolConfig, PoolName};
+use super::model::{Labels, PoolName};
 use super::queue::WaitQueue;
+use super::spec::PoolConfig;
 
 /// How many reqsets with no live task are kept (per core) before the oldest
 /// is forgotten: a label set that comes back (one task at a time, each
