@@ -102,6 +102,91 @@ impl Group {
     }
 }
 
+/// The matching groups of a reqset that have a free slot, best first.
+///
+/// Every busy-slot change of a group moves it in this order, in each
+/// reqset it serves: twice per attempt. Most reqsets match a handful of
+/// groups, so they are kept in a sorted vector (a binary search and a
+/// shift of a few bytes, no allocation, one cache line); past
+/// [`FreeGroups::SMALL`] entries, a B-tree keeps each move O(log n).
+#[derive(Debug)]
+pub(crate) enum FreeGroups {
+    Small(Vec<FreeKey>),
+    Large(BTreeSet<FreeKey>),
+}
+
+impl Default for FreeGroups {
+    fn default() -> Self {
+        FreeGroups::Small(Vec::new())
+    }
+}
+
+impl FreeGroups {
+    /// The most entries kept in the sorted vector.
+    const SMALL: usize = 64;
+
+    pub(crate) fn first(&self) -> Option<&FreeKey> {
+        match self {
+            FreeGroups::Small(v) => v.first(),
+            FreeGroups::Large(s) => s.first(),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            FreeGroups::Small(v) => v.is_empty(),
+            FreeGroups::Large(s) => s.is_empty(),
+        }
+    }
+
+    /// Best first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &FreeKey> + '_ {
+        let (small, large) = match self {
+            FreeGroups::Small(v) => (Some(v.iter()), None),
+            FreeGroups::Large(s) => (None, Some(s.iter())),
+        };
+        small
+            .into_iter()
+            .flatten()
+            .chain(large.into_iter().flatten())
+    }
+
+    pub(crate) fn insert(&mut self, key: FreeKey) {
+        match self {
+            FreeGroups::Small(v) => {
+                if let Err(at) = v.binary_search(&key) {
+                    if v.len() < Self::SMALL {
+                        v.insert(at, key);
+                    } else {
+                        let mut set: BTreeSet<FreeKey> = v.drain(..).collect();
+                        set.insert(key);
+                        *self = FreeGroups::Large(set);
+                    }
+                }
+            }
+            FreeGroups::Large(s) => {
+                s.insert(key);
+            }
+        }
+    }
+
+    pub(crate) fn remove(&mut self, key: &FreeKey) {
+        match self {
+            FreeGroups::Small(v) => {
+                if let Ok(at) = v.binary_search(key) {
+                    v.remove(at);
+                }
+            }
+            FreeGroups::Large(s) => {
+                s.remove(key);
+                if s.len() < Self::SMALL / 2 {
+                    *self = FreeGroups::Small(std::mem::take(s).into_iter().collect());
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct ReqSet {
     pub labels: Labels,
@@ -109,7 +194,7 @@ pub(crate) struct ReqSet {
     /// Matching groups (global ids), in creation order.
     pub groups: Vec<u32>,
     /// Matching groups with a free slot, best first.
-    pub free_groups: BTreeSet<FreeKey>,
+    pub free_groups: FreeGroups,
     pub queue: WaitQueue,
     /// Live tasks that require exactly these labels.
     pub live: u64,
@@ -126,7 +211,7 @@ impl ReqSet {
             labels,
             pairs,
             groups: Vec::new(),
-            free_groups: BTreeSet::new(),
+            free_groups: FreeGroups::default(),
             queue: WaitQueue::default(),
             live: 0,
             kept_idle: false,
