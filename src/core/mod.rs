@@ -538,15 +538,16 @@ impl Core {
     /// Refuses a submission or capacity the limits do not allow.
     fn check_limits(&self, now: Millis, event: &Event) -> Result<(), Rejection> {
         let (pool, creates) = match event {
-            Event::Submitted(spec) | Event::Recovered { spec, .. } => {
-                spec.check_horizon(now)?;
-                (&spec.pool, true)
-            }
+            Event::Submitted(spec) | Event::Recovered { spec, .. } => (&spec.pool, true),
             Event::CapacitySet { pool, slots, .. } => (pool, *slots > 0),
             Event::PoolConfigured { pool, .. } => (pool, true),
             _ => return Ok(()),
         };
         let existing = self.groups.find_pool(pool);
+        if let Event::Submitted(spec) | Event::Recovered { spec, .. } = event {
+            let allow = self.limits.allow_undeclared_pools;
+            check_admission(spec, now, existing.is_some(), allow)?;
+        }
         if existing.is_none() && creates {
             let declaring = matches!(event, Event::PoolConfigured { .. });
             if !declaring && !self.limits.allow_undeclared_pools {
@@ -735,4 +736,23 @@ fn check_arguments(event: &Event) -> Result<(), Rejection> {
         }
         _ => Ok(()),
     }
+}
+
+/// The checks of a submission that need no state but whether its pool is
+/// known: its horizon ([`TaskSpec::check_horizon`]), then an undeclared
+/// pool (`UnknownPool` unless `allow_undeclared_pools`). [`Core::handle`]
+/// runs them on every submission; a shell that refuses a submission before
+/// the core sees it (the leader's own `POST /v1/tasks`) calls this, not a
+/// copy of it.
+pub fn check_admission(
+    spec: &TaskSpec,
+    now: Millis,
+    pool_known: bool,
+    allow_undeclared_pools: bool,
+) -> Result<(), Rejection> {
+    spec.check_horizon(now)?;
+    if !pool_known && !allow_undeclared_pools {
+        return Err(Rejection::UnknownPool(spec.pool.clone()));
+    }
+    Ok(())
 }
