@@ -390,6 +390,14 @@ impl Scheduler {
 
     /// [`Scheduler::submit`] without `.await`.
     pub fn submit_now(&self, task: Task) -> Result<TaskHandle, Error> {
+        self.submit_with(task, self.inner.eager_start)
+    }
+
+    /// Submits, starting what it starts eagerly (polled once right here)
+    /// only when `eager`; otherwise every start runs in a tokio task, so no
+    /// executor code runs on the caller's stack (the schedule shell submits
+    /// under its book's lock).
+    pub(crate) fn submit_with(&self, task: Task, eager: bool) -> Result<TaskHandle, Error> {
         let inner = &self.inner;
         let now = inner.clock.now();
         let (rx, jobs) = {
@@ -436,7 +444,11 @@ impl Scheduler {
             let jobs = inner.carry_out(&mut st, now);
             ((id, rx), jobs)
         };
-        inner.start_eagerly(jobs);
+        if eager {
+            inner.start_eagerly(jobs);
+        } else {
+            inner.spawn_all(jobs);
+        }
         Ok(TaskHandle { id: rx.0, rx: rx.1 })
     }
 

@@ -284,3 +284,47 @@ async fn bad_requests_answer_their_code_and_change_nothing() {
         before
     );
 }
+
+/// A fire never runs executor code under the schedule book's lock: an
+/// executor that calls the schedule methods before its first `.await`
+/// (here, synchronously) does not deadlock the trigger that fired it.
+/// Real time, multi-threaded: a deadlock fails the 30 s bound instead of
+/// hanging paused time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_may_call_the_schedule_methods_before_its_first_await() {
+    let sched = Scheduler::new();
+    sched.set_capacity(POOL, 2).unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let (s, n) = (sched.clone(), seen.clone());
+    sched
+        .executor(POOL, move |_ctx, payload: Bytes| {
+            // Before any await: the executor reads the schedules.
+            n.store(s.list_schedules().len(), Ordering::SeqCst);
+            async move { Ok(payload) }
+        })
+        .unwrap();
+    sched.schedule(every("sync", "1h", Overlap::Allow)).unwrap();
+    let s = sched.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runtime = tokio::runtime::Handle::current();
+    std::thread::spawn(move || {
+        let _in_runtime = runtime.enter();
+        let _ = tx.send(s.trigger_schedule("sync").map(|r| r.task));
+    });
+    let task = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("trigger returned (no deadlock)")
+        .unwrap()
+        .expect("the trigger's task");
+    for _ in 0..3000 {
+        if sched
+            .task(task)
+            .is_some_and(|t| t.state == TaskState::Succeeded)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(sched.task(task).unwrap().state, TaskState::Succeeded);
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+}

@@ -6,7 +6,7 @@
 //! - **Started lazily**: the book and its loop exist from the first
 //!   schedule call on; a scheduler that never schedules pays nothing but
 //!   an empty-set check when a task finishes.
-//! - **Fires** are submitted with `submit_now` and the tick's idempotency
+//! - **Fires** are submitted with `submit_with(.., eager: false)` and the tick's idempotency
 //!   key, so a tick's task is found again rather than doubled (a backfill
 //!   of a tick that fired, while its outcome is retained).
 //! - **Run ends** come from the scheduler's own completion path: when a
@@ -14,10 +14,11 @@
 //!   down a channel this loop reads; no task is polled.
 //! - **One lock order**: the book's lock, then the scheduler's. Each fire
 //!   is submitted and recorded as accepted under the book's lock, so a run
-//!   that ends at once (an eager executor) is seen as live when its end
-//!   arrives. An executor must therefore not call the schedule methods
-//!   before its first `.await` (the same rule as for locks and
-//!   [`super::SchedulerBuilder::eager_start`]).
+//!   that ends at once is seen as live when its end arrives. Fires never
+//!   start eagerly: their attempts run in tokio tasks, so no executor code
+//!   runs under the book's lock, and an executor may call the schedule
+//!   methods at any point
+//!   (`tests/embedded_schedules.rs::an_executor_may_call_the_schedule_methods_before_its_first_await`).
 
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::{mpsc, Notify};
@@ -189,7 +190,7 @@ impl Scheduler {
                     tick,
                     kind,
                     task,
-                } => match self.submit_now(*task) {
+                } => match self.submit_with(*task, false) {
                     Ok(handle) => {
                         let id = handle.id();
                         // The fire lag ends now, not when the step began.
