@@ -34,6 +34,93 @@ pub(super) struct LeaderInner {
     pub(super) guard: Arc<Guard>,
     /// The servers' storage key.
     pub(super) seal: seal::Seal,
+    /// Local callers waiting on the driver's replies, by request id.
+    pub(super) replies: Replies,
+}
+
+/// The shell's side of [`Responder::Local`]: request id → the caller
+/// waiting on it. The driver addresses a reply by id
+/// ([`Output::Reply`]) and the committer hands it over here once the turn
+/// is stored. Closed when the leadership's driver or committer stops:
+/// every caller still waiting hears "shutting down", as does every later
+/// one.
+#[derive(Clone, Default)]
+pub(crate) struct Replies {
+    inner: Arc<std::sync::Mutex<ReplyMap>>,
+}
+
+#[derive(Default)]
+struct ReplyMap {
+    next: driver::RequestId,
+    waiting: rustc_hash::FxHashMap<driver::RequestId, oneshot::Sender<driver::Reply>>,
+    closed: bool,
+}
+
+/// A local caller's wait for the reply to one request.
+pub(crate) struct Waiting<T> {
+    rx: oneshot::Receiver<driver::Reply>,
+    kind: std::marker::PhantomData<fn() -> T>,
+}
+
+impl Replies {
+    fn map(&self) -> std::sync::MutexGuard<'_, ReplyMap> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new request: where the driver should answer it, and the wait
+    /// for that answer (which fails at once if the replies are closed).
+    pub(crate) fn open<T>(&self) -> (Responder, Waiting<T>) {
+        let (tx, rx) = oneshot::channel();
+        let mut map = self.map();
+        map.next += 1;
+        let id = map.next;
+        if !map.closed {
+            map.waiting.insert(id, tx);
+        }
+        let kind = std::marker::PhantomData;
+        (Responder::Local(id), Waiting { rx, kind })
+    }
+
+    /// Hands `reply` to the caller waiting on `id` (if it still waits).
+    pub(crate) fn send(&self, id: driver::RequestId, reply: driver::Reply) {
+        if let Some(tx) = self.map().waiting.remove(&id) {
+            let _ = tx.send(reply);
+        }
+    }
+
+    /// Nobody will answer any more: every waiting caller hears so.
+    pub(crate) fn close(&self) {
+        let mut map = self.map();
+        map.closed = true;
+        map.waiting.clear();
+    }
+}
+
+impl<T: driver::Replied> Waiting<T> {
+    /// The reply; "shutting down" if nobody will answer.
+    pub(crate) async fn reply(self) -> Result<T, WireError> {
+        match self.rx.await {
+            Ok(reply) => Self::typed(reply),
+            Err(_) => Err(unavailable("the server is shutting down")),
+        }
+    }
+
+    /// The reply if it came (synchronous callers: the simulation, tests).
+    #[cfg(test)]
+    pub(crate) fn try_recv(
+        &mut self,
+    ) -> Result<Result<T, WireError>, oneshot::error::TryRecvError> {
+        self.rx.try_recv().map(Self::typed)
+    }
+
+    fn typed(reply: driver::Reply) -> Result<T, WireError> {
+        T::unwrap(reply).unwrap_or_else(|| {
+            Err(WireError::new(
+                ErrorCode::INTERNAL,
+                "the driver answered with another kind of reply",
+            ))
+        })
+    }
 }
 
 /// A loop that has not turned for this long is not making progress.
@@ -61,18 +148,17 @@ pub(super) fn unavailable(message: impl Into<String>) -> WireError {
 }
 
 impl LeaderApi {
-    pub(super) async fn ask<T>(
+    pub(super) async fn ask<T: driver::Replied>(
         &self,
-        make: impl FnOnce(Responder<T>) -> Input,
+        make: impl FnOnce(Responder) -> Input,
     ) -> Result<T, WireError> {
-        let (tx, rx) = oneshot::channel();
+        let (to, waiting) = self.inner.replies.open::<T>();
         self.inner
             .inputs
-            .send(make(Responder::Local(tx)))
+            .send(make(to))
             .await
             .map_err(|_| unavailable("the server is shutting down"))?;
-        rx.await
-            .map_err(|_| unavailable("the server is shutting down"))?
+        waiting.reply().await
     }
 
     pub(super) async fn stream(&self) -> Result<stream::Stream, WireError> {
@@ -199,7 +285,7 @@ impl LeaderApi {
 
     /// Cancels a task (also one accepted but not consumed yet).
     pub async fn cancel(&self, id: TaskId) -> Result<(), WireError> {
-        match self.ask(|to| Input::Cancel(id, to)).await {
+        match self.ask::<wire::Ack>(|to| Input::Cancel(id, to)).await {
             Ok(_) => Ok(()),
             Err(e) if e.code == ErrorCode::NOT_FOUND => {
                 if self
@@ -231,7 +317,7 @@ impl LeaderApi {
     /// The leader's counters and histograms, with this process's election
     /// and journal figures (see [`Api::metrics`]).
     pub async fn metrics(&self) -> Result<MetricsSnapshot, WireError> {
-        let mut m = self.ask(Input::Metrics).await?;
+        let mut m: MetricsSnapshot = self.ask(Input::Metrics).await?;
         let server = m.server.get_or_insert_with(ServerMetrics::default);
         server.takeovers = self.inner.takeovers.load(Ordering::Relaxed);
         server.journal_pending = self.inner.journal_pending.load(Ordering::Relaxed);
@@ -242,7 +328,10 @@ impl LeaderApi {
     /// The newest live and recently finished tasks (see [`Api::recent_tasks`]).
     pub async fn recent_tasks(&self, limit: usize) -> Result<Vec<TaskStatus>, WireError> {
         crate::api::check_recent_limit(limit)?;
-        Ok(self.ask(|to| Input::RecentTasks(limit, to)).await?.tasks)
+        Ok(self
+            .ask::<wire::TaskList>(|to| Input::RecentTasks(limit, to))
+            .await?
+            .tasks)
     }
 
     pub(super) fn health(&self) -> Health {

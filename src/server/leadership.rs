@@ -107,6 +107,7 @@ pub(super) async fn lead(
             journal_pending: journal_pending.clone(),
             guard: guard.clone(),
             seal: base.seal.clone(),
+            replies: Replies::default(),
         }),
     };
     let startup = base
@@ -197,6 +198,7 @@ pub(super) async fn lead(
             guard,
             seal: base.seal.clone(),
             tenure: tenure.clone(),
+            replies: api.inner.replies.clone(),
         },
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
@@ -215,6 +217,7 @@ pub(super) async fn lead(
             )
             .await;
             api.inner.driver_alive.store(false, Ordering::Relaxed);
+            api.inner.replies.close();
         })
     };
     Ok(Leadership {

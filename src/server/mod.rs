@@ -50,10 +50,10 @@
 //! | `guard.rs` | credentials, nonces and sessions of one leadership |
 //! | `runner.rs` | the driver's loop |
 //! | `driver/` | the driver: the leader's state beside the core, I/O-free |
-//! | `journal/` | the committer, fenced writes, atomic batches, dead letters, purge |
+//! | `journal/` | the committer and its pure pipeline, fenced writes, atomic batches, dead letters, purge |
 //! | `seal.rs` | sealing what the leader stores |
 //! | `config.rs` | `cronoq.toml` |
-//! | `sim.rs` | the failover simulation (tests) |
+//! | `sim/` | the failover simulation (tests) |
 
 mod config;
 mod connect;

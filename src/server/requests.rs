@@ -98,21 +98,18 @@ pub(super) fn worker_request(
             let Some((grant, registrant)) = guard.register(subject, headers, body, &r, now)? else {
                 return Ok(Some(Input::Register(r, Registrant::default(), reply!())));
             };
-            let (tx, rx) = oneshot::channel();
+            let (to, waiting) = api.inner.replies.open::<wire::RegisterReply>();
             let guard = guard.clone();
             let worker_id = r.worker_id.clone();
             answer_later(client, msg, async move {
-                let result = rx
-                    .await
-                    .map_err(|_| unavailable("the server is shutting down"))
-                    .and_then(|r: Result<wire::RegisterReply, WireError>| r);
+                let result = waiting.reply().await;
                 guard.settle_session(&worker_id, &grant.id, result.is_ok());
                 result.map(|mut reply| {
                     reply.session = Some(grant);
                     reply
                 })
             });
-            Ok(Some(Input::Register(r, registrant, Responder::Local(tx))))
+            Ok(Some(Input::Register(r, registrant, to)))
         }
         "heartbeat" => {
             let h: wire::Heartbeat = wire::decode_request(body)?;

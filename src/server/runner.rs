@@ -94,22 +94,25 @@ pub(super) async fn drive(
                             .unwrap_or_else(|e| e.into_inner())
                             .insert(seq);
                     }
-                    turn.writes.push(Persisted {
-                        seq,
-                        record,
-                        dead_letter,
-                    });
+                    turn.records.push(
+                        Item::Task(Persisted {
+                            seq,
+                            record,
+                            dead_letter,
+                        })
+                        .record(),
+                    );
                 }
-                Output::PersistStarts { slot, record } => turn.starts.push((slot, record)),
+                Output::PersistStarts { slot, record } => {
+                    turn.records.push(Item::Starts(slot, record).record())
+                }
                 // A discarded duplicate has no result: the purge takes it.
                 Output::Discard { .. } => {}
                 announce => turn.announce.push(announce),
             }
         }
         turn.number = driver.turn();
-        if !(turn.writes.is_empty() && turn.starts.is_empty() && turn.announce.is_empty())
-            && commit.send(turn).is_err()
-        {
+        if !(turn.records.is_empty() && turn.announce.is_empty()) && commit.send(turn).is_err() {
             // The committer stopped: fenced out, a successor leads.
             return;
         }

@@ -97,7 +97,13 @@ impl Driver {
             AttemptResult::Failed { error, retryable } => {
                 (AttemptOutcome::Failed { retryable }, None, Some(error))
             }
-            AttemptResult::Cancelled => (AttemptOutcome::Cancelled, None, None),
+            // A worker says `cancelled` only of an attempt it was told to
+            // stop, and a cancel ends its task at once: a live task's
+            // attempt ending so was revoked for another reason (its
+            // timeout, an earlier leader's revoke this one never heard of)
+            // and is lost, never the task's cancel (the failover
+            // simulation found a successor cancelling a task that way).
+            AttemptResult::Cancelled => (AttemptOutcome::Lost, None, Some(REVOKED.to_string())),
         };
         // Stopped for its timeout: lost, whatever the worker calls it.
         let outcome = self.ended(o.task_id, o.attempt, outcome, output, error, now);

@@ -2,12 +2,71 @@
 
 use super::*;
 
-/// Where a reply goes: a NATS reply subject, or a local caller (HTTP).
-pub(crate) enum Responder<T> {
+/// Where a reply goes: a NATS reply subject, or a local caller (HTTP)
+/// named by a request id. Plain data: the shell keeps id → caller
+/// ([`crate::server::Replies`]), so inputs can be recorded and replayed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Responder {
     /// Publish the encoded reply here (if the request had a reply subject).
     Nats(Option<String>),
-    /// Hand the result to a local caller.
-    Local(oneshot::Sender<Result<T, WireError>>),
+    /// Hand the result to the local caller waiting on this request id.
+    Local(RequestId),
+}
+
+/// A local caller's request, as the shell numbers them.
+pub(crate) type RequestId = u64;
+
+/// A reply to a local caller ([`Output::Reply`]): one variant per kind of
+/// answer the driver gives.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Reply {
+    Register(Result<RegisterReply, WireError>),
+    Heartbeat(Result<HeartbeatReply, WireError>),
+    Ack(Result<Ack, WireError>),
+    Renew(Result<RenewReply, WireError>),
+    Reports(Result<wire::AttemptReportsReply, WireError>),
+    Task(Result<Option<TaskStatus>, WireError>),
+    Owner(Result<Option<(PoolName, Option<String>)>, WireError>),
+    Snapshot(Result<Snapshot, WireError>),
+    Tasks(Result<wire::TaskList, WireError>),
+    Metrics(Result<crate::metrics::MetricsSnapshot, WireError>),
+}
+
+/// A type the driver answers with: how it goes into a [`Reply`] and
+/// comes out again.
+pub(crate) trait Replied: Sized {
+    fn wrap(result: Result<Self, WireError>) -> Reply;
+    /// `None`: the reply is of another kind (a caller asked for the wrong one).
+    fn unwrap(reply: Reply) -> Option<Result<Self, WireError>>;
+}
+
+macro_rules! replied {
+    ($($ty:ty => $variant:ident),* $(,)?) => {$(
+        impl Replied for $ty {
+            fn wrap(result: Result<Self, WireError>) -> Reply {
+                Reply::$variant(result)
+            }
+            fn unwrap(reply: Reply) -> Option<Result<Self, WireError>> {
+                match reply {
+                    Reply::$variant(result) => Some(result),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+replied! {
+    RegisterReply => Register,
+    HeartbeatReply => Heartbeat,
+    Ack => Ack,
+    RenewReply => Renew,
+    wire::AttemptReportsReply => Reports,
+    Option<TaskStatus> => Task,
+    Option<(PoolName, Option<String>)> => Owner,
+    Snapshot => Snapshot,
+    wire::TaskList => Tasks,
+    crate::metrics::MetricsSnapshot => Metrics,
 }
 
 /// What the driver keeps per live task beside the ledger's record.
@@ -19,7 +78,9 @@ pub(crate) struct TaskExtra {
     pub(crate) owner: Option<String>,
 }
 
-/// Something the driver must react to.
+/// Something the driver must react to. Plain data: a run's inputs can be
+/// recorded and replayed into a fresh driver, which gives the same outputs.
+#[derive(Clone, Debug)]
 pub(crate) enum Input {
     /// A message of the submit stream, decoded (or refused) by the consumer.
     Submitted {
@@ -49,25 +110,25 @@ pub(crate) enum Input {
     CaughtUp,
     /// A registration, with who made it (auth on) and what that
     /// credential may hold.
-    Register(Register, Registrant, Responder<RegisterReply>),
-    Heartbeat(Heartbeat, Responder<HeartbeatReply>),
-    Deregister(Deregister, Responder<Ack>),
-    Renew(Renew, Responder<RenewReply>),
-    Outcome(AttemptReport, Responder<Ack>),
+    Register(Register, Registrant, Responder),
+    Heartbeat(Heartbeat, Responder),
+    Deregister(Deregister, Responder),
+    Renew(Renew, Responder),
+    Outcome(AttemptReport, Responder),
     /// Several outcomes in one request: each taken as `Outcome` would take
     /// it, one reply for all.
-    Outcomes(Vec<AttemptReport>, Responder<wire::AttemptReportsReply>),
-    Cancel(TaskId, Responder<Ack>),
+    Outcomes(Vec<AttemptReport>, Responder),
+    Cancel(TaskId, Responder),
     /// A cancel for a task accepted by the stream but not consumed yet.
     CancelOnArrival(TaskId),
-    GetTask(TaskId, Responder<Option<TaskStatus>>),
+    GetTask(TaskId, Responder),
     /// A live task's pool and submitter (`None`: not live here).
-    Owner(TaskId, Responder<Option<(PoolName, Option<String>)>>),
-    Snapshot(Responder<Snapshot>),
+    Owner(TaskId, Responder),
+    Snapshot(Responder),
     /// The newest live and recently finished tasks (a checked limit).
-    RecentTasks(usize, Responder<wire::TaskList>),
+    RecentTasks(usize, Responder),
     /// The ledger's counters and histograms.
-    Metrics(Responder<crate::metrics::MetricsSnapshot>),
+    Metrics(Responder),
     /// These leases were published just now (their turn's records were
     /// stored): their time to live runs from here, not from the decision
     /// (a journal write held up by a NATS restart would eat it).
@@ -107,6 +168,7 @@ impl Registrant {
 /// Something the runner must do. Writes (`Persist`) and announcements
 /// (`Publish`, `Reply`) of one turn are carried out in that order: nobody
 /// hears of a state change before it is stored.
+#[derive(Clone, PartialEq)]
 pub(crate) enum Output {
     /// Publish on core NATS.
     Publish { subject: String, body: Bytes },
@@ -135,8 +197,8 @@ pub(crate) enum Output {
     PersistStarts { slot: u32, record: StartRecords },
     /// Drop a submission that duplicated another task (no result kept).
     Discard { seq: u64 },
-    /// Hand a result to a local caller (HTTP).
-    Reply(Box<dyn FnOnce() + Send>),
+    /// Hand a result to the local caller waiting on request `id`.
+    Reply { id: RequestId, reply: Reply },
 }
 
 impl std::fmt::Debug for Output {
@@ -151,7 +213,7 @@ impl std::fmt::Debug for Output {
                 write!(f, "PersistStarts(s.{slot}, {} starts)", record.starts.len())
             }
             Output::Discard { seq } => write!(f, "Discard({seq})"),
-            Output::Reply(_) => f.write_str("Reply"),
+            Output::Reply { id, reply } => write!(f, "Reply({id}, {reply:?})"),
         }
     }
 }

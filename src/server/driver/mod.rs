@@ -30,7 +30,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
-use tokio::sync::oneshot;
 
 use crate::core::{
     Action, AttemptOutcome, Core, ErrorCode, Event, Labels, LeaderInfo, Millis, PoolConfig,
@@ -71,6 +70,10 @@ struct Parked {
     credential: Option<String>,
     group: Labels,
 }
+
+/// The error of an attempt its worker stopped on a revoke other than its
+/// task's cancel.
+pub(crate) const REVOKED: &str = "revoked";
 
 /// The most slots one worker may offer.
 pub(crate) const MAX_SLOTS_PER_WORKER: u32 = 100_000;
@@ -189,7 +192,7 @@ pub(crate) struct Driver {
     /// (a worker lists its attempts once, so the journal must be read),
     /// and reports on attempts not known yet are answered UNAVAILABLE.
     catching_up: bool,
-    deferred: Vec<(Register, Registrant, Responder<RegisterReply>)>,
+    deferred: Vec<(Register, Registrant, Responder)>,
     /// Submit-stream sequences of unfinished tasks, and the next sequence
     /// not yet seen: together they bound what may be purged.
     live_seqs: BTreeSet<u64>,
@@ -504,9 +507,9 @@ impl Driver {
         }
     }
 
-    fn respond<T: serde::Serialize + Send + 'static>(
+    fn respond<T: serde::Serialize + Replied>(
         &mut self,
-        to: Responder<T>,
+        to: Responder,
         result: Result<T, WireError>,
     ) {
         match to {
@@ -515,9 +518,10 @@ impl Driver {
                 body: wire::encode_reply(&result).into(),
             }),
             Responder::Nats(None) => {}
-            Responder::Local(tx) => self.out.push(Output::Reply(Box::new(move || {
-                let _ = tx.send(result);
-            }))),
+            Responder::Local(id) => self.out.push(Output::Reply {
+                id,
+                reply: T::wrap(result),
+            }),
         }
     }
 
@@ -572,7 +576,7 @@ impl Driver {
                 } else {
                     let e =
                         WireError::new(ErrorCode::UNAVAILABLE, "the leader is reading its journal");
-                    self.respond(to, Err(e));
+                    self.respond::<RegisterReply>(to, Err(e));
                 }
             }
             Input::Submitted { seq, pool, task } => self.submitted(now, seq, pool, task),

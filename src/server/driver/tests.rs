@@ -1,7 +1,18 @@
 //! The driver's unit tests.
 
 use super::*;
+use crate::server::{Replies, Waiting};
 use crate::task::AttemptRecord;
+
+thread_local! {
+    /// The test's local callers, as the shell keeps them.
+    static REPLIES: Replies = Replies::default();
+}
+
+/// A local request: where the driver answers it, and its caller's wait.
+fn local<T>() -> (Responder, Waiting<T>) {
+    REPLIES.with(|r| r.open())
+}
 
 fn settings() -> Settings {
     Settings {
@@ -38,7 +49,7 @@ fn answer(d: &mut Driver) {
     let mut kept = Vec::new();
     for output in d.take_outputs() {
         match output {
-            Output::Reply(reply) => reply(),
+            Output::Reply { id, reply } => REPLIES.with(|r| r.send(id, reply)),
             other => kept.push(other),
         }
     }
@@ -78,10 +89,10 @@ fn try_register(
 
 /// Hands `register` to the driver; its answer.
 fn send_register(d: &mut Driver, now: u64, register: Register) -> Result<RegisterReply, WireError> {
-    let (tx, mut rx) = oneshot::channel();
+    let (tx, mut rx) = local();
     d.handle(
         Millis(now),
-        Input::Register(register, Default::default(), Responder::Local(tx)),
+        Input::Register(register, Default::default(), tx),
     );
     answer(d);
     rx.try_recv().unwrap()
@@ -97,7 +108,7 @@ fn report(
     epoch: u64,
     result: AttemptResult,
 ) -> Result<Ack, WireError> {
-    let (tx, mut rx) = oneshot::channel();
+    let (tx, mut rx) = local();
     let report = AttemptReport {
         v: 1,
         worker_id: worker.into(),
@@ -106,24 +117,24 @@ fn report(
         epoch,
         result,
     };
-    d.handle(Millis(now), Input::Outcome(report, Responder::Local(tx)));
+    d.handle(Millis(now), Input::Outcome(report, tx));
     answer(d);
     rx.try_recv().unwrap()
 }
 
 fn deregister(d: &mut Driver, now: u64, worker: &str) {
-    let (tx, _rx) = oneshot::channel();
+    let (tx, _rx) = local::<()>();
     let body = Deregister {
         v: 1,
         worker_id: worker.into(),
         drain: false,
     };
-    d.handle(Millis(now), Input::Deregister(body, Responder::Local(tx)));
+    d.handle(Millis(now), Input::Deregister(body, tx));
 }
 
 fn snapshot(d: &mut Driver) -> Snapshot {
-    let (tx, mut rx) = oneshot::channel();
-    d.handle(Millis(0), Input::Snapshot(Responder::Local(tx)));
+    let (tx, mut rx) = local();
+    d.handle(Millis(0), Input::Snapshot(tx));
     answer(d);
     rx.try_recv().unwrap().unwrap()
 }
@@ -228,11 +239,8 @@ fn idle_undeclared_pools_are_forgotten() {
     }
     assert_eq!(d.core.pool_count(), 10_000);
     for i in 0..10_000u64 {
-        let (tx, _rx) = oneshot::channel();
-        d.handle(
-            Millis(2),
-            Input::Cancel(TaskId(i + 1), Responder::Local(tx)),
-        );
+        let (tx, _rx) = local::<()>();
+        d.handle(Millis(2), Input::Cancel(TaskId(i + 1), tx));
     }
     assert_eq!(d.core.pool_count(), 0);
     assert!(snapshot(&mut d).pools.is_empty());
@@ -267,8 +275,8 @@ fn unattributed_submissions_are_counted_and_dropped_not_recorded() {
     assert_eq!(d.purge_floor(), 101);
     assert_eq!(d.consumed_below(), 101);
     assert!(d.status(TaskId(1)).is_none());
-    let (tx, mut rx) = oneshot::channel();
-    d.handle(Millis(2), Input::Metrics(Responder::Local(tx)));
+    let (tx, mut rx) = local::<crate::metrics::MetricsSnapshot>();
+    d.handle(Millis(2), Input::Metrics(tx));
     answer(&mut d);
     let server = rx.try_recv().unwrap().unwrap().server.unwrap();
     assert_eq!(server.refused_unattributed["UNAUTHENTICATED"], 100);
@@ -429,7 +437,7 @@ fn silent_worker_is_removed_and_its_attempt_retried_elsewhere() {
     register(&mut d, "b", "gpu=a100", 1);
     // b heartbeats, a stays silent.
     let beat = |d: &mut Driver, at: u64| {
-        let (tx, _rx) = oneshot::channel();
+        let (tx, _rx) = local::<()>();
         d.handle(
             Millis(at),
             Input::Heartbeat(
@@ -439,7 +447,7 @@ fn silent_worker_is_removed_and_its_attempt_retried_elsewhere() {
                     free_slots: 1,
                     running: vec![],
                 },
-                Responder::Local(tx),
+                tx,
             ),
         );
     };
@@ -732,7 +740,7 @@ fn every_attempt_change_is_journaled_in_its_turn() {
     assert_eq!(record.state, TaskState::Running);
     assert_eq!(record.attempts[0].worker.as_deref(), Some("a"));
     assert!(record.attempts[0].outcome.is_none());
-    let (tx, _rx) = oneshot::channel();
+    let (tx, _rx) = local::<()>();
     d.handle(
         Millis(2),
         Input::Outcome(
@@ -746,7 +754,7 @@ fn every_attempt_change_is_journaled_in_its_turn() {
                     output: Bytes::from("ok"),
                 },
             },
-            Responder::Local(tx),
+            tx,
         ),
     );
     let outputs = d.take_outputs();
@@ -769,7 +777,7 @@ fn every_attempt_change_is_journaled_in_its_turn() {
 fn registrations_wait_until_the_journal_is_read() {
     let mut d = driver();
     d.catch_up_first();
-    let (tx, mut rx) = oneshot::channel();
+    let (tx, mut rx) = local::<RegisterReply>();
     d.handle(
         Millis(1),
         Input::Register(
@@ -788,7 +796,7 @@ fn registrations_wait_until_the_journal_is_read() {
                 }],
             },
             Default::default(),
-            Responder::Local(tx),
+            tx,
         ),
     );
     answer(&mut d);
@@ -888,7 +896,7 @@ fn the_events_setting_chooses_which_task_events_go_out() {
             };
             seen.push(wire::decode::<wire::TaskEvent>(&body).unwrap().state);
         }
-        let (tx, _rx) = oneshot::channel();
+        let (tx, _rx) = local::<()>();
         let report = AttemptReport {
             v: 1,
             worker_id: "w".into(),
@@ -899,7 +907,7 @@ fn the_events_setting_chooses_which_task_events_go_out() {
                 output: Bytes::new(),
             },
         };
-        d.handle(Millis(3), Input::Outcome(report, Responder::Local(tx)));
+        d.handle(Millis(3), Input::Outcome(report, tx));
         seen.extend(states(&mut d));
         assert_eq!(seen, expected, "{events:?}");
     }
@@ -1114,7 +1122,7 @@ fn journal_writes(d: &mut Driver) -> Writes {
 /// Worker `w`'s report (epoch 7), its outputs left for the test (unlike
 /// [`report`], which answers the local callers).
 fn end_attempt(d: &mut Driver, now: u64, task: u64, attempt: u32, result: AttemptResult) {
-    let (tx, _rx) = oneshot::channel();
+    let (tx, _rx) = local::<()>();
     let report = AttemptReport {
         v: 1,
         worker_id: "w".into(),
@@ -1123,7 +1131,7 @@ fn end_attempt(d: &mut Driver, now: u64, task: u64, attempt: u32, result: Attemp
         epoch: 7,
         result,
     };
-    d.handle(Millis(now), Input::Outcome(report, Responder::Local(tx)));
+    d.handle(Millis(now), Input::Outcome(report, tx));
 }
 
 fn succeed(d: &mut Driver, now: u64, task: u64, attempt: u32) {
@@ -1404,17 +1412,14 @@ fn register_as(
             })
             .collect(),
     };
-    let (tx, mut rx) = oneshot::channel();
-    d.handle(
-        Millis(now),
-        Input::Register(register, who.clone(), Responder::Local(tx)),
-    );
+    let (tx, mut rx) = local();
+    d.handle(Millis(now), Input::Register(register, who.clone(), tx));
     answer(d);
     rx.try_recv().unwrap()
 }
 
 fn heartbeat_listing(d: &mut Driver, now: u64, worker: &str, tasks: std::ops::Range<u64>) -> usize {
-    let (tx, _rx) = oneshot::channel();
+    let (tx, _rx) = local::<()>();
     d.handle(
         Millis(now),
         Input::Heartbeat(
@@ -1429,7 +1434,7 @@ fn heartbeat_listing(d: &mut Driver, now: u64, worker: &str, tasks: std::ops::Ra
                     })
                     .collect(),
             },
-            Responder::Local(tx),
+            tx,
         ),
     );
     d.take_outputs()
@@ -1447,7 +1452,7 @@ fn revokes_for_unknown_attempts_are_bounded_per_interval_and_deduplicated() {
     let mut d = driver();
     register(&mut d, "a", "", 4);
     // The same attempt listed many times: one revoke.
-    let (tx, _rx) = oneshot::channel();
+    let (tx, _rx) = local::<()>();
     d.handle(
         Millis(1),
         Input::Heartbeat(
@@ -1463,7 +1468,7 @@ fn revokes_for_unknown_attempts_are_bounded_per_interval_and_deduplicated() {
                     4
                 ],
             },
-            Responder::Local(tx),
+            tx,
         ),
     );
     let revokes = d
@@ -1539,4 +1544,161 @@ fn an_attempt_is_journaled_with_its_workers_credential() {
     assert_eq!(leases(&mut d).len(), 1);
     let status = d.status(TaskId(1)).unwrap();
     assert_eq!(status.attempts[0].credential.as_deref(), Some("token:GPU1"));
+}
+
+/// Issue 21: the driver's inputs and outputs are plain data (a local
+/// caller's reply is addressed by request id, not a closure). A run's
+/// inputs are recorded with their times, replayed into a fresh driver,
+/// and give equal outputs, turn by turn.
+#[test]
+fn a_recorded_run_replays_into_a_fresh_driver_with_equal_outputs() {
+    /// One step of a run: an input at a time, timers, or the end of a turn.
+    #[derive(Clone, Debug)]
+    #[allow(clippy::large_enum_variant)]
+    enum Step {
+        Input(u64, Input),
+        Housekeeping(u64),
+        Turn,
+    }
+    let task = |labels: &str| {
+        let mut t = Task::new("x").pool("p");
+        for item in labels.split(',').filter(|s| !s.is_empty()) {
+            t = t.label_text(item);
+        }
+        t
+    };
+    let register = Register {
+        lease_batches: true,
+        v: 1,
+        worker_id: "w".into(),
+        pool: PoolName::new("p").unwrap(),
+        labels: Labels::new(),
+        slots: 2,
+        xkey: None,
+        instance: Some("i".into()),
+        running: Vec::new(),
+    };
+    let report = |task_id: u64, result: AttemptResult| AttemptReport {
+        v: 1,
+        worker_id: "w".into(),
+        task_id: TaskId(task_id),
+        attempt: 1,
+        epoch: 7,
+        result,
+    };
+    let submitted = |seq: u64| Input::Submitted {
+        seq,
+        pool: PoolName::new("p").unwrap(),
+        task: Ok(task("")),
+    };
+    let script = vec![
+        Step::Input(
+            0,
+            Input::Register(register, Default::default(), Responder::Local(1)),
+        ),
+        Step::Turn,
+        Step::Input(1, submitted(1)),
+        Step::Input(1, submitted(2)),
+        Step::Input(1, submitted(3)),
+        Step::Turn,
+        Step::Input(2, Input::LeasesSent(vec![(TaskId(1), 1), (TaskId(2), 1)])),
+        Step::Input(2, Input::Stored(2)),
+        Step::Input(
+            3,
+            Input::Outcome(
+                report(
+                    1,
+                    AttemptResult::Succeeded {
+                        output: "ok".into(),
+                    },
+                ),
+                Responder::Nats(Some("reply.1".into())),
+            ),
+        ),
+        Step::Input(
+            3,
+            Input::Outcomes(
+                vec![report(
+                    2,
+                    AttemptResult::Failed {
+                        error: "boom".into(),
+                        retryable: true,
+                    },
+                )],
+                Responder::Local(2),
+            ),
+        ),
+        Step::Input(4, Input::Cancel(TaskId(3), Responder::Local(3))),
+        Step::Input(4, Input::GetTask(TaskId(1), Responder::Local(4))),
+        Step::Turn,
+        Step::Input(5, Input::Snapshot(Responder::Local(5))),
+        Step::Input(5, Input::Metrics(Responder::Local(6))),
+        Step::Turn,
+        // Leases expire, the worker falls silent.
+        Step::Housekeeping(60_000),
+        Step::Turn,
+    ];
+    // The run, its inputs recorded as they go in.
+    let mut recorded = Vec::new();
+    let mut first = Vec::new();
+    let mut d = driver();
+    for step in script {
+        recorded.push(step.clone());
+        match step {
+            Step::Input(now, input) => d.handle(Millis(now), input),
+            Step::Housekeeping(now) => d.housekeeping(Millis(now)),
+            Step::Turn => first.push(d.take_outputs()),
+        }
+    }
+    // The replay into a fresh driver.
+    let mut again = Vec::new();
+    let mut d = driver();
+    for step in recorded {
+        match step {
+            Step::Input(now, input) => d.handle(Millis(now), input),
+            Step::Housekeeping(now) => d.housekeeping(Millis(now)),
+            Step::Turn => again.push(d.take_outputs()),
+        }
+    }
+    assert_eq!(first, again);
+    let all: Vec<&Output> = first.iter().flatten().collect();
+    let replies: Vec<u64> = all
+        .iter()
+        .filter_map(|o| match o {
+            Output::Reply { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replies, [1, 2, 3, 4, 5, 6], "{all:?}");
+    assert!(all.iter().any(|o| matches!(o, Output::Lease { .. })));
+    assert!(all.iter().any(|o| matches!(o, Output::Persist { .. })));
+    assert!(all
+        .iter()
+        .any(|o| matches!(o, Output::Publish { subject, .. } if subject == "reply.1")));
+}
+
+/// The shell's reply map: a reply reaches the caller waiting on its id;
+/// closed, it answers every waiting and later caller "shutting down".
+#[test]
+fn replies_reach_their_callers_and_closing_answers_the_rest() {
+    let replies = Replies::default();
+    let (Responder::Local(id), mut first) = replies.open::<Ack>() else {
+        panic!("a local responder");
+    };
+    let (_, mut second) = replies.open::<Ack>();
+    replies.send(id, Reply::Ack(Ok(Ack::default())));
+    assert_eq!(first.try_recv().unwrap(), Ok(Ack::default()));
+    // The wrong kind of reply is an internal error, not a panic.
+    let (Responder::Local(id), mut wrong) = replies.open::<Snapshot>() else {
+        panic!("a local responder");
+    };
+    replies.send(id, Reply::Ack(Ok(Ack::default())));
+    assert_eq!(
+        wrong.try_recv().unwrap().unwrap_err().code,
+        ErrorCode::INTERNAL
+    );
+    replies.close();
+    assert!(second.try_recv().is_err());
+    let (_, mut later) = replies.open::<Ack>();
+    assert!(later.try_recv().is_err());
 }

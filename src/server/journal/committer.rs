@@ -1,6 +1,8 @@
-//! The committer: stores each turn's records (task records, start records, atomic batches), keeping one task's records in order, and announces a turn only when it and every earlier turn are stored.
+//! The committer: the shell of the journal pipeline (`pipeline.rs`). Stores each turn's records (task records, start records, atomic batches) as the pipeline allows and announces each turn it releases.
 
 use crate::server::*;
+
+use super::pipeline::{self, Limits, Pipeline, Released, WriteId};
 
 /// A task's record to store (a live task's attempts, or a finished
 /// task's result); a refused submission's dead letter to write first.
@@ -10,16 +12,37 @@ pub(in crate::server) struct Persisted {
     pub(in crate::server) dead_letter: Option<WireError>,
 }
 
-/// What one driver turn produced: records to store, then what to announce.
-#[derive(Default)]
-pub(in crate::server) struct Turn {
-    /// The driver's turn number ([`driver::Driver::turn`]).
-    pub(in crate::server) number: u64,
-    pub(in crate::server) writes: Vec<Persisted>,
-    /// Start records, by slot.
-    pub(in crate::server) starts: Vec<(u32, wire::StartRecords)>,
-    pub(in crate::server) announce: Vec<Output>,
+/// What one journal record write stores.
+pub(in crate::server) enum Item {
+    /// A task's record under its sequence.
+    Task(Persisted),
+    /// The starts of a turn under a start-record slot (`s.<n>`).
+    Starts(u32, wire::StartRecords),
 }
+
+impl Item {
+    /// The pipeline's record of it (a task's order, a result, a dead
+    /// letter written by itself).
+    pub(in crate::server) fn record(self) -> pipeline::Record<Item> {
+        match &self {
+            Item::Task(p) => pipeline::Record {
+                task: Some(p.seq),
+                terminal: p.record.state.is_terminal(),
+                alone: p.dead_letter.is_some(),
+                body: self,
+            },
+            Item::Starts(..) => pipeline::Record {
+                task: None,
+                terminal: false,
+                alone: false,
+                body: self,
+            },
+        }
+    }
+}
+
+/// What one driver turn produced: records to store, then what to announce.
+pub(in crate::server) type Turn = pipeline::Turn<Item, Output>;
 
 /// The most records being written at once; the driver's turns queue up
 /// behind them.
@@ -32,8 +55,7 @@ pub(in crate::server) const MAX_IN_FLIGHT: usize = 4096;
 /// (10164) anyway.
 pub(in crate::server) const MAX_BATCHES_IN_FLIGHT: usize = 1;
 
-/// Where the committer stores and announces: shared by its two stages and
-/// every write.
+/// Where the committer stores and announces.
 pub(in crate::server) struct CommitCtx {
     pub(in crate::server) client: async_nats::Client,
     /// The driver's inputs: which leases went out, and when.
@@ -51,325 +73,206 @@ pub(in crate::server) struct CommitCtx {
     /// may have been stored just before a pause, and a lease or reply sent
     /// after it would come from a deposed leader.
     pub(in crate::server) tenure: Tenure,
+    /// Local callers waiting on replies (closed when the committer stops).
+    pub(in crate::server) replies: Replies,
 }
 
-/// One record's write: done with `true` once stored, `false` if fenced out.
-pub(in crate::server) type Stored = futures_util::future::Shared<oneshot::Receiver<bool>>;
-
-/// A new write's completion: the sender to finish it, the future to wait on.
-pub(in crate::server) fn stored() -> (oneshot::Sender<bool>, Stored) {
-    let (done_tx, done_rx) = oneshot::channel();
-    (done_tx, futures_util::FutureExt::shared(done_rx))
-}
-
-/// An atomic batch being gathered by the committer.
-pub(in crate::server) struct Gathered {
-    pub(in crate::server) records: Vec<(u64, Bytes)>,
-    /// The earlier writes of its tasks, to wait for first.
-    pub(in crate::server) before: Vec<Stored>,
-    pub(in crate::server) done_tx: oneshot::Sender<bool>,
-    pub(in crate::server) done: Stored,
-}
-
-impl Gathered {
-    pub(in crate::server) fn new() -> Gathered {
-        let (done_tx, done) = stored();
-        Gathered {
-            records: Vec::new(),
-            before: Vec::new(),
-            done_tx,
-            done,
-        }
-    }
-
-    /// The batch's write (once the earlier writes of its tasks are
-    /// stored), for the committer's writer.
-    pub(in crate::server) fn write(
-        self,
-        ctx: &Arc<CommitCtx>,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) -> WriteFuture {
-        let ctx = ctx.clone();
-        Box::pin(async move {
-            for before in self.before {
-                if !matches!(before.await, Ok(true)) {
-                    return; // fenced out: done_tx drops, nothing more stored
-                }
-            }
-            let ok = store_batch(&ctx, self.records).await;
-            drop(permit);
-            let _ = self.done_tx.send(ok);
-        })
-    }
-}
-
-/// The journal's group commit, pipelined. Stage one takes the driver's
-/// turns in order, as many as are queued at once, and starts writing their
-/// records at once (fenced on the leader subject; the latest record per
-/// task only; a record waits for the previous write of its task, so one
-/// task's records land in the order they were made): in atomic batches of
-/// up to [`journal::MAX_BATCH`] records, one fence check each, at most
+/// The journal's group commit, pipelined; the ordering is the pure
+/// [`Pipeline`]'s (`pipeline.rs`), this is its shell. It takes the
+/// driver's turns in order, as many as are queued at once, and starts the
+/// writes the pipeline allows (fenced on the leader subject; one task's
+/// records in the order they were made): atomic batches of up to
+/// [`journal::MAX_BATCH`] records, one fence check each, at most
 /// [`MAX_BATCHES_IN_FLIGHT`] at once; or, where NATS cannot, one fenced
-/// write per record, up to [`MAX_IN_FLIGHT`]. Stage two waits, turn
-/// after turn, until every record of a turn — and of the turns before it —
-/// is stored, and only then announces what the turn produced, in order:
-/// leases, revokes, events, replies. So a worker never holds a lease whose
-/// attempt is not journaled, and nobody hears "succeeded" (nor gets an
-/// outcome acknowledged) before the result is stored; yet the writes of
-/// later turns are already under way (throughput is not one round trip
-/// per turn). Fenced out (a successor leads): stops, announcing nothing
-/// more.
+/// write per record, up to [`MAX_IN_FLIGHT`]. As writes are stored, it
+/// announces each turn the pipeline releases — once its records and every
+/// earlier turn's are stored — in order: leases, revokes, events, replies.
+/// So a worker never holds a lease whose attempt is not journaled, and
+/// nobody hears "succeeded" (nor gets an outcome acknowledged) before the
+/// result is stored; yet the writes of later turns are already under way.
+/// The writes under way are polled together here (one
+/// `FuturesUnordered`): a tokio task per write would cost a scheduling,
+/// and often a thread wake-up, each. Fenced out (a successor leads): stops,
+/// announcing nothing more.
 pub(in crate::server) async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
     let ctx = Arc::new(ctx);
-    let (staged_tx, mut staged_rx) =
-        mpsc::unbounded_channel::<(Vec<(u64, bool, Stored)>, Vec<Output>, u64)>();
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
-    let batch_slots = Arc::new(tokio::sync::Semaphore::new(MAX_BATCHES_IN_FLIGHT));
-    // The writes under way (records, start records, atomic batches),
-    // polled together here: a tokio task per write would cost a
-    // scheduling, and often a thread wake-up, each.
-    let (write_tx, mut write_rx) = mpsc::unbounded_channel::<WriteFuture>();
-    let writer = async {
-        let mut under_way = futures_util::stream::FuturesUnordered::new();
-        loop {
-            tokio::select! {
-                Some(()) = under_way.next(), if !under_way.is_empty() => {}
-                write = write_rx.recv() => match write {
-                    Some(write) => under_way.push(write),
-                    // The launcher is gone: so is the commit.
-                    None => std::future::pending::<()>().await,
-                },
+    let mut pipeline: Pipeline<Item, Output> = Pipeline::new(Limits {
+        max_records: MAX_IN_FLIGHT,
+        max_batches: MAX_BATCHES_IN_FLIGHT,
+        max_batch: journal::MAX_BATCH,
+    });
+    let mut under_way = futures_util::stream::FuturesUnordered::<WriteFuture>::new();
+    'commit: loop {
+        let atomic = ctx.results.atomic.load(Ordering::Relaxed);
+        tokio::select! {
+            Some((id, stored)) = under_way.next(), if !under_way.is_empty() => {
+                if !stored {
+                    break; // fenced out
+                }
+                for write in pipeline.stored(id) {
+                    under_way.push(start_write(&ctx, write));
+                }
             }
-        }
-    };
-    let launcher = {
-        let ctx = ctx.clone();
-        let slots = slots.clone();
-        async move {
-            let mut last_write: rustc_hash::FxHashMap<u64, Stored> = Default::default();
-            while let Some(first) = turns.recv().await {
-                let atomic = ctx.results.atomic.load(Ordering::Relaxed);
-                // Waiting here for a batch to finish lets the turns queue.
-                let mut batch_slot = if atomic {
-                    match batch_slots.clone().acquire_owned().await {
-                        Ok(permit) => Some(permit),
-                        Err(_) => return,
-                    }
-                } else {
-                    None
-                };
-                let (mut writes, mut announce) = (first.writes, first.announce);
-                let (mut starts, mut number) = (first.starts, first.number);
-                while writes.len() < MAX_IN_FLIGHT {
+            turn = turns.recv(), if pipeline.accepting(atomic) => {
+                // The driver is gone: so is the commit.
+                let Some(first) = turn else { break };
+                let mut records = first.records.len();
+                let mut group = vec![first];
+                while records < MAX_IN_FLIGHT {
                     match turns.try_recv() {
                         Ok(turn) => {
-                            writes.extend(turn.writes);
-                            starts.extend(turn.starts);
-                            announce.extend(turn.announce);
-                            number = number.max(turn.number);
+                            records += turn.records.len();
+                            group.push(turn);
                         }
                         Err(_) => break,
                     }
                 }
-                // The latest record of each task stands for the ones before it.
-                let mut latest: rustc_hash::FxHashMap<u64, usize> = Default::default();
-                for (i, w) in writes.iter().enumerate() {
-                    latest.insert(w.seq, i);
-                }
-                last_write.retain(|_, w| w.peek().is_none());
-                let mut stored_now = Vec::with_capacity(latest.len() + starts.len());
-                // Start records: a slot is written again only once the
-                // writes covering its entries are stored (the driver
-                // waits for `Input::Stored`), so nothing to wait for.
-                for (slot, record) in starts {
-                    let Ok(permit) = slots.clone().acquire_owned().await else {
-                        return;
-                    };
-                    let (done_tx, done) = stored();
-                    stored_now.push((0, false, done));
-                    let ctx = ctx.clone();
-                    // Encoded here, as task records are (`Encoded`).
-                    let key = wire::start_key(slot);
-                    let body = ctx.seal.seal(&key, wire::encode(&record).into());
-                    let write = async move {
-                        let ok = put_counted(&ctx, &key, &body).await;
-                        drop(permit);
-                        let _ = done_tx.send(ok);
-                    };
-                    if write_tx.send(Box::pin(write)).is_err() {
-                        return;
-                    }
-                }
-                let mut batch = Gathered::new();
-                for (i, write) in writes.into_iter().enumerate() {
-                    if latest.get(&write.seq) != Some(&i) && write.dead_letter.is_none() {
-                        continue;
-                    }
-                    let terminal = write.record.state.is_terminal();
-                    if atomic && write.dead_letter.is_none() {
-                        if batch.records.len() == journal::MAX_BATCH {
-                            let Some(permit) = batch_slot.take() else {
-                                return;
-                            };
-                            let full = std::mem::replace(&mut batch, Gathered::new());
-                            if write_tx.send(full.write(&ctx, permit)).is_err() {
-                                return;
-                            }
-                            batch_slot = match batch_slots.clone().acquire_owned().await {
-                                Ok(permit) => Some(permit),
-                                Err(_) => return,
-                            };
-                        }
-                        if let Some(before) = last_write.insert(write.seq, batch.done.clone()) {
-                            batch.before.push(before);
-                        }
-                        stored_now.push((write.seq, terminal, batch.done.clone()));
-                        let body = ctx
-                            .seal
-                            .seal(&write.seq.to_string(), wire::encode(&write.record).into());
-                        batch.records.push((write.seq, body));
-                        continue;
-                    }
-                    let Ok(permit) = slots.clone().acquire_owned().await else {
-                        return;
-                    };
-                    let (done_tx, done) = stored();
-                    let before = last_write.insert(write.seq, done.clone());
-                    stored_now.push((write.seq, terminal, done));
-                    let ctx = ctx.clone();
-                    // Encoded here: the future keeps the bytes, not the record.
-                    let encoded = Encoded::of(write, &ctx.seal);
-                    let write = async move {
-                        if let Some(before) = before {
-                            if !matches!(before.await, Ok(true)) {
-                                return; // fenced out: done_tx drops, nothing more stored
-                            }
-                        }
-                        let ok = store_record(&ctx, encoded).await;
-                        drop(permit);
-                        let _ = done_tx.send(ok);
-                    };
-                    if write_tx.send(Box::pin(write)).is_err() {
-                        return;
-                    }
-                }
-                if let Some(permit) = batch_slot {
-                    if batch.records.is_empty() {
-                        // Nobody waits on an empty batch's `done`.
-                        drop(permit);
-                    } else {
-                        if write_tx.send(batch.write(&ctx, permit)).is_err() {
-                            return;
-                        }
-                    }
-                }
-                if staged_tx.send((stored_now, announce, number)).is_err() {
-                    return;
+                for write in pipeline.push(group, atomic) {
+                    under_way.push(start_write(&ctx, write));
                 }
             }
         }
-    };
-    let releaser = async {
-        while let Some((stored, announce, number)) = staged_rx.recv().await {
-            let mut terminal = Vec::new();
-            for (seq, is_terminal, done) in stored {
-                if !matches!(done.await, Ok(true)) {
-                    return;
-                }
-                if is_terminal {
-                    terminal.push(seq);
-                }
+        while let Some(released) = pipeline.release() {
+            if !announce(&ctx, released).await {
+                break 'commit;
             }
-            if !ctx.tenure.valid() {
-                tracing::warn!("leadership not renewed in time: announcing nothing more");
-                return;
-            }
-            {
-                let mut pending = ctx.pending.lock().unwrap_or_else(|e| e.into_inner());
-                for seq in terminal {
-                    pending.remove(&seq);
-                }
-            }
-            let mut leases = Vec::new();
-            // The leases of this turn for each worker that takes them
-            // together: one message, sent where the first of them stood
-            // (so never after a revoke that follows one of them).
-            let mut together: HashMap<String, Vec<Bytes>> = HashMap::new();
-            for output in &announce {
-                if let Output::Lease {
-                    subject,
-                    body,
-                    together: true,
-                    ..
-                } = output
-                {
-                    together
-                        .entry(subject.clone())
-                        .or_default()
-                        .push(body.clone());
-                }
-            }
-            for output in announce {
-                let (subject, body) = match output {
-                    Output::Publish { subject, body } => (subject, body),
-                    Output::Lease {
-                        subject,
-                        body,
-                        task,
-                        attempt,
-                        together: grouped,
-                    } => {
-                        leases.push((task, attempt));
-                        match grouped.then(|| together.remove(&subject)) {
-                            None => (subject, body),
-                            // Sent with the first of its worker's.
-                            Some(None) => continue,
-                            Some(Some(group)) if group.len() == 1 => (subject, body),
-                            // `P.worker.<id>.lease` → `P.worker.<id>.leases`.
-                            Some(Some(group)) => {
-                                (format!("{subject}s"), wire::leases_body(&group).into())
-                            }
-                        }
-                    }
-                    Output::Reply(reply) => {
-                        reply();
-                        continue;
-                    }
-                    Output::Persist { .. }
-                    | Output::PersistStarts { .. }
-                    | Output::Discard { .. } => continue,
-                };
-                let sent = match ctx.guard.sign_to_worker(&subject, &body) {
-                    Some(headers) => {
-                        ctx.client
-                            .publish_with_headers(subject, headers, body)
-                            .await
-                    }
-                    None => ctx.client.publish(subject, body).await,
-                };
-                if let Err(e) = sent {
-                    tracing::warn!(error = %e, "publish failed");
-                }
-            }
-            if !leases.is_empty() {
-                // Full: the leases keep the time to live counted from the
-                // decision (as before), nothing worse.
-                let _ = ctx.inputs.try_send(Input::LeasesSent(leases));
-            }
-            // Full: a later one says as much (slots wait a little longer).
-            let _ = ctx.inputs.try_send(Input::Stored(number));
         }
+    }
+    // Fenced out or stopped: the replies of turns never announced will
+    // not come.
+    ctx.replies.close();
+}
+
+/// One write the pipeline started: `(its id, stored)`; `false` if fenced out.
+fn start_write(ctx: &Arc<CommitCtx>, write: pipeline::Write<Item>) -> WriteFuture {
+    let ctx = ctx.clone();
+    let id = write.id;
+    if write.batch {
+        // Encoded here: the future keeps the bytes, not the records.
+        let records: Vec<(u64, Bytes)> = write
+            .records
+            .into_iter()
+            .filter_map(|r| match r.body {
+                Item::Task(p) => Some((
+                    p.seq,
+                    ctx.seal
+                        .seal(&p.seq.to_string(), wire::encode(&p.record).into()),
+                )),
+                Item::Starts(..) => None,
+            })
+            .collect();
+        return Box::pin(async move { (id, store_batch(&ctx, records).await) });
+    }
+    let Some(record) = write.records.into_iter().next() else {
+        return Box::pin(async move { (id, true) });
     };
-    tokio::select! {
-        () = launcher => {}
-        () = releaser => {}
-        () = writer => {}
+    match record.body {
+        Item::Task(p) => {
+            let encoded = Encoded::of(p, &ctx.seal);
+            Box::pin(async move { (id, store_record(&ctx, encoded).await) })
+        }
+        Item::Starts(slot, starts) => {
+            let key = wire::start_key(slot);
+            let body = ctx.seal.seal(&key, wire::encode(&starts).into());
+            Box::pin(async move { (id, put_counted(&ctx, &key, &body).await) })
+        }
     }
 }
 
-/// One record write under way in the committer.
+/// Announces a turn the pipeline released: its terminal tasks' submissions
+/// may be purged, then its leases (those for one worker together),
+/// revokes, events and replies go out, then the driver hears which leases
+/// went and that the turn is stored. `false`: the leadership may no
+/// longer act, and nothing more is announced.
+async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
+    let Released {
+        number,
+        announce,
+        terminal,
+    } = released;
+    if !ctx.tenure.valid() {
+        tracing::warn!("leadership not renewed in time: announcing nothing more");
+        return false;
+    }
+    if !terminal.is_empty() {
+        let mut pending = ctx.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for seq in terminal {
+            pending.remove(&seq);
+        }
+    }
+    let mut leases = Vec::new();
+    // The leases of this turn for each worker that takes them together:
+    // one message, sent where the first of them stood (so never after a
+    // revoke that follows one of them).
+    let mut together: HashMap<String, Vec<Bytes>> = HashMap::new();
+    for output in &announce {
+        if let Output::Lease {
+            subject,
+            body,
+            together: true,
+            ..
+        } = output
+        {
+            together
+                .entry(subject.clone())
+                .or_default()
+                .push(body.clone());
+        }
+    }
+    for output in announce {
+        let (subject, body) = match output {
+            Output::Publish { subject, body } => (subject, body),
+            Output::Lease {
+                subject,
+                body,
+                task,
+                attempt,
+                together: grouped,
+            } => {
+                leases.push((task, attempt));
+                match grouped.then(|| together.remove(&subject)) {
+                    None => (subject, body),
+                    // Sent with the first of its worker's.
+                    Some(None) => continue,
+                    Some(Some(group)) if group.len() == 1 => (subject, body),
+                    // `P.worker.<id>.lease` → `P.worker.<id>.leases`.
+                    Some(Some(group)) => (format!("{subject}s"), wire::leases_body(&group).into()),
+                }
+            }
+            Output::Reply { id, reply } => {
+                ctx.replies.send(id, reply);
+                continue;
+            }
+            Output::Persist { .. } | Output::PersistStarts { .. } | Output::Discard { .. } => {
+                continue
+            }
+        };
+        let sent = match ctx.guard.sign_to_worker(&subject, &body) {
+            Some(headers) => {
+                ctx.client
+                    .publish_with_headers(subject, headers, body)
+                    .await
+            }
+            None => ctx.client.publish(subject, body).await,
+        };
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, "publish failed");
+        }
+    }
+    if !leases.is_empty() {
+        // Full: the leases keep the time to live counted from the
+        // decision (as before), nothing worse.
+        let _ = ctx.inputs.try_send(Input::LeasesSent(leases));
+    }
+    // Full: a later one says as much (slots wait a little longer).
+    let _ = ctx.inputs.try_send(Input::Stored(number));
+    true
+}
+
+/// One write under way in the committer: its id, and whether it was
+/// stored (`false`: fenced out).
 pub(in crate::server) type WriteFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+    std::pin::Pin<Box<dyn std::future::Future<Output = (WriteId, bool)> + Send>>;
 
 /// Stores one record (a refused submission's dead letter first), retrying
 /// while NATS is away; `false` if fenced out — a successor leads and will

@@ -5,6 +5,9 @@
 //! - `committer.rs`: the committer stores each turn's records, one task's
 //!   records in order, and announces a turn only once it and every earlier
 //!   turn are stored;
+//! - `pipeline.rs`: that ordering as a pure state machine (which writes
+//!   may start, which turns may be announced), run by the committer and
+//!   by the failover simulation;
 //! - `batch.rs`: records in atomic batches, one fence check per batch
 //!   (replicated streams);
 //! - `dead_letters.rs`: refused submissions copied with their reason;
@@ -14,6 +17,7 @@ mod batch;
 mod committer;
 mod dead_letters;
 mod fence;
+pub(crate) mod pipeline;
 mod purge;
 
 #[allow(unused_imports)]
