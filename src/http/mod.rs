@@ -10,6 +10,7 @@
 //! | `GET /v1/tasks?limit=N` | the newest N (default 50, at most 500) tasks, live or recently finished: [`crate::wire::TaskList`] `{"tasks": […]}`, highest id first, without outputs |
 //! | `GET /v1/tasks/{id}` | the [`TaskStatus`] as JSON |
 //! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
+//! | `/v1/schedules…` | schedules: list, create, get, delete, pause, resume, trigger, backfill ([`schedules`]) |
 //! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`] (see [`autoscale`]) |
 //! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]) |
 //! | `GET /healthz` | [`Health`] JSON; 200 when live, else 503 |
@@ -89,6 +90,7 @@ use crate::wire::WireError;
 
 pub mod dashboard;
 pub mod origin;
+pub mod schedules;
 mod serve;
 
 pub use crate::api::{BackoffRequest, SubmitRequest, SubmitResponse};
@@ -135,6 +137,7 @@ pub fn router_with_auth(api: Arc<dyn Api>, auth: Option<HttpAuth>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(dashboard::routes())
+        .merge(schedules::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method);
     let router = match auth {
@@ -216,6 +219,39 @@ impl Api for Anonymous {
     }
     fn health(&self) -> Health {
         Api::health(&self.0)
+    }
+    // Schedule calls are requests the leader answers (nothing is
+    // published first), so it refuses an anonymous one itself.
+    fn create_schedule(
+        &self,
+        spec: crate::api::CreateScheduleRequest,
+    ) -> crate::api::ApiFuture<'_, crate::api::ScheduleInfo> {
+        Api::create_schedule(&self.0, spec)
+    }
+    fn list_schedules(&self) -> crate::api::ApiFuture<'_, Vec<crate::api::ScheduleEntry>> {
+        Api::list_schedules(&self.0)
+    }
+    fn get_schedule(&self, name: String) -> crate::api::ApiFuture<'_, crate::api::ScheduleInfo> {
+        Api::get_schedule(&self.0, name)
+    }
+    fn pause_schedule(&self, name: String) -> crate::api::ApiFuture<'_, crate::api::ScheduleInfo> {
+        Api::pause_schedule(&self.0, name)
+    }
+    fn resume_schedule(&self, name: String) -> crate::api::ApiFuture<'_, crate::api::ScheduleInfo> {
+        Api::resume_schedule(&self.0, name)
+    }
+    fn delete_schedule(&self, name: String) -> crate::api::ApiFuture<'_, ()> {
+        Api::delete_schedule(&self.0, name)
+    }
+    fn trigger_schedule(&self, name: String) -> crate::api::ApiFuture<'_, crate::api::FireRecord> {
+        Api::trigger_schedule(&self.0, name)
+    }
+    fn backfill_schedule(
+        &self,
+        name: String,
+        range: crate::api::BackfillRange,
+    ) -> crate::api::ApiFuture<'_, crate::api::BackfillReport> {
+        Api::backfill_schedule(&self.0, name, range)
     }
 }
 
