@@ -1,7 +1,8 @@
-//! `cronoq schedule preview` against the real binary: the next fires in
+//! `cronoq schedule` against the real binary. `preview`: the next fires in
 //! RFC 3339 UTC, one a line or as JSON, across a daylight-saving jump; and
 //! each bad input refused with exit 2, `INVALID_ARGUMENT`, a message naming
-//! the problem, and nothing on stdout. No server is involved.
+//! the problem, and nothing on stdout (no server is involved). The server
+//! commands refuse bad input the same way before connecting.
 
 mod procs;
 
@@ -130,4 +131,117 @@ async fn preview_refuses_bad_input_with_invalid_argument_and_prints_nothing() {
         );
         assert_eq!(stderr.lines().count(), 1, "{argv:?}: {stderr:?}");
     }
+}
+
+/// Asserts a refusal of `argv`: exit 2, nothing on stdout, one line
+/// `error: … [CODE]` on stderr naming `want`.
+fn assert_refused(argv: &[&str], out: &procs::CliOutput, code: &str, want: &str) {
+    assert_eq!(out.code, Some(2), "{argv:?}: {out:?}");
+    assert_eq!(out.stdout, "", "{argv:?} printed on stdout");
+    let stderr = out.stderr.trim_end();
+    assert!(
+        stderr.starts_with("error: ") && stderr.ends_with(&format!(" [{code}]")),
+        "{argv:?}: {stderr:?}"
+    );
+    assert!(
+        stderr.contains(want),
+        "{argv:?}: {stderr:?} does not name {want:?}"
+    );
+}
+
+#[tokio::test]
+async fn server_commands_refuse_bad_input_before_connecting() {
+    // Nothing listens on port 1: had a command tried to connect, it would
+    // have failed UNAVAILABLE instead.
+    let http = ["--http", "http://127.0.0.1:1"];
+    let create = |extra: &[&'static str]| {
+        let mut argv = vec!["schedule", "create", "nightly"];
+        argv.extend_from_slice(extra);
+        argv
+    };
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            create(&["--cron", "61 * * * *"]),
+            "invalid cron expression \"61 * * * *\"",
+        ),
+        (
+            create(&["--cron", "0 0 30 2 *"]),
+            "cron expression \"0 0 30 2 *\" never fires",
+        ),
+        (
+            create(&["--cron", "@daily", "--tz", "Europe/Atlantis"]),
+            "unknown time zone \"Europe/Atlantis\"",
+        ),
+        (create(&["--every", "0s"]), "below the minimum of 1s"),
+        (create(&["--every", "250ms"]), "below the minimum of 1s"),
+        (
+            create(&[]),
+            "give cron (an expression) or every (an interval)",
+        ),
+        (
+            create(&["--every", "1m", "--catchup-window", "2d"]),
+            "catchup_window is longer than the limit of 1 day",
+        ),
+        (
+            create(&["--every", "1m", "--start-at", "1m"]),
+            "--start-at does not apply to a schedule",
+        ),
+        (
+            create(&["--every", "1m", "--wait"]),
+            "--wait does not apply to a schedule",
+        ),
+        (
+            create(&["--every", "1m", "--deadline", "2026-01-01T00:00:00Z"]),
+            "a duration counted from each tick",
+        ),
+        (create(&["--every", "1m", "--label", "gpu"]), "gpu"),
+        (create(&["--every", "1m", "--pool", "no pool"]), "pool"),
+        (
+            vec!["schedule", "create", "a.b", "--every", "1m"],
+            "schedule name \"a.b\"",
+        ),
+        (vec!["schedule", "get", "a.b"], "schedule name \"a.b\""),
+        (vec!["schedule", "pause", "../x"], "schedule name \"../x\""),
+        (
+            vec![
+                "schedule",
+                "backfill",
+                "x",
+                "--from",
+                "yesterday",
+                "--to",
+                "2026-01-01T00:00:00Z",
+            ],
+            "from \"yesterday\" is not an RFC 3339 time",
+        ),
+        (
+            vec![
+                "schedule",
+                "backfill",
+                "x",
+                "--from",
+                "2026-01-02T00:00:00Z",
+                "--to",
+                "2026-01-01T00:00:00Z",
+            ],
+            "from is after to",
+        ),
+    ];
+    for (mut argv, want) in cases {
+        argv.extend_from_slice(&http);
+        let out = run_cli(&argv, None).await;
+        assert_refused(&argv, &out, "INVALID_ARGUMENT", want);
+    }
+    // The same flags with a good schedule do try to connect.
+    let argv = [
+        "schedule",
+        "create",
+        "nightly",
+        "--every",
+        "1m",
+        "--http",
+        "http://127.0.0.1:1",
+    ];
+    let out = run_cli(&argv, None).await;
+    assert_refused(&argv, &out, "UNAVAILABLE", "no cronoq server is answering");
 }
