@@ -1,0 +1,86 @@
+"""Schedules from Python (issue 23): ``sched.schedule(...)`` and the other
+schedule calls on the embedded :class:`cronoq.Scheduler` and on
+:class:`cronoq.Client` (HTTP and NATS, against a real ``cronoq server``).
+
+A bad schedule raises :class:`cronoq.InvalidArgument` (a taken name
+:class:`cronoq.AlreadyExists`, an unknown one :class:`cronoq.NotFound`)
+and changes nothing. Nothing waits on the clock: every check polls with a
+deadline.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, List
+
+import pytest
+
+import cronoq
+from conftest import Cluster, eventually
+
+BAD: List[Dict[str, Any]] = [
+    dict(cron="61 * * * *"),
+    dict(cron="0 0 30 2 *"),
+    dict(cron="@daily", tz="Europe/Atlantis"),
+    dict(every=0),
+    dict(every=0.25),
+    dict(every="0s"),
+    dict(every="often"),
+    dict(cron="@daily", every="1m"),
+    dict(),
+    dict(every="1m", tz="UTC"),
+    dict(every="1m", overlap="sometimes"),
+    dict(every="1m", catchup_window=timedelta(days=2)),
+    dict(every="1m", jitter="2d"),
+    dict(every="1m", pool="no pool"),
+    dict(every="1m", labels={"gpu": ""}),
+    dict(every="1m", labels="gpu"),
+    dict(every="1m", priority="high"),
+    dict(every="1m", max_attempts=0),
+    dict(every="1m", attempt_timeout=-1),
+    dict(every="1m", payload=12),
+]
+
+MESSAGES = {
+    0: "invalid cron expression",
+    1: "never fires",
+    2: "unknown time zone",
+    3: "below the minimum of 1s",
+    4: "below the minimum of 1s",
+    9: "tz applies to cron only",
+    10: "overlap must be",
+}
+
+
+def scheduler_with_runs(runs: List[Any]) -> cronoq.Scheduler:
+    sched = cronoq.Scheduler()
+    sched.set_capacity("default", 4)
+
+    @sched.executor("default")
+    async def run(ctx: cronoq.TaskContext, payload: bytes) -> bytes:
+        runs.append((ctx.task_id, payload))
+        return payload
+
+    return sched
+
+
+async def test_a_bad_schedule_raises_invalid_argument_at_the_call():
+    sched = scheduler_with_runs([])
+    for i, options in enumerate(BAD):
+        with pytest.raises(cronoq.InvalidArgument) as err:
+            sched.schedule("nightly", **options)  # raises before any await
+        assert err.value.code == "INVALID_ARGUMENT", options
+        if i in MESSAGES:
+            assert MESSAGES[i] in str(err.value), (options, str(err.value))
+    for name in ["", "a.b", "a b", "x" * 65]:
+        with pytest.raises(cronoq.InvalidArgument):
+            sched.schedule(name, every="1m")
+        with pytest.raises(cronoq.InvalidArgument):
+            sched.get_schedule(name)
+    with pytest.raises(cronoq.InvalidArgument, match="not an RFC 3339 time"):
+        sched.backfill_schedule("nightly", "yesterday", "2026-01-01T00:00:00Z")
+    with pytest.raises(cronoq.InvalidArgument, match="from is after to"):
+        sched.backfill_schedule(
+            "nightly", "2026-01-02T00:00:00Z", datetime(2026, 1, 1, tzinfo=timezone.utc)
+        )
+    sched.close()
