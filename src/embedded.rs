@@ -51,6 +51,7 @@ pub use crate::task::TaskContext;
 use crate::task::{Outcome, Task, TaskError, TaskStatus};
 
 mod api_impl;
+mod schedules;
 
 /// An embedded scheduler error, with a stable [`ErrorCode`].
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +68,10 @@ pub enum Error {
     /// The task finished too long ago: its result is no longer kept.
     #[error("task {0} is not known (finished tasks are kept for a while only)")]
     NotFound(TaskId),
+    /// A schedule request was refused (bad spec, taken name, none by that
+    /// name, the limit).
+    #[error(transparent)]
+    Schedule(#[from] crate::schedule::BookError),
 }
 
 impl Error {
@@ -77,6 +82,7 @@ impl Error {
             Error::NoExecutor(_) => ErrorCode::FAILED_PRECONDITION,
             Error::Closed => ErrorCode::UNAVAILABLE,
             Error::NotFound(_) => ErrorCode::NOT_FOUND,
+            Error::Schedule(e) => e.code.clone(),
         }
     }
 }
@@ -158,6 +164,9 @@ struct State {
     next_id: u64,
     /// The wakeup the timer task sleeps toward.
     armed: Option<Millis>,
+    /// Live tasks fired by schedules, and where their ends go.
+    scheduled: rustc_hash::FxHashSet<TaskId>,
+    sched_ended: Option<schedules::EndedTx>,
 }
 
 struct Clock {
@@ -185,6 +194,7 @@ struct Inner {
     clock: Clock,
     max_payload_bytes: usize,
     eager_start: bool,
+    schedules: std::sync::OnceLock<Arc<schedules::Schedules>>,
 }
 
 /// A job to spawn once the lock is released.
@@ -288,6 +298,8 @@ impl SchedulerBuilder {
                 executors: FxHashMap::default(),
                 next_id: 1,
                 armed: None,
+                scheduled: Default::default(),
+                sched_ended: None,
             }),
             wake: Notify::new(),
             clock: Clock {
@@ -296,6 +308,7 @@ impl SchedulerBuilder {
             },
             max_payload_bytes: self.max_payload_bytes,
             eager_start: self.eager_start,
+            schedules: Default::default(),
         });
         let sched = Scheduler { inner };
         for (name, config) in self.pools {
@@ -401,6 +414,9 @@ impl Scheduler {
             let (tx, rx) = oneshot::channel();
             st.ledger
                 .accept(id, &pool, task.payload.clone(), task.key(), Some(tx), now);
+            if task.schedule.is_some() && st.sched_ended.is_some() {
+                st.scheduled.insert(id);
+            }
             if let Some(tp) = task.trace_context() {
                 if let Some(entry) = st.ledger.get_mut(id) {
                     entry.run_extra().traceparent = Some(tp.to_string());
@@ -622,6 +638,11 @@ impl Inner {
                         continue;
                     };
                     tracing::debug!(task_id = %task, state = %state, "task finished");
+                    if !st.scheduled.is_empty() && st.scheduled.remove(task) {
+                        if let Some(tx) = &st.sched_ended {
+                            let _ = tx.send((*task, *state));
+                        }
+                    }
                     outcomes.push((done.outcome, done.extra, done.run_extra.more_waiters));
                 }
             }

@@ -50,6 +50,9 @@ pub struct Task {
     /// Who submitted it (the credential's name), set by the leader once it
     /// verified the submission; never taken from the submitter.
     pub(crate) owner: Option<String>,
+    /// The schedule that fired it and the tick it fired for (issue 23);
+    /// set by the schedule shells only.
+    pub(crate) schedule: Option<(String, Millis)>,
 }
 
 impl Task {
@@ -71,7 +74,24 @@ impl Task {
             idempotency_key: None,
             traceparent: None,
             owner: None,
+            schedule: None,
         }
+    }
+
+    /// Marks the task as fired by schedule `name` for the tick `at`.
+    pub(crate) fn scheduled(mut self, name: &str, at: Millis) -> Task {
+        self.schedule = Some((name.to_string(), at));
+        self
+    }
+
+    /// The schedule that fired it, if one did.
+    pub fn schedule_name(&self) -> Option<&str> {
+        self.schedule.as_ref().map(|(n, _)| n.as_str())
+    }
+
+    /// The tick a schedule fired it for.
+    pub fn scheduled_at(&self) -> Option<Millis> {
+        self.schedule.as_ref().map(|(_, t)| *t)
     }
 
     /// The pool to run in.

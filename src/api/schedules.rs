@@ -11,8 +11,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::{excerpt, ErrorCode, Millis, TaskId, TaskState};
-use crate::schedule::{MissReason, Overlap, ScheduleSpec, ScheduleState};
+use crate::core::{excerpt, ErrorCode, Millis};
+use crate::schedule::{Entry, Overlap, ScheduleSpec, ScheduleState};
+pub use crate::schedule::{
+    FireKind, FireRecord, MissedTicks, ScheduleCounters, MAX_BACKFILL_TICKS,
+};
 use crate::wire::WireError;
 
 /// `POST /v1/schedules`: the schedule as users give it (name, `cron` or
@@ -22,68 +25,6 @@ pub type CreateScheduleRequest = ScheduleSpec;
 
 /// How many fire instants [`ScheduleInfo::next_fires`] lists.
 pub const NEXT_FIRES: usize = 5;
-
-/// How a run was started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FireKind {
-    /// A tick of the schedule came due.
-    #[default]
-    Tick,
-    /// `trigger`: one run now, outside the tick sequence.
-    Trigger,
-    /// `backfill`: a past tick fired on request.
-    Backfill,
-}
-
-/// One run a schedule started: its tick, its task and how it ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FireRecord {
-    /// The scheduled instant (for a trigger: the instant it was asked).
-    pub tick: Millis,
-    /// When the shell decided the fire.
-    pub fired_at: Millis,
-    /// How it was started.
-    #[serde(default)]
-    pub kind: FireKind,
-    /// The task, once accepted (`None` if its submission was refused:
-    /// see `error`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task: Option<TaskId>,
-    /// The task's final state, once it ended; `None` while it is queued or
-    /// running.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<TaskState>,
-    /// Why the submission was refused, if it was.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// A range of ticks passed over without a run: `first..until`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MissedTicks {
-    /// The first tick passed over.
-    pub first: Millis,
-    /// Ticks before this instant (exclusive) were passed over.
-    pub until: Millis,
-    /// Older than the catch-up window, or paused.
-    pub reason: MissReason,
-    /// How many ticks the range holds (counted up to a bound; see
-    /// `crate::schedule` docs).
-    pub ticks: u64,
-}
-
-/// Per-schedule counters since the schedule was created (kept through
-/// failovers in distributed mode).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ScheduleCounters {
-    /// Runs started (ticks, triggers, backfills).
-    pub fires: u64,
-    /// Ticks skipped by the overlap policy.
-    pub skipped: u64,
-    /// Ticks missed (too late, or paused).
-    pub missed: u64,
-}
 
 /// `GET /v1/schedules/{name}`: everything about one schedule.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,6 +88,43 @@ pub struct ScheduleEntry {
     pub counters: ScheduleCounters,
 }
 
+impl ScheduleInfo {
+    /// The answer for one schedule of a [`crate::schedule::Book`].
+    pub fn of(entry: &Entry) -> ScheduleInfo {
+        ScheduleInfo {
+            spec: entry.spec.clone(),
+            state: entry.state,
+            paused: entry.schedule.paused,
+            owner: entry.owner.clone(),
+            created_at: entry.created_at,
+            next_fires: entry.next_fires(NEXT_FIRES),
+            history: entry.history().rev().cloned().collect(),
+            skipped: entry.skipped().rev().copied().collect(),
+            missed: entry.missed().rev().copied().collect(),
+            counters: entry.counters,
+        }
+    }
+}
+
+impl ScheduleEntry {
+    /// The list line of one schedule of a [`crate::schedule::Book`].
+    pub fn of(entry: &Entry) -> ScheduleEntry {
+        ScheduleEntry {
+            name: entry.schedule.name.clone(),
+            cron: entry.spec.cron.clone(),
+            every: entry.spec.every.clone(),
+            tz: entry.spec.tz.clone(),
+            overlap: entry.schedule.overlap,
+            pool: entry.schedule.template.pool.as_str().to_string(),
+            paused: entry.schedule.paused,
+            owner: entry.owner.clone(),
+            next_fire: entry.next_fire(),
+            last: entry.history().next_back().cloned(),
+            counters: entry.counters,
+        }
+    }
+}
+
 /// `POST /v1/schedules/{name}/backfill`: fire each tick in `from..=to`
 /// (RFC 3339), obeying the overlap policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,9 +135,6 @@ pub struct BackfillRequest {
     /// The last instant of the range, inclusive (RFC 3339).
     pub to: String,
 }
-
-/// The most ticks one backfill fires.
-pub const MAX_BACKFILL_TICKS: usize = 1_000;
 
 /// A parsed backfill range: every tick `t` with `from <= t <= to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -224,6 +199,8 @@ pub struct BackfillReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::{TaskId, TaskState};
+    use crate::schedule::MissReason;
 
     #[test]
     fn info_round_trips_through_json() {

@@ -2,7 +2,10 @@
 //! HTTP by `cronoq dev` and `http::router`. It lives with the scheduler so
 //! that `api` names no shell.
 
-use crate::api::{check_recent_limit, Api, ApiError, ApiFuture, Health};
+use crate::api::{
+    check_recent_limit, Api, ApiError, ApiFuture, BackfillRange, BackfillReport,
+    CreateScheduleRequest, FireRecord, Health, ScheduleEntry, ScheduleInfo,
+};
 use crate::core::{ErrorCode, Snapshot, TaskId};
 use crate::metrics::MetricsSnapshot;
 use crate::task::{Task, TaskStatus};
@@ -53,5 +56,41 @@ impl Api for Scheduler {
 
     fn metrics(&self) -> ApiFuture<'_, MetricsSnapshot> {
         Box::pin(async move { Ok(Scheduler::metrics(self)) })
+    }
+
+    fn create_schedule(&self, spec: CreateScheduleRequest) -> ApiFuture<'_, ScheduleInfo> {
+        Box::pin(async move { Ok(self.schedule(spec)?) })
+    }
+
+    fn list_schedules(&self) -> ApiFuture<'_, Vec<ScheduleEntry>> {
+        Box::pin(async move { Ok(Scheduler::list_schedules(self)) })
+    }
+
+    fn get_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        Box::pin(async move { Ok(Scheduler::get_schedule(self, &name)?) })
+    }
+
+    fn pause_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        Box::pin(async move { Ok(Scheduler::pause_schedule(self, &name, true)?) })
+    }
+
+    fn resume_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        Box::pin(async move { Ok(Scheduler::pause_schedule(self, &name, false)?) })
+    }
+
+    fn delete_schedule(&self, name: String) -> ApiFuture<'_, ()> {
+        Box::pin(async move { Ok(Scheduler::delete_schedule(self, &name)?) })
+    }
+
+    fn trigger_schedule(&self, name: String) -> ApiFuture<'_, FireRecord> {
+        Box::pin(async move { Ok(Scheduler::trigger_schedule(self, &name)?) })
+    }
+
+    fn backfill_schedule(
+        &self,
+        name: String,
+        range: BackfillRange,
+    ) -> ApiFuture<'_, BackfillReport> {
+        Box::pin(async move { Ok(Scheduler::backfill_schedule(self, &name, range)?) })
     }
 }

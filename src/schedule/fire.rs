@@ -243,8 +243,9 @@ impl Schedule {
         Millis(delay.min(room))
     }
 
-    /// The overlap policy applied to one due tick.
-    fn decide(&self, state: &mut ScheduleState, tick: Millis) -> Decision {
+    /// The overlap policy applied to one due tick (a backfill applies it
+    /// to past ticks without moving `decided_through`).
+    pub(crate) fn decide(&self, state: &mut ScheduleState, tick: Millis) -> Decision {
         match (self.overlap, state.active) {
             (_, None) | (Overlap::Allow, Some(_)) => {
                 state.active = Some(tick);

@@ -12,18 +12,33 @@
 //!   `Schedule::handle(state, now, Event) -> Vec<Decision>` and
 //!   `next_wakeup`; catch-up, overlap policies, deterministic jitter.
 //!
+//! - `book.rs`: the [`Book`] of many schedules: create, pause, resume,
+//!   delete, trigger, backfill, and `step(now)` over the due ones only
+//!   (an ordered set of wakeups); run history and counters per schedule.
+//! - `record.rs`: what the history holds ([`FireRecord`] & co).
+//!
 //! A tick's identity is the schedule's name plus its scheduled instant;
 //! [`schedule_key`] turns it into the task's idempotency key, which is
 //! what makes "exactly one task per tick" hold through a failover.
 //!
-//! Not here yet: the embedded and leader shells that drive these rules,
-//! the journal record of [`ScheduleState`], the HTTP and client API.
+//! The shells that drive the book live elsewhere: the embedded one in
+//! `crate::embedded` (`schedules.rs`), the leader's in `crate::server`.
 
+mod book;
+#[cfg(test)]
+mod book_tests;
 mod cadence;
 mod fire;
+mod record;
 mod spec;
 #[cfg(test)]
 mod tests;
+
+pub use book::{
+    Book, BookError, Entry, Order, StoredSchedule, DEFAULT_MAX_SCHEDULES, HISTORY,
+    MAX_BACKFILL_TICKS, MAX_ORDERS_PER_STEP, MISS_COUNT_CAP, PASSED,
+};
+pub use record::{FireKind, FireRecord, MissedTicks, ScheduleCounters};
 
 pub use cadence::{Cadence, MIN_EVERY};
 pub use fire::{Decision, Event, MissReason, ScheduleState, MAX_DECISIONS_PER_STEP};
