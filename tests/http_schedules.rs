@@ -544,12 +544,6 @@ async fn the_schedulers_refusals_keep_their_codes() {
         }
         api.calls();
     }
-    // An Api that serves no schedules says so.
-    let app = cronoq::http::router(Arc::new(cronoq::Scheduler::new()));
-    let a = call(&app, Method::GET, "/v1/schedules", None).await;
-    if a.status != StatusCode::OK {
-        a.refused(StatusCode::CONFLICT, "FAILED_PRECONDITION", "schedules");
-    }
 }
 
 #[tokio::test]
@@ -619,4 +613,184 @@ async fn http_client_schedule_calls_round_trip_through_the_router() {
         (e.code, e.message.as_str()),
         (ErrorCode::ALREADY_EXISTS, "schedule etl exists")
     );
+}
+
+/// The routes over the real embedded scheduler: a schedule created over
+/// HTTP fires, shows its runs, and each refusal (a taken name, an unknown
+/// one, the limit's neighbours) changes nothing.
+#[tokio::test]
+async fn over_the_embedded_scheduler_a_schedule_fires_and_refusals_change_nothing() {
+    let sched = cronoq::Scheduler::new();
+    sched.set_capacity("p", 2).unwrap();
+    sched
+        .executor(
+            "p",
+            |_ctx, payload: bytes::Bytes| async move { Ok(payload) },
+        )
+        .unwrap();
+    let app = cronoq::http::router(Arc::new(sched.clone()));
+    let body =
+        r#"{"name":"beat","every":"1s","overlap":"skip","task":{"pool":"p","payload":"hi"}}"#;
+    let a = call(&app, Method::POST, "/v1/schedules", Some(body)).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text);
+    assert_eq!(a.json()["next_fires"].as_array().unwrap().len(), 5);
+
+    // It fires: poll until a run succeeded (deadline 10 s).
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let info = loop {
+        let a = call(&app, Method::GET, "/v1/schedules/beat", None).await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+        let info: ScheduleInfo = serde_json::from_str(&a.text).unwrap();
+        if info
+            .history
+            .iter()
+            .any(|f| f.outcome == Some(TaskState::Succeeded))
+        {
+            break info;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no run: {}", a.text);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let run = info.history.iter().find(|f| f.outcome.is_some()).unwrap();
+    let task = call(
+        &app,
+        Method::GET,
+        &format!("/v1/tasks/{}", run.task.unwrap()),
+        None,
+    )
+    .await;
+    assert_eq!(task.json()["output"], "hi", "{}", task.text);
+
+    let before = call(&app, Method::GET, "/v1/schedules", None).await.json();
+    let again = r#"{"name":"beat","cron":"@daily","task":{"pool":"p"}}"#;
+    call(&app, Method::POST, "/v1/schedules", Some(again))
+        .await
+        .refused(StatusCode::CONFLICT, "ALREADY_EXISTS", "beat");
+    for (method, uri) in [
+        (Method::GET, "/v1/schedules/nope"),
+        (Method::DELETE, "/v1/schedules/nope"),
+        (Method::POST, "/v1/schedules/nope/pause"),
+        (Method::POST, "/v1/schedules/nope/trigger"),
+    ] {
+        call(&app, method, uri, None)
+            .await
+            .refused(StatusCode::NOT_FOUND, "NOT_FOUND", "nope");
+    }
+    let after = call(&app, Method::GET, "/v1/schedules", None).await.json();
+    let names = |v: &Value| {
+        v["schedules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].clone(), e["cron"].clone(), e["every"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&before), names(&after));
+    assert_eq!(names(&after), [(json!("beat"), Value::Null, json!("1s"))]);
+
+    // Paused, then deleted.
+    let a = call(&app, Method::POST, "/v1/schedules/beat/pause", None).await;
+    assert_eq!(
+        (a.status, a.json()["paused"].clone()),
+        (StatusCode::OK, json!(true))
+    );
+    let a = call(&app, Method::DELETE, "/v1/schedules/beat", None).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    let a = call(&app, Method::GET, "/v1/schedules", None).await;
+    assert_eq!(a.json(), json!({"schedules": []}));
+}
+
+/// An [`Api`] that serves no schedules (the trait's defaults): an older
+/// server, or a client without them.
+struct Bare;
+
+impl Api for Bare {
+    fn submit(&self, _task: Task) -> ApiFuture<'_, TaskId> {
+        none()
+    }
+    fn task(&self, _id: TaskId) -> ApiFuture<'_, TaskStatus> {
+        none()
+    }
+    fn cancel(&self, _id: TaskId) -> ApiFuture<'_, ()> {
+        none()
+    }
+    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+        Box::pin(async { Ok(Snapshot::default()) })
+    }
+    fn recent_tasks(&self, _limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn health(&self) -> Health {
+        Recorder::default().health()
+    }
+}
+
+#[tokio::test]
+async fn the_dashboard_lists_schedules_next_to_fire_first_and_does_without_them() {
+    let (_api, app) = app();
+    let a = call(&app, Method::GET, "/v1/dashboard", None).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    let v = a.json();
+    assert_eq!(
+        (
+            v["schedules"]["total"].clone(),
+            v["schedules"]["paused"].clone()
+        ),
+        (json!(2), json!(0))
+    );
+    let rows: Vec<&str> = v["schedules"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(rows, ["a", "b"]);
+    assert_eq!(v["schedules"]["rows"][0]["last"]["task"], 3);
+
+    // 250 schedules: the 100 that fire next, paused ones last.
+    let entries: Vec<ScheduleEntry> = (0..250u64)
+        .map(|i| ScheduleEntry {
+            name: format!("s{i:03}"),
+            cron: None,
+            every: Some("1m".into()),
+            tz: None,
+            overlap: Overlap::Allow,
+            pool: "p".into(),
+            paused: i % 2 == 0,
+            owner: None,
+            next_fire: (i % 2 == 1).then(|| Millis(1_000_000 - i)),
+            last: None,
+            counters: ScheduleCounters::default(),
+        })
+        .collect();
+    let view = cronoq::http::dashboard::schedules_view(entries);
+    assert_eq!((view.total, view.paused, view.rows.len()), (250, 125, 100));
+    assert_eq!(view.rows[0].name, "s249");
+    assert!(view.rows.iter().all(|r| !r.paused));
+    assert!(view
+        .rows
+        .windows(2)
+        .all(|w| w[0].next_fire <= w[1].next_fire));
+
+    // A server that serves no schedules: the routes say so, the page does
+    // without them.
+    let app = cronoq::http::router(Arc::new(Bare));
+    call(&app, Method::GET, "/v1/schedules", None)
+        .await
+        .refused(
+            StatusCode::CONFLICT,
+            "FAILED_PRECONDITION",
+            "serves no schedules",
+        );
+    let a = call(&app, Method::GET, "/v1/dashboard", None).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    let v = a.json();
+    assert!(
+        v["schedules"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("serves no schedules"),
+        "{v}"
+    );
+    assert_eq!(v["schedules"]["rows"], json!([]));
 }

@@ -84,3 +84,73 @@ async def test_a_bad_schedule_raises_invalid_argument_at_the_call():
             "nightly", "2026-01-02T00:00:00Z", datetime(2026, 1, 1, tzinfo=timezone.utc)
         )
     sched.close()
+
+
+async def test_an_embedded_schedule_fires_and_is_paused_triggered_backfilled_and_deleted():
+    runs: List[Any] = []
+    sched = scheduler_with_runs(runs)
+    info = await sched.schedule(
+        "tick",
+        every=timedelta(seconds=1),
+        overlap="skip",
+        payload=b"beat",
+        labels={},
+        priority=2,
+        max_attempts=2,
+        attempt_timeout=30,
+        deadline="1m",
+    )
+    assert (info.name, info.every, info.overlap, info.pool, info.paused) == (
+        "tick", "1000ms", "skip", "default", False
+    )
+    assert len(info.next_fires) == 5 and info.next_fires == sorted(info.next_fires)
+    assert all(t.tzinfo is timezone.utc for t in info.next_fires)
+
+    # Ticks fire: two runs, each recorded with its task and outcome.
+    info = await eventually(
+        "two fires that succeeded",
+        lambda: _with(sched.get_schedule("tick"), lambda i: sum(
+            1 for f in i.history if f.outcome == "succeeded") >= 2),
+    )
+    fired = [f for f in info.history if f.outcome == "succeeded"]
+    assert {f.task for f in fired} <= {task for task, _ in runs}
+    assert all(f.kind == "tick" and f.tick.microsecond == 0 for f in fired)
+    assert {p for _, p in runs} == {b"beat"}
+    assert info.counters.fires >= 2
+
+    entries = await sched.list_schedules()
+    assert [e.name for e in entries] == ["tick"]
+    assert entries[0].last is not None and entries[0].next_fire is not None
+
+    # A taken name, an unknown one: refused, nothing changes.
+    with pytest.raises(cronoq.AlreadyExists):
+        await sched.schedule("tick", every="5m")
+    with pytest.raises(cronoq.NotFound):
+        await sched.get_schedule("nope")
+    assert (await sched.get_schedule("tick")).every == "1000ms"
+
+    paused = await sched.pause_schedule("tick")
+    assert paused.paused and paused.next_fires == []
+    fire = await sched.trigger_schedule("tick")
+    assert fire.kind == "trigger" and fire.task is not None
+    await eventually("the triggered run", lambda: any(t == fire.task for t, _ in runs))
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    report = await sched.backfill_schedule("tick", now - timedelta(seconds=3), now - timedelta(seconds=2))
+    # The range holds two ticks: each fired, or skipped by the policy.
+    assert len(report.fired) + len(report.skipped) == 2
+    assert all(f.kind == "backfill" for f in report.fired)
+
+    resumed = await sched.resume_schedule("tick")
+    assert not resumed.paused and len(resumed.next_fires) == 5
+
+    await sched.delete_schedule("tick")
+    assert await sched.list_schedules() == []
+    with pytest.raises(cronoq.NotFound):
+        await sched.delete_schedule("tick")
+    sched.close()
+
+
+async def _with(pending: Any, check: Any) -> Any:
+    value = await pending
+    return value if check(value) else None
