@@ -195,6 +195,7 @@ struct Inner {
     max_payload_bytes: usize,
     eager_start: bool,
     schedules: std::sync::OnceLock<Arc<schedules::Schedules>>,
+    max_schedules: usize,
 }
 
 /// A job to spawn once the lock is released.
@@ -237,6 +238,7 @@ pub struct SchedulerBuilder {
     retain_finished: usize,
     eager_start: bool,
     pools: Vec<(String, PoolConfig)>,
+    max_schedules: usize,
 }
 
 impl Default for SchedulerBuilder {
@@ -246,6 +248,7 @@ impl Default for SchedulerBuilder {
             retain_finished: 10_000,
             eager_start: true,
             pools: Vec::new(),
+            max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         }
     }
 }
@@ -274,6 +277,13 @@ impl SchedulerBuilder {
     /// `false`: every attempt starts in a tokio task of its own.
     pub fn eager_start(mut self, eager: bool) -> Self {
         self.eager_start = eager;
+        self
+    }
+
+    /// The most schedules (default 10,000); past it, creating one answers
+    /// `RESOURCE_EXHAUSTED`.
+    pub fn max_schedules(mut self, n: usize) -> Self {
+        self.max_schedules = n;
         self
     }
 
@@ -309,6 +319,7 @@ impl SchedulerBuilder {
             max_payload_bytes: self.max_payload_bytes,
             eager_start: self.eager_start,
             schedules: Default::default(),
+            max_schedules: self.max_schedules,
         });
         let sched = Scheduler { inner };
         for (name, config) in self.pools {
@@ -479,7 +490,9 @@ impl Scheduler {
     /// # }
     /// ```
     pub fn metrics(&self) -> crate::metrics::MetricsSnapshot {
-        self.inner.lock().ledger.metrics()
+        let mut m = self.inner.lock().ledger.metrics();
+        m.schedules = self.schedule_metrics();
+        m
     }
 
     /// Waits for a task by id (live or recently finished).

@@ -154,6 +154,37 @@ pub struct MetricsSnapshot {
     pub pools: Vec<PoolMetrics>,
     /// Figures only a distributed server has.
     pub server: Option<ServerMetrics>,
+    /// Schedule figures, once the scheduler (or leader) serves schedules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedules: Option<ScheduleMetrics>,
+}
+
+/// Schedule figures (issue 23): per schedule counters and the fire lag.
+///
+/// ```
+/// let m = cronoq::metrics::ScheduleMetrics::default();
+/// assert!(m.schedules.is_empty() && m.fire_lag.count == 0);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleMetrics {
+    /// Per schedule, by name.
+    pub schedules: Vec<ScheduleFigures>,
+    /// Tick → task accepted, over the fires of ticks (not triggers or
+    /// backfills).
+    pub fire_lag: Histogram,
+}
+
+/// The counters of one schedule.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleFigures {
+    /// The schedule's name.
+    pub schedule: String,
+    /// Runs started.
+    pub fires: u64,
+    /// Ticks skipped by the overlap policy.
+    pub skipped: u64,
+    /// Ticks missed (too late, or paused).
+    pub missed: u64,
 }
 
 /// Election and journal figures of one server process.
@@ -247,6 +278,7 @@ impl Metrics {
         MetricsSnapshot {
             pools: self.pools.clone(),
             server: None,
+            schedules: None,
         }
     }
 }

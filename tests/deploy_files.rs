@@ -303,6 +303,7 @@ fn exported_families() -> BTreeSet<String> {
     let counted = cronoq::metrics::MetricsSnapshot {
         pools: vec![pool],
         server: Some(cronoq::metrics::ServerMetrics::default()),
+        schedules: None,
     };
     let text =
         cronoq::http::metrics_text(&snapshot, &health) + &cronoq::http::counters_text(&counted);

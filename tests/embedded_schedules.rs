@@ -113,6 +113,11 @@ async fn allow_fires_every_tick_once_in_order_with_its_key() {
         .unwrap();
     assert_eq!(Some(again.id()), info.history.last().unwrap().task);
     assert_eq!(info.counters.skipped, 0);
+    // Counters per schedule and the fire lag, in the metrics snapshot.
+    let m = sched.metrics().schedules.unwrap();
+    assert_eq!(m.schedules[0].schedule, "a");
+    assert_eq!(m.schedules[0].fires, info.counters.fires);
+    assert!(m.fire_lag.count >= 5);
 }
 
 #[tokio::test(start_paused = true)]
@@ -263,6 +268,14 @@ async fn bad_requests_answer_their_code_and_change_nothing() {
     ] {
         assert_eq!(e.code, ErrorCode::NOT_FOUND, "{}", e.message);
     }
+    // The limit on schedules.
+    let small = Scheduler::builder().max_schedules(1).build().unwrap();
+    small.schedule(every("one", "1m", Overlap::Allow)).unwrap();
+    let e = small
+        .schedule(every("two", "1m", Overlap::Allow))
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::RESOURCE_EXHAUSTED);
+    assert_eq!(small.list_schedules().len(), 1);
     let future = BackfillRange::new(Millis(0), Millis(u64::MAX / 2)).unwrap();
     let e = api.backfill_schedule("a".into(), future).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT);

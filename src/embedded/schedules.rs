@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, Notify};
 use super::{Error, Inner, Scheduler};
 use crate::api::{BackfillRange, BackfillReport, FireRecord, ScheduleEntry, ScheduleInfo};
 use crate::core::{Millis, TaskId, TaskState};
-use crate::schedule::{Book, BookError, FireKind, Order, ScheduleSpec, DEFAULT_MAX_SCHEDULES};
+use crate::schedule::{Book, BookError, FireKind, Order, ScheduleSpec};
 
 /// The sender half of the run-end channel, held by the scheduler's state.
 pub(super) type EndedTx = mpsc::UnboundedSender<(TaskId, TaskState)>;
@@ -51,7 +51,7 @@ impl Scheduler {
                 let (tx, rx) = mpsc::unbounded_channel();
                 self.inner.lock().sched_ended = Some(tx);
                 let s = Arc::new(Schedules {
-                    book: Mutex::new(Book::new(DEFAULT_MAX_SCHEDULES)),
+                    book: Mutex::new(Book::new(self.inner.max_schedules)),
                     wake: Notify::new(),
                 });
                 tokio::spawn(schedule_loop(
@@ -67,7 +67,7 @@ impl Scheduler {
     /// Creates a schedule: its first tick is the first after now. Refused,
     /// changing nothing, with `INVALID_ARGUMENT` (a bad expression, zone,
     /// interval or task option), `ALREADY_EXISTS` (the name is taken) or
-    /// `RESOURCE_EXHAUSTED` (10,000 schedules).
+    /// `RESOURCE_EXHAUSTED` ([`super::SchedulerBuilder::max_schedules`]).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -170,6 +170,12 @@ impl Scheduler {
             .cloned()
             .collect();
         Ok(BackfillReport { fired, skipped })
+    }
+
+    /// The schedule figures, once a schedule call started the book.
+    pub(super) fn schedule_metrics(&self) -> Option<crate::metrics::ScheduleMetrics> {
+        let s = self.inner.schedules.get()?;
+        Some(s.lock().metrics())
     }
 
     /// Submits fires and cancels, answering the book; refused fires may

@@ -1026,7 +1026,7 @@ fn le_labels() -> Vec<String> {
 /// let mut p = cronoq::metrics::PoolMetrics::new("p");
 /// p.succeeded = 3;
 /// p.run.observe(cronoq::core::Millis(50));
-/// let m = cronoq::metrics::MetricsSnapshot { pools: vec![p], server: None };
+/// let m = cronoq::metrics::MetricsSnapshot { pools: vec![p], server: None, schedules: None };
 /// let text = cronoq::http::counters_text(&m);
 /// assert!(text.contains(r#"cronoq_tasks_finished_total{pool="p",outcome="succeeded"} 3"#));
 /// assert!(text.contains(r#"cronoq_run_seconds_bucket{pool="p",le="0.05"} 1"#));

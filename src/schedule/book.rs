@@ -469,6 +469,9 @@ impl Book {
         if let Some(w) = entry.wake {
             self.wakeups.remove(&(w, name.to_string()));
         }
+        // Its runs go on, but their ends no longer concern a schedule (nor
+        // one re-created under the same name).
+        self.live.retain(|_, (n, _, _)| n != name);
         Ok(entry.stored())
     }
 
@@ -641,6 +644,30 @@ impl Book {
             self.handle(&name, now, Event::RunEnded { tick }, &mut out);
         }
         out
+    }
+
+    /// Per schedule counters and the fire lag, for `/metrics`.
+    pub fn metrics(&self) -> crate::metrics::ScheduleMetrics {
+        crate::metrics::ScheduleMetrics {
+            schedules: self
+                .entries
+                .iter()
+                .map(|(name, e)| crate::metrics::ScheduleFigures {
+                    schedule: name.clone(),
+                    fires: e.counters.fires,
+                    skipped: e.counters.skipped,
+                    missed: e.counters.missed,
+                })
+                .collect(),
+            fire_lag: self.lag.clone(),
+        }
+    }
+
+    /// The runs the book believes live. After [`Book::restore`] a shell
+    /// looks each up and reports those that ended while no one led with
+    /// [`Book::run_ended`]; otherwise `skip` would wait on them for ever.
+    pub fn live_tasks(&self) -> Vec<TaskId> {
+        self.live.keys().copied().collect()
     }
 
     /// Whether `task` is a live run of a schedule.
