@@ -180,7 +180,7 @@
       return;
     }
     body.replaceChildren(...s.rows.map((r) => el("tr", {
-      "data-schedule": r.name, "data-paused": r.paused,
+      "data-schedule": r.name, "data-paused": String(r.paused),
       "data-last-outcome": r.last ? (r.last.error ? "refused" : (r.last.outcome || "running")) : "",
       "data-last-task": r.last && r.last.task != null ? r.last.task : "",
     },
