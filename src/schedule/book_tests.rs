@@ -403,34 +403,3 @@ proptest! {
 }
 
 use super::fire::MAX_DECISIONS_PER_STEP;
-
-/// The book's own cost at the scale: 10,000 schedules firing every
-/// minute, an hour of steps at each wakeup with every run accepted and
-/// ended. Prints the figures (`--ignored --nocapture`).
-#[test]
-#[ignore = "a measurement: run with --ignored --nocapture"]
-fn scale_ten_thousand_every_minute_for_an_hour() {
-    let mut book = Book::default();
-    for i in 0..10_000u64 {
-        book.create(spec(&format!("s{i}"), "1m", Overlap::Skip), None, Millis(0))
-            .unwrap();
-    }
-    let started = std::time::Instant::now();
-    let (mut fired, mut id, mut steps) = (0usize, 0u64, 0usize);
-    while let Some(at) = book.next_wakeup().filter(|w| *w <= Millis(3_600 * S)) {
-        let orders = book.step(at);
-        steps += 1;
-        fired += orders.len();
-        let ids = accept_all(&mut book, &orders, &mut id, at);
-        for t in ids {
-            book.run_ended(t, TaskState::Succeeded, at);
-        }
-    }
-    let spent = started.elapsed();
-    assert_eq!(fired, 600_000);
-    println!(
-        "10,000 schedules x 60 minutes: {fired} fires in {steps} steps, {:?} in all, {:.2} us per fire",
-        spent,
-        spent.as_secs_f64() * 1e6 / fired as f64
-    );
-}
