@@ -86,29 +86,37 @@ fn none<'a, T: Send + 'a>() -> ApiFuture<'a, T> {
     Box::pin(async { Err(WireError::new(ErrorCode::INTERNAL, "not used here")) })
 }
 
-impl Api for Recorder {
-    fn submit(&self, _task: Task) -> ApiFuture<'_, TaskId> {
-        none()
-    }
-    fn task(&self, _id: TaskId) -> ApiFuture<'_, TaskStatus> {
-        none()
-    }
-    fn cancel(&self, _id: TaskId) -> ApiFuture<'_, ()> {
-        none()
-    }
-    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
-        Box::pin(async { Ok(Snapshot::default()) })
-    }
-    fn recent_tasks(&self, _limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-    fn health(&self) -> Health {
-        Health {
-            live: true,
-            ready: true,
-            detail: String::new(),
+/// The [`Api`] methods every stub here has alike: no tasks, an empty
+/// snapshot, healthy.
+macro_rules! no_tasks {
+    () => {
+        fn submit(&self, _task: Task) -> ApiFuture<'_, TaskId> {
+            none()
         }
-    }
+        fn task(&self, _id: TaskId) -> ApiFuture<'_, TaskStatus> {
+            none()
+        }
+        fn cancel(&self, _id: TaskId) -> ApiFuture<'_, ()> {
+            none()
+        }
+        fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
+            Box::pin(async { Ok(Snapshot::default()) })
+        }
+        fn recent_tasks(&self, _limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+        fn health(&self) -> Health {
+            Health {
+                live: true,
+                ready: true,
+                detail: String::new(),
+            }
+        }
+    };
+}
+
+impl Api for Recorder {
+    no_tasks!();
     fn create_schedule(&self, spec: CreateScheduleRequest) -> ApiFuture<'_, ScheduleInfo> {
         let mut answer = info(&spec.name);
         answer.spec = spec.clone();
@@ -705,24 +713,7 @@ async fn over_the_embedded_scheduler_a_schedule_fires_and_refusals_change_nothin
 struct Bare;
 
 impl Api for Bare {
-    fn submit(&self, _task: Task) -> ApiFuture<'_, TaskId> {
-        none()
-    }
-    fn task(&self, _id: TaskId) -> ApiFuture<'_, TaskStatus> {
-        none()
-    }
-    fn cancel(&self, _id: TaskId) -> ApiFuture<'_, ()> {
-        none()
-    }
-    fn snapshot(&self) -> ApiFuture<'_, Snapshot> {
-        Box::pin(async { Ok(Snapshot::default()) })
-    }
-    fn recent_tasks(&self, _limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-    fn health(&self) -> Health {
-        Recorder::default().health()
-    }
+    no_tasks!();
 }
 
 #[tokio::test]

@@ -176,16 +176,8 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
             let info = api.get_schedule(args.name).await?;
             show(&info, args.json, info_text)
         }
-        ScheduleCommand::Pause(args) => {
-            let api = connect(&args.connect).await?;
-            let info = api.pause_schedule(args.name.clone()).await?;
-            show(&info, args.json, |_| format!("paused {}\n", args.name))
-        }
-        ScheduleCommand::Resume(args) => {
-            let api = connect(&args.connect).await?;
-            let info = api.resume_schedule(args.name.clone()).await?;
-            show(&info, args.json, |_| format!("resumed {}\n", args.name))
-        }
+        ScheduleCommand::Pause(args) => set_paused(args, true).await,
+        ScheduleCommand::Resume(args) => set_paused(args, false).await,
         ScheduleCommand::Delete(args) => {
             let api = connect(&args.connect).await?;
             api.delete_schedule(args.name.clone()).await?;
@@ -196,6 +188,19 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
         ScheduleCommand::Backfill(args) => backfill(args).await,
         ScheduleCommand::Preview(args) => preview(args),
     }
+}
+
+/// `pause` (`paused`) or `resume`: `paused NAME` / `resumed NAME`.
+async fn set_paused(args: NameArgs, paused: bool) -> anyhow::Result<ExitCode> {
+    let api = connect(&args.connect).await?;
+    let name = args.name.clone();
+    let info = if paused {
+        api.pause_schedule(name).await?
+    } else {
+        api.resume_schedule(name).await?
+    };
+    let done = if paused { "paused" } else { "resumed" };
+    show(&info, args.json, |_| format!("{done} {}\n", args.name))
 }
 
 /// The server the connection flags name, as an [`Api`]: the same
