@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 import pytest
 
 import cronoq
-from conftest import Cluster, eventually
+from conftest import Proc, cronoq_binary, eventually, free_port
 
 BAD: List[Dict[str, Any]] = [
     dict(cron="61 * * * *"),
@@ -154,3 +154,51 @@ async def test_an_embedded_schedule_fires_and_is_paused_triggered_backfilled_and
 async def _with(pending: Any, check: Any) -> Any:
     value = await pending
     return value if check(value) else None
+
+
+async def test_a_client_manages_schedules_over_http(tmp_path):
+    """``Client`` over HTTP against ``cronoq dev --embedded``: the same calls
+    and answers as the embedded scheduler's, the scheduler's refusals with
+    their classes."""
+    port = free_port()
+    proc = Proc(
+        "dev",
+        [cronoq_binary(), "dev", "--embedded", "--work", "10ms", "--http", f"127.0.0.1:{port}"],
+        tmp_path / "dev.log",
+    )
+    try:
+        client = cronoq.Client(f"http://127.0.0.1:{port}", request_timeout=5)
+
+        async def answers() -> bool:
+            try:
+                await client.snapshot()
+                return True
+            except cronoq.Unavailable:
+                return False
+
+        await eventually("cronoq dev to answer", answers)
+        info = await client.schedule(
+            "beat", every="1s", overlap="buffer_one", payload="hi", labels="gpu=a100"
+        )
+        assert (info.every, info.overlap, info.spec["task"]["labels"]) == (
+            "1s", "buffer_one", {"gpu": "a100"}
+        )
+        await eventually(
+            "a run of beat that succeeded",
+            lambda: _with(client.get_schedule("beat"), lambda i: any(
+                f.outcome == "succeeded" for f in i.history)),
+        )
+        with pytest.raises(cronoq.AlreadyExists):
+            await client.schedule("beat", cron="@daily")
+        with pytest.raises(cronoq.InvalidArgument, match="never fires"):
+            await client.schedule("feb30", cron="0 0 30 2 *")
+        with pytest.raises(cronoq.NotFound):
+            await client.trigger_schedule("nope")
+        assert [e.name for e in await client.list_schedules()] == ["beat"]
+        fire = await client.trigger_schedule("beat")
+        assert fire.kind == "trigger" and (await client.wait(fire.task)).ok
+        assert (await client.pause_schedule("beat")).paused
+        await client.delete_schedule("beat")
+        assert await client.list_schedules() == []
+    finally:
+        proc.stop()
