@@ -192,7 +192,9 @@ impl Scheduler {
                 } => match self.submit_now(*task) {
                     Ok(handle) => {
                         let id = handle.id();
-                        book.accepted(&name, tick, kind, id, now);
+                        // The fire lag ends now, not when the step began.
+                        let accepted_at = self.inner.clock.now();
+                        book.accepted(&name, tick, kind, id, accepted_at);
                         // The key found a task that already finished (a
                         // backfill of a tick that ran): it ends at once.
                         let state = self.task(id).map(|t| t.state);
