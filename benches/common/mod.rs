@@ -1,13 +1,21 @@
 //! Shared setup for the benchmarks: a seeded RNG, medians, and the placement
 //! topology (label groups and required-label sets of one pool) that
-//! `core_placement` and `memory` both build.
+//! `core_placement` and `memory` both build; and, in submodules, what the
+//! NATS benches share: `nats` (one server or a 3-node cluster), `measure`
+//! (stamps, percentiles, CPU and message counters), `rounds` (one measured
+//! round), `dispatch` (the dispatchers cronoq is measured against) and
+//! `tap` (the latency breakdown of `distributed`).
 //!
 //! Not a benchmark itself: cargo only discovers `benches/*.rs` and
 //! `benches/*/main.rs`, so this module is pulled in with `mod common;`.
 
 #![allow(dead_code)]
 
+pub mod dispatch;
+pub mod measure;
 pub mod nats;
+pub mod rounds;
+pub mod tap;
 
 use std::collections::{BTreeSet, HashMap};
 

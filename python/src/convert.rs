@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use cronoq::core::{Labels, Millis, Snapshot};
-use cronoq::task::AttemptRecord;
+use cronoq::task::{AttemptRecord, SubmitOptions};
 use cronoq::Task;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDateTime, PyDelta, PyDict, PyFloat, PyInt, PyString};
@@ -176,66 +176,71 @@ fn given<'a, 'py>(o: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyA
 }
 
 impl TaskArgs<'_, '_> {
-    /// The task, with every argument checked for type and range (the
+    /// The task: every argument checked for type and range here, then the
+    /// one conversion of submission options every path shares
+    /// ([`cronoq::task::SubmitOptions::into_task`]), so a bad option is
+    /// refused with the message HTTP, the CLI and plain publishes give (the
     /// scheduler validates the rest on submit).
     pub fn to_task(&self) -> PyResult<Task> {
-        let mut task = Task::new(payload(self.payload, "payload")?).pool(self.pool);
-        let labels = labels(self.labels, "labels")?;
-        if !labels.is_empty() {
-            task = task.labels(&labels);
-        }
-        if let Some(p) = given(self.priority) {
-            task = task.priority(integer::<i32>(p, "priority", "a 32-bit signed integer")?);
-        }
-        if let Some(d) = given(self.deadline) {
-            task = task.deadline(time(d, "deadline")?);
-        }
-        match (given(self.start_at), given(self.tolerance)) {
-            (Some(s), tolerance) => {
-                let tolerance = match tolerance {
-                    Some(t) => duration(t, "tolerance")?,
-                    None => Duration::ZERO,
-                };
-                task = task.start_at(time(s, "start_at")?, tolerance);
+        let backoff = match given(self.backoff) {
+            Some(b) => {
+                let pair: (Bound<'_, PyAny>, Bound<'_, PyAny>) = b.extract().map_err(|_| {
+                    invalid(format!(
+                        "backoff must be a pair (initial, max) of durations, not {}",
+                        type_name(b)
+                    ))
+                })?;
+                Some((
+                    duration(&pair.0, "backoff initial")?,
+                    duration(&pair.1, "backoff max")?,
+                ))
             }
-            (None, Some(_)) => return Err(invalid("tolerance is given without start_at")),
-            (None, None) => {}
-        }
-        if let Some(n) = given(self.max_attempts) {
-            task = task.max_attempts(integer::<u32>(
-                n,
-                "max_attempts",
-                "a positive 32-bit integer",
-            )?);
-        }
-        if let Some(key) = given(self.idempotency_key) {
-            let key = key.cast::<PyString>().map_err(|_| {
-                invalid(format!(
-                    "idempotency_key must be a str, not {}",
-                    type_name(key)
-                ))
-            })?;
-            task = task.idempotency_key(key.to_str()?);
-        }
-        if let Some(t) = given(self.attempt_timeout) {
-            task = task.attempt_timeout(duration(t, "attempt_timeout")?);
-        }
-        if let Some(e) = given(self.est_runtime) {
-            task = task.est_runtime(duration(e, "est_runtime")?);
-        }
-        if let Some(b) = given(self.backoff) {
-            let pair: (Bound<'_, PyAny>, Bound<'_, PyAny>) = b.extract().map_err(|_| {
-                invalid(format!(
-                    "backoff must be a pair (initial, max) of durations, not {}",
-                    type_name(b)
-                ))
-            })?;
-            task = task.backoff(
-                duration(&pair.0, "backoff initial")?,
-                duration(&pair.1, "backoff max")?,
-            );
-        }
-        Ok(task)
+            None => None,
+        };
+        let idempotency_key = match given(self.idempotency_key) {
+            Some(key) => Some(
+                key.cast::<PyString>()
+                    .map_err(|_| {
+                        invalid(format!(
+                            "idempotency_key must be a str, not {}",
+                            type_name(key)
+                        ))
+                    })?
+                    .to_str()?
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let options = SubmitOptions {
+            payload: payload(self.payload, "payload")?,
+            pool: Some(self.pool.to_string()),
+            labels: labels(self.labels, "labels")?,
+            priority: given(self.priority)
+                .map(|p| integer::<i32>(p, "priority", "a 32-bit signed integer"))
+                .transpose()?,
+            deadline: given(self.deadline)
+                .map(|d| time(d, "deadline"))
+                .transpose()?,
+            start_at: given(self.start_at)
+                .map(|s| time(s, "start_at"))
+                .transpose()?,
+            tolerance: given(self.tolerance)
+                .map(|t| duration(t, "tolerance"))
+                .transpose()?,
+            max_attempts: given(self.max_attempts)
+                .map(|n| integer::<u32>(n, "max_attempts", "a positive 32-bit integer"))
+                .transpose()?,
+            attempt_timeout: given(self.attempt_timeout)
+                .map(|t| duration(t, "attempt_timeout"))
+                .transpose()?,
+            est_runtime: given(self.est_runtime)
+                .map(|e| duration(e, "est_runtime"))
+                .transpose()?,
+            backoff,
+            idempotency_key,
+            traceparent: None,
+        };
+        options.into_task().map_err(rejection)
     }
 }
 

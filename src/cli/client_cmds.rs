@@ -13,8 +13,8 @@ use super::{Connect, DEFAULT_HTTP_URL};
 use crate::auth::Credential;
 use crate::client::{self, ClientOptions, HttpClient};
 use crate::core::{ErrorCode, Millis, Snapshot, TaskId, TaskState, WaitReason};
-use crate::task::{Task, TaskStatus};
-use crate::wire::{parse_duration, parse_time, WireError};
+use crate::task::{BackoffRequest, SubmitRequest, Task, TaskStatus};
+use crate::wire::WireError;
 
 /// `cronoq submit` arguments.
 #[derive(Debug, Args)]
@@ -48,6 +48,9 @@ pub struct SubmitArgs {
     /// Declared run time (`10s`).
     #[arg(long)]
     pub est_runtime: Option<String>,
+    /// Backoff between attempts: `INITIAL,MAX` (`1s,1m`).
+    #[arg(long, value_name = "INITIAL,MAX")]
+    pub backoff: Option<String>,
     /// De-duplicates resubmissions.
     #[arg(long)]
     pub idempotency_key: Option<String>,
@@ -211,53 +214,37 @@ impl Remote {
     }
 }
 
-/// The task the flags describe; `payload` already read.
+/// The task the flags describe; `payload` already read. The flags fill a
+/// [`SubmitRequest`] (the JSON of `POST /v1/tasks`), which becomes the task
+/// through the one conversion every path shares, so a bad flag is refused
+/// with the message HTTP, Python and plain publishes give.
 fn task_of(args: &SubmitArgs, payload: Vec<u8>, now: SystemTime) -> anyhow::Result<Task> {
-    let mut task = Task::new(payload)
-        .pool(args.pool.clone())
-        .priority(args.priority);
+    let mut labels = crate::core::Labels::new();
     for item in &args.labels {
-        task = task.label_text(item);
+        labels.insert_parsed(item)?;
     }
-    if let Some(d) = &args.deadline {
-        task = task.deadline(parse_time(d, now).context("--deadline")?);
-    }
-    let tolerance = args
-        .tolerance
-        .as_deref()
-        .map(parse_duration)
-        .transpose()
-        .context("--tolerance")?;
-    match (&args.start_at, tolerance) {
-        (Some(s), tolerance) => {
-            let at = parse_time(s, now).context("--start-at")?;
-            task = task.start_at(at, tolerance.unwrap_or_default());
-        }
-        (None, Some(_)) => {
-            return Err(crate::core::Rejection::InvalidArgument(
-                "--tolerance needs --start-at".into(),
-            )
-            .into())
-        }
-        (None, None) => {}
-    }
-    if let Some(n) = args.max_attempts {
-        task = task.max_attempts(n);
-    }
-    if let Some(t) = &args.attempt_timeout {
-        task = task.attempt_timeout(parse_duration(t).context("--attempt-timeout")?);
-    }
-    if let Some(e) = &args.est_runtime {
-        task = task.est_runtime(parse_duration(e).context("--est-runtime")?);
-    }
-    if let Some(k) = &args.idempotency_key {
-        task = task.idempotency_key(k.clone());
-    }
-    if let Some(tp) = &args.traceparent {
-        crate::task::check_traceparent(tp).context("--traceparent")?;
-        task = task.traceparent(tp.clone());
-    }
-    Ok(task)
+    let req = SubmitRequest {
+        pool: Some(args.pool.clone()),
+        labels,
+        priority: Some(args.priority),
+        deadline: args.deadline.clone(),
+        start_at: args.start_at.clone(),
+        tolerance: args.tolerance.clone(),
+        max_attempts: args.max_attempts,
+        attempt_timeout: args.attempt_timeout.clone(),
+        est_runtime: args.est_runtime.clone(),
+        backoff: args
+            .backoff
+            .as_deref()
+            .map(BackoffRequest::parse)
+            .transpose()?,
+        idempotency_key: args.idempotency_key.clone(),
+        traceparent: args.traceparent.clone(),
+        ..SubmitRequest::default()
+    };
+    let mut options = req.into_options(now)?;
+    options.payload = payload.into();
+    Ok(options.into_task()?)
 }
 
 /// The payload argument's bytes: `-` reads stdin; absent means empty.
@@ -614,6 +601,27 @@ mod tests {
             Some(now + std::time::Duration::from_secs(60))
         );
         assert!(task.to_spec(TaskId(1), 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn backoff_is_a_flag_and_a_bad_flag_is_refused_as_on_every_path() {
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let args = submit_args(&["--backoff", "1s,1m", "x"]);
+        let task = task_of(&args, b"x".to_vec(), now).unwrap();
+        assert_eq!(
+            task.backoff,
+            Some((
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(60)
+            ))
+        );
+        let args = submit_args(&["--tolerance", "5s", "x"]);
+        let e = task_of(&args, Vec::new(), now).unwrap_err();
+        assert_eq!(e.to_string(), "tolerance is given without start_at");
+        assert_eq!(
+            crate::cli::error_code(&e),
+            Some(ErrorCode::INVALID_ARGUMENT)
+        );
     }
 
     fn status(

@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 
-use super::{check_key, wait_by_polling, ClientOptions, Error};
+use super::{wait_by_polling, ClientOptions, Error};
 use crate::api::{Api, ApiFuture, Health, SubmitRequest, SubmitResponse};
 use crate::auth::Credential;
 use crate::core::{Rejection, Snapshot, TaskId};
@@ -202,7 +202,9 @@ impl HttpClient {
     /// Submits a task (validated here first); its id.
     pub async fn submit(&self, task: Task) -> Result<TaskId, Error> {
         task.to_spec(TaskId(1), self.max_payload_bytes)?;
-        check_key(&task)?;
+        if let Some(key) = task.key() {
+            crate::task::check_key(key)?;
+        }
         let body = serde_json::to_vec(&SubmitRequest::from_task(&task))
             .map_err(|e| Error::Protocol(format!("encoding the task: {e}")))?;
         let answer: SubmitResponse = self

@@ -44,8 +44,6 @@
 //! nkey user seed) and a private inbox prefix ([`ClientOptions::inbox_prefix`])
 //! log in to a nats-server that restricts its users (`deploy/nats/auth.conf`).
 
-use std::fmt;
-use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
@@ -54,13 +52,19 @@ use serde::Serialize;
 
 use crate::api::{Api, ApiFuture, Health};
 use crate::auth::{self, Credential};
-use crate::core::{ErrorCode, PoolName, Rejection, Snapshot, TaskId};
+use crate::core::{ErrorCode, Rejection, Snapshot, TaskId};
 use crate::task::{Task, TaskStatus};
 use crate::wire::{self, Subjects, WireError};
 
+mod confirm;
 mod http_client;
+mod options;
 
+pub use confirm::CONFIRM_FOR;
+use confirm::{just_accepted, refusal_of, status_of_event, Pace};
+pub(crate) use confirm::{leaders_verdict, wait_by_polling};
 pub use http_client::HttpClient;
+pub use options::ClientOptions;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -164,230 +168,6 @@ impl From<Error> for WireError {
     }
 }
 
-/// Options of a [`Client`] (and of an [`HttpClient`]).
-///
-/// ```no_run
-/// # async fn f() -> Result<(), cronoq::client::Error> {
-/// use std::time::Duration;
-/// let client = cronoq::client::ClientOptions::new()
-///     .prefix("cronoq")
-///     .request_timeout(Duration::from_secs(5))
-///     .connect("nats://127.0.0.1:4222")
-///     .await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct ClientOptions {
-    prefix: String,
-    nats_token: Option<String>,
-    credential: Option<Credential>,
-    request_timeout: Duration,
-    max_payload_bytes: usize,
-    wait_poll_interval: Option<Duration>,
-    login: wire::NatsLogin,
-}
-
-impl fmt::Debug for ClientOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientOptions")
-            .field("prefix", &self.prefix)
-            .field(
-                "nats_token",
-                &self.nats_token.as_ref().map(|_| "<redacted>"),
-            )
-            .field("credential", &self.credential)
-            .field("request_timeout", &self.request_timeout)
-            .field("max_payload_bytes", &self.max_payload_bytes)
-            .field("wait_poll_interval", &self.wait_poll_interval)
-            .field("login", &self.login)
-            .finish()
-    }
-}
-
-impl Default for ClientOptions {
-    fn default() -> Self {
-        ClientOptions {
-            prefix: "cronoq".into(),
-            nats_token: None,
-            credential: None,
-            request_timeout: Duration::from_secs(5),
-            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
-            wait_poll_interval: None,
-            login: wire::NatsLogin::new(),
-        }
-    }
-}
-
-impl ClientOptions {
-    /// The defaults: prefix `cronoq`, no credential, 5 s requests, 1 MiB payloads.
-    pub fn new() -> ClientOptions {
-        ClientOptions::default()
-    }
-
-    /// The subject prefix of the installation (default `cronoq`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> ClientOptions {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// The cronoq credential to act as: every request and submission
-    /// proves it (see the module docs). Replaces any credential given
-    /// before.
-    ///
-    /// ```
-    /// use cronoq::auth::Credential;
-    /// let options = cronoq::client::ClientOptions::new()
-    ///     .credential(Credential::token("submitter-token-0123456789"));
-    /// assert!(!format!("{options:?}").contains("submitter-token"));
-    /// ```
-    pub fn credential(mut self, credential: Credential) -> ClientOptions {
-        self.credential = Some(credential);
-        self
-    }
-
-    /// A cronoq token credential (`[[auth.tokens]]`): the same as
-    /// `credential(Credential::token(token))`. Over HTTP it is the
-    /// `Authorization: Bearer` token. Not the NATS connection token (that
-    /// is [`ClientOptions::nats_token`]). Never logged.
-    pub fn token(self, token: impl Into<String>) -> ClientOptions {
-        self.credential(Credential::token(token))
-    }
-
-    /// The cronoq token credential held by env var `var` (what
-    /// `--token-env` names); `INVALID_ARGUMENT` when it is unset or empty.
-    ///
-    /// ```
-    /// let e = cronoq::client::ClientOptions::new()
-    ///     .token_env("CRONOQ_DOCTEST_UNSET_VAR")
-    ///     .unwrap_err();
-    /// assert_eq!(e.code(), cronoq::core::ErrorCode::INVALID_ARGUMENT);
-    /// ```
-    pub fn token_env(self, var: &str) -> Result<ClientOptions, Error> {
-        let credential = Credential::from_token_env(var).map_err(invalid)?;
-        Ok(self.credential(credential))
-    }
-
-    /// The cronoq nkey credential of a user seed (`SU…`, as `cronoq keygen`
-    /// prints it); `INVALID_ARGUMENT` when it is not one. NATS only: the
-    /// HTTP API takes tokens.
-    pub fn nkey_seed(self, seed: &str) -> Result<ClientOptions, Error> {
-        let credential = Credential::nkey_seed(seed).map_err(invalid)?;
-        Ok(self.credential(credential))
-    }
-
-    /// The cronoq nkey credential whose seed is in the file at `path`
-    /// (what `--nkey-seed` names); `INVALID_ARGUMENT` when it cannot be
-    /// read or holds no seed.
-    pub fn nkey_seed_file(self, path: impl AsRef<std::path::Path>) -> Result<ClientOptions, Error> {
-        let credential = Credential::from_seed_file(path.as_ref()).map_err(invalid)?;
-        Ok(self.credential(credential))
-    }
-
-    /// The NATS connection token: what the NATS server asks of a
-    /// connection (its `authorization { token }`), not a cronoq
-    /// credential. Unused over HTTP. Never logged.
-    pub fn nats_token(mut self, token: impl Into<String>) -> ClientOptions {
-        self.nats_token = Some(token.into());
-        self
-    }
-
-    /// NATS credentials: a `.creds` file (user JWT and seed) or a file
-    /// holding an nkey user seed (`SU…`). Read when connecting; a missing
-    /// or malformed file is `INVALID_ARGUMENT`, a login NATS refuses
-    /// `UNAUTHENTICATED`. Over HTTP it is not used.
-    pub fn nats_creds(mut self, path: impl Into<std::path::PathBuf>) -> ClientOptions {
-        self.login = self.login.creds(path);
-        self
-    }
-
-    /// The inbox prefix of the NATS connection (replaces `_INBOX`), where
-    /// replies to this client arrive: with per-user inboxes
-    /// (`deploy/nats/auth.conf`), the prefix this user may subscribe to,
-    /// e.g. `_INBOX.submitter`.
-    pub fn inbox_prefix(mut self, prefix: impl Into<String>) -> ClientOptions {
-        self.login = self.login.inbox_prefix(prefix);
-        self
-    }
-
-    /// Credentials and inbox prefix at once (replacing both).
-    pub fn nats_login(mut self, login: wire::NatsLogin) -> ClientOptions {
-        self.login = login;
-        self
-    }
-
-    /// How long to wait for an answer (and for a connection).
-    pub fn request_timeout(mut self, timeout: Duration) -> ClientOptions {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// The largest payload to send (the server's limit may be lower).
-    pub fn max_payload_bytes(mut self, n: usize) -> ClientOptions {
-        self.max_payload_bytes = n;
-        self
-    }
-
-    /// How often `wait` looks the task up (default: every 2 s over NATS,
-    /// beside the events; every 500 ms over HTTP).
-    pub fn wait_poll_interval(mut self, interval: Duration) -> ClientOptions {
-        self.wait_poll_interval = Some(interval);
-        self
-    }
-
-    /// Connects to NATS at `url`.
-    pub async fn connect(self, url: &str) -> Result<Client, Error> {
-        let subjects = Subjects::new(&self.prefix)?;
-        let refusals = Refusals::default();
-        let recorder = refusals.clone();
-        let mut options = self
-            .login
-            .load()?
-            .options()
-            .name("cronoq-client")
-            .event_callback(move |event| {
-                let recorder = recorder.clone();
-                async move {
-                    if let async_nats::Event::ServerError(e) = event {
-                        tracing::warn!(error = %e, "nats-server reported an error on this connection");
-                        recorder.record(e.to_string());
-                    }
-                }
-            })
-            .connection_timeout(self.request_timeout)
-            .request_timeout(Some(self.request_timeout));
-        if let Some(token) = &self.nats_token {
-            options = options.token(token.clone());
-        }
-        let nats = options
-            .connect(wire::server_list(url))
-            .await
-            .map_err(|source| Error::Connect {
-                url: url.to_string(),
-                source,
-            })?;
-        let mut jetstream = async_nats::jetstream::new(nats.clone());
-        jetstream.set_timeout(self.request_timeout);
-        Ok(Client {
-            nats,
-            jetstream,
-            subjects,
-            url: url.to_string(),
-            credential: self.credential,
-            request_timeout: self.request_timeout,
-            max_payload_bytes: self.max_payload_bytes,
-            wait_poll_interval: self.wait_poll_interval.unwrap_or(Duration::from_secs(2)),
-            inbox_prefix: self.login.inbox().unwrap_or("_INBOX").to_string(),
-            refusals,
-            server_max: Default::default(),
-        })
-    }
-
-    /// An [`HttpClient`] for the HTTP API at `url` (`http://host:port`).
-    pub fn http(self, url: &str) -> Result<HttpClient, Error> {
-        HttpClient::with_options(url, self)
-    }
-}
-
 /// A remote client over NATS: cheap to clone, safe to share.
 ///
 /// ```no_run
@@ -449,18 +229,6 @@ impl Refusals {
 /// A credential that cannot be used: `INVALID_ARGUMENT`, nothing sent.
 fn invalid(e: WireError) -> Error {
     Error::Invalid(Rejection::InvalidArgument(e.message))
-}
-
-/// Checks an idempotency key before it becomes a `Nats-Msg-Id` header.
-pub(crate) fn check_key(task: &Task) -> Result<(), Rejection> {
-    match task.key() {
-        Some(k) if k.is_empty() || k.chars().any(char::is_control) => {
-            Err(Rejection::InvalidArgument(format!(
-                "idempotency key {k:?} must be non-empty text without control characters"
-            )))
-        }
-        _ => Ok(()),
-    }
 }
 
 impl Client {
@@ -597,9 +365,18 @@ impl Client {
     /// holds it.
     async fn publish_submission(&self, task: Task) -> Result<TaskId, Error> {
         task.to_spec(TaskId(1), self.max_payload_bytes)?;
-        check_key(&task)?;
-        let pool = PoolName::new(task.pool_name())?;
-        let body = wire::encode(&wire::Submit::from_task(&task));
+        let nonce = auth::client_nonce(SystemTime::now());
+        let msg_id = match (&self.credential, task.key()) {
+            (None, key) => key.map(str::to_string),
+            // Scoped to the credential, so another credential cannot take
+            // the key first.
+            (Some(credential), Some(key)) => Some(credential.msg_id(key)),
+            // The nonce: a replayed copy is a duplicate for the stream.
+            (Some(_), None) => Some(nonce.clone()),
+        };
+        // The one encoder (it checks the idempotency key).
+        let (subject, mut headers, body) =
+            wire::submission_with_msg_id(&self.subjects, &task, msg_id.as_deref())?;
         let server_max = self.server_max.get(&self.nats);
         if server_max > 0 && body.len() > server_max {
             return Err(Rejection::InvalidArgument(format!(
@@ -607,22 +384,6 @@ impl Client {
                 body.len()
             ))
             .into());
-        }
-        let subject = self.subjects.submit(&pool);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Content-Type", wire::SUBMIT_CONTENT_TYPE);
-        let nonce = auth::client_nonce(SystemTime::now());
-        match (&self.credential, task.key()) {
-            (None, Some(key)) => headers.insert(async_nats::header::NATS_MESSAGE_ID, key),
-            (None, None) => {}
-            // Scoped to the credential, so another credential cannot take
-            // the key first.
-            (Some(credential), Some(key)) => headers.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                credential.msg_id(key).as_str(),
-            ),
-            // The nonce: a replayed copy is a duplicate for the stream.
-            (Some(_), None) => headers.insert(async_nats::header::NATS_MESSAGE_ID, nonce.as_str()),
         }
         // Last: the proof covers `Nats-Msg-Id` and the other headers.
         if let Some(credential) = &self.credential {
@@ -652,7 +413,7 @@ impl Client {
         };
         let ack = self
             .jetstream
-            .publish_with_headers(subject.clone(), headers, body.into())
+            .publish_with_headers(subject.clone(), headers, body)
             .await
             .map_err(publish_error)?
             .await
@@ -817,165 +578,6 @@ impl Client {
                 }
             }
         }
-    }
-}
-
-/// Waits until the leader has taken submission `id` from the stream (for
-/// up to [`CONFIRM_FOR`], asking `api`) and returns its refusal with its
-/// code, if it refused it: what a `cronoq server` does before answering
-/// an unsigned submission, so a limit only the leader knows (`max_pools`:
-/// `RESOURCE_EXHAUSTED`, …) is not answered with an id. A lookup that
-/// fails (no leader at the moment) or a leader that has not taken it in
-/// time leaves it accepted, as it is: durable in the stream.
-pub(crate) async fn leaders_verdict(api: &dyn Api, id: TaskId) -> Result<(), WireError> {
-    let started = Instant::now();
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match api.task(id).await {
-            Ok(status) if just_accepted(&status) => {}
-            Ok(status) => return refusal_of(&status).map_or(Ok(()), Err),
-            Err(e) if e.code == ErrorCode::NOT_FOUND => {}
-            Err(e) => {
-                tracing::debug!(task_id = %id, error = %e, "submission not confirmed; answering it as accepted");
-                return Ok(());
-            }
-        }
-        if started.elapsed() >= CONFIRM_FOR {
-            return Ok(());
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(250));
-    }
-}
-
-/// How long [`Client::submit`] with a credential waits for the leader to
-/// take a submission (and check it) before returning it as accepted.
-pub const CONFIRM_FOR: Duration = Duration::from_secs(5);
-
-/// What the leader answers for a task the stream holds and it has not
-/// taken yet: queued, with no reason (a task it has taken and that waits
-/// always has one) and no attempt.
-fn just_accepted(status: &TaskStatus) -> bool {
-    status.state == crate::core::TaskState::Queued
-        && status.reason.is_none()
-        && status.attempts.is_empty()
-}
-
-/// The refusal a task's status records when the leader refused its
-/// submission (`submission refused: <message> [CODE]`, as the driver
-/// writes it): for its credential (`UNAUTHENTICATED`,
-/// `PERMISSION_DENIED`) or for anything else only the leader knows (a
-/// limit: `RESOURCE_EXHAUSTED`; a payload over its limit:
-/// `INVALID_ARGUMENT`; an undeclared pool: `NOT_FOUND`), with that code.
-fn refusal_of(status: &TaskStatus) -> Option<WireError> {
-    if status.state != crate::core::TaskState::Failed || !status.attempts.is_empty() {
-        return None;
-    }
-    let text = status
-        .error
-        .as_deref()?
-        .strip_prefix("submission refused: ")?;
-    let (message, code) = text.strip_suffix(']')?.rsplit_once(" [")?;
-    if code.is_empty() || !code.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
-        return None;
-    }
-    let code = ErrorCode(code.to_string().into());
-    Some(WireError::new(
-        code,
-        format!("task {} refused by the leader: {message}", status.id),
-    ))
-}
-
-/// When a wait looks its task up next: every `interval` while the server
-/// answers; after an `UNAVAILABLE`, sooner at first and then less often
-/// (from [`Pace::FIRST_RETRY`], doubling up to `interval`), so a takeover
-/// is noticed quickly without a tight loop while nobody answers.
-struct Pace {
-    interval: Duration,
-    next: Duration,
-}
-
-impl Pace {
-    const FIRST_RETRY: Duration = Duration::from_millis(50);
-
-    fn new(interval: Duration) -> Pace {
-        Pace {
-            interval,
-            next: interval,
-        }
-    }
-
-    fn pause(&self) -> Duration {
-        self.next
-    }
-
-    /// One lookup of a wait: a finished task ends it (`Some`); a live one,
-    /// one not known yet (for [`NOT_FOUND_GRACE`] from `started`) and a
-    /// server that does not answer go on (`None`); any other error ends
-    /// it.
-    fn look(
-        &mut self,
-        r: Result<TaskStatus, Error>,
-        started: Instant,
-    ) -> Result<Option<TaskStatus>, Error> {
-        match r {
-            Ok(status) if status.state.is_terminal() => Ok(Some(status)),
-            Ok(_) => {
-                self.next = self.interval;
-                Ok(None)
-            }
-            Err(e) if e.code() == ErrorCode::UNAVAILABLE => {
-                self.next = if self.next >= self.interval {
-                    Pace::FIRST_RETRY.min(self.interval)
-                } else {
-                    (self.next * 2).min(self.interval)
-                };
-                tracing::debug!(error = %e, retry_in_ms = self.next.as_millis() as u64, "no answer while waiting; trying again");
-                Ok(None)
-            }
-            Err(e) if e.code() == ErrorCode::NOT_FOUND && started.elapsed() < NOT_FOUND_GRACE => {
-                self.next = self.interval;
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// Waits by looking the task up every `interval` (what the HTTP client
-/// does), riding out a server that does not answer like [`Client::wait`].
-pub(crate) async fn wait_by_polling<F, Fut>(
-    interval: Duration,
-    mut get: F,
-) -> Result<TaskStatus, Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<TaskStatus, Error>>,
-{
-    let started = Instant::now();
-    let mut pace = Pace::new(interval);
-    loop {
-        if let Some(done) = pace.look(get().await, started)? {
-            return Ok(done);
-        }
-        tokio::time::sleep(pace.pause()).await;
-    }
-}
-
-/// A final status made from the terminal event alone (when the server
-/// cannot be asked): events carry no output or error text, so neither has
-/// one.
-fn status_of_event(event: &wire::TaskEvent) -> TaskStatus {
-    TaskStatus {
-        id: event.task_id,
-        pool: event.pool.clone(),
-        state: event.state,
-        reason: None,
-        attempts: Vec::new(),
-        output: None,
-        output_base64: None,
-        error: None,
-        deadline_missed: false,
     }
 }
 

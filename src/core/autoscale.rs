@@ -23,7 +23,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{FleetConfig, Labels, PoolName};
+use super::model::{Labels, PoolName};
+use super::spec::FleetConfig;
 
 /// The fleet (index into `fleets`) that a task requiring `required` counts
 /// toward: the fleets whose labels include `required`, fewest labels

@@ -35,8 +35,9 @@ use std::collections::{BTreeSet, VecDeque};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use super::model::{Labels, PoolConfig, PoolName};
+use super::model::{Labels, PoolName};
 use super::queue::WaitQueue;
+use super::spec::PoolConfig;
 
 /// How many reqsets with no live task are kept (per core) before the oldest
 /// is forgotten: a label set that comes back (one task at a time, each
@@ -101,6 +102,115 @@ impl Group {
     }
 }
 
+/// The matching groups of a reqset that have a free slot, best first.
+///
+/// Every busy-slot change of a group moves it in this order, in each
+/// reqset it serves: twice per attempt. Most reqsets match a handful of
+/// groups, so they are kept in a sorted vector (a binary search and a
+/// shift of a few bytes, no allocation, one cache line); past
+/// [`FreeGroups::SMALL`] entries, a B-tree keeps each move O(log n).
+#[derive(Debug)]
+pub(crate) enum FreeGroups {
+    Small(Vec<FreeKey>),
+    Large(BTreeSet<FreeKey>),
+}
+
+impl Default for FreeGroups {
+    fn default() -> Self {
+        FreeGroups::Small(Vec::new())
+    }
+}
+
+impl FreeGroups {
+    /// The most entries kept in the sorted vector.
+    const SMALL: usize = 64;
+
+    pub(crate) fn first(&self) -> Option<&FreeKey> {
+        match self {
+            FreeGroups::Small(v) => v.first(),
+            FreeGroups::Large(s) => s.first(),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            FreeGroups::Small(v) => v.is_empty(),
+            FreeGroups::Large(s) => s.is_empty(),
+        }
+    }
+
+    /// Best first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &FreeKey> + '_ {
+        let (small, large) = match self {
+            FreeGroups::Small(v) => (Some(v.iter()), None),
+            FreeGroups::Large(s) => (None, Some(s.iter())),
+        };
+        small
+            .into_iter()
+            .flatten()
+            .chain(large.into_iter().flatten())
+    }
+
+    pub(crate) fn insert(&mut self, key: FreeKey) {
+        match self {
+            FreeGroups::Small(v) => {
+                if let Err(at) = v.binary_search(&key) {
+                    if v.len() < Self::SMALL {
+                        v.insert(at, key);
+                    } else {
+                        let mut set: BTreeSet<FreeKey> = v.drain(..).collect();
+                        set.insert(key);
+                        *self = FreeGroups::Large(set);
+                    }
+                }
+            }
+            FreeGroups::Large(s) => {
+                s.insert(key);
+            }
+        }
+    }
+
+    /// `remove(old)` then `insert(new)`; in the vector the entry moves to
+    /// its new place without shifting the rest twice.
+    pub(crate) fn replace(&mut self, old: &FreeKey, new: FreeKey) {
+        let FreeGroups::Small(v) = self else {
+            self.remove(old);
+            return self.insert(new);
+        };
+        let Ok(mut at) = v.binary_search(old) else {
+            return self.insert(new);
+        };
+        v[at] = new;
+        while at > 0 && v[at - 1] > new {
+            v.swap(at - 1, at);
+            at -= 1;
+        }
+        while at + 1 < v.len() && v[at + 1] < new {
+            v.swap(at, at + 1);
+            at += 1;
+        }
+        if (at > 0 && v[at - 1] == new) || (at + 1 < v.len() && v[at + 1] == new) {
+            v.remove(at); // `new` was there already
+        }
+    }
+
+    pub(crate) fn remove(&mut self, key: &FreeKey) {
+        match self {
+            FreeGroups::Small(v) => {
+                if let Ok(at) = v.binary_search(key) {
+                    v.remove(at);
+                }
+            }
+            FreeGroups::Large(s) => {
+                s.remove(key);
+                if s.len() < Self::SMALL / 2 {
+                    *self = FreeGroups::Small(std::mem::take(s).into_iter().collect());
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct ReqSet {
     pub labels: Labels,
@@ -108,7 +218,7 @@ pub(crate) struct ReqSet {
     /// Matching groups (global ids), in creation order.
     pub groups: Vec<u32>,
     /// Matching groups with a free slot, best first.
-    pub free_groups: BTreeSet<FreeKey>,
+    pub free_groups: FreeGroups,
     pub queue: WaitQueue,
     /// Live tasks that require exactly these labels.
     pub live: u64,
@@ -125,7 +235,7 @@ impl ReqSet {
             labels,
             pairs,
             groups: Vec::new(),
-            free_groups: BTreeSet::new(),
+            free_groups: FreeGroups::default(),
             queue: WaitQueue::default(),
             live: 0,
             kept_idle: false,
@@ -391,11 +501,11 @@ impl Groups {
         let new_key = group.free_key(g);
         for &r in &group.reqsets {
             let set = &mut self.reqsets[r as usize];
-            if old_free > 0 {
-                set.free_groups.remove(&old_key);
-            }
-            if new_free > 0 {
-                set.free_groups.insert(new_key);
+            match (old_free > 0, new_free > 0) {
+                (true, true) => set.free_groups.replace(&old_key, new_key),
+                (true, false) => set.free_groups.remove(&old_key),
+                (false, true) => set.free_groups.insert(new_key),
+                (false, false) => {}
             }
         }
         let pool = &mut self.pools[group.pool as usize];
@@ -468,5 +578,42 @@ mod tests {
         assert!(!is_subset(&[4], &[1, 2, 3]));
         assert!(!is_subset(&[0], &[1, 2, 3]));
         assert!(!is_subset(&[1], &[]));
+    }
+
+    #[test]
+    fn free_groups_keep_the_order_of_a_btree_through_moves_and_growth() {
+        // A fixed pseudo-random walk of inserts, removes and moves over up
+        // to 100 groups: past 64 it turns into a B-tree and back.
+        let mut free = FreeGroups::default();
+        let mut model = BTreeSet::new();
+        let mut x: u64 = 7;
+        let mut next = |n: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % n
+        };
+        let key = |g: u64, f: u64| (0, Reverse(f as u32), g as u32, g as u32);
+        let mut slots = [0u64; 100];
+        for _ in 0..20_000 {
+            let g = next(100) as usize;
+            let old = slots[g];
+            let new = next(4);
+            match (old > 0, new > 0) {
+                (true, true) => free.replace(&key(g as u64, old), key(g as u64, new)),
+                (true, false) => free.remove(&key(g as u64, old)),
+                (false, true) => free.insert(key(g as u64, new)),
+                (false, false) => {}
+            }
+            if old > 0 {
+                model.remove(&key(g as u64, old));
+            }
+            if new > 0 {
+                model.insert(key(g as u64, new));
+            }
+            slots[g] = new;
+            assert!(free.iter().eq(model.iter()));
+            assert_eq!(free.first(), model.first());
+        }
     }
 }

@@ -28,18 +28,21 @@ mod ids;
 mod model;
 mod placement;
 mod queue;
+mod running;
 mod snapshot;
+mod spec;
 mod timers;
+mod waiting;
 
 pub use autoscale::*;
 pub use groups::GroupId;
 pub use model::*;
 pub use snapshot::*;
+pub use spec::*;
 
 use groups::Groups;
 use ids::IdIndex;
-use queue::QueueKey;
-use timers::{Timer, TimerKind, Timers};
+use timers::Timers;
 
 /// A fact the core learns about.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -535,15 +538,16 @@ impl Core {
     /// Refuses a submission or capacity the limits do not allow.
     fn check_limits(&self, now: Millis, event: &Event) -> Result<(), Rejection> {
         let (pool, creates) = match event {
-            Event::Submitted(spec) | Event::Recovered { spec, .. } => {
-                spec.check_horizon(now)?;
-                (&spec.pool, true)
-            }
+            Event::Submitted(spec) | Event::Recovered { spec, .. } => (&spec.pool, true),
             Event::CapacitySet { pool, slots, .. } => (pool, *slots > 0),
             Event::PoolConfigured { pool, .. } => (pool, true),
             _ => return Ok(()),
         };
         let existing = self.groups.find_pool(pool);
+        if let Event::Submitted(spec) | Event::Recovered { spec, .. } = event {
+            let allow = self.limits.allow_undeclared_pools;
+            check_admission(spec, now, existing.is_some(), allow)?;
+        }
         if existing.is_none() && creates {
             let declaring = matches!(event, Event::PoolConfigured { .. });
             if !declaring && !self.limits.allow_undeclared_pools {
@@ -672,570 +676,6 @@ impl Core {
         self.by_id.get(id).map(|i| (i, &self.tasks[i as usize]))
     }
 
-    // ---- submission -------------------------------------------------------
-
-    /// A task of an earlier leadership: waiting again, or running where
-    /// its worker re-attached (checked by `check_state`).
-    fn recover(
-        &mut self,
-        spec: TaskSpec,
-        attempts: u32,
-        running: Option<Resumed>,
-        out: &mut Vec<Action>,
-    ) {
-        let Some(running) = running else {
-            // Waiting for its next attempt; never past its last one.
-            let max = spec.max_attempts.unwrap_or_else(|| {
-                self.groups
-                    .find_pool(&spec.pool)
-                    .map_or(1, |p| self.groups.pools[p as usize].config.max_attempts)
-            });
-            let attempts = attempts.min(max.saturating_sub(1));
-            if attempts == 0 {
-                self.submit(spec, 0, out);
-            } else {
-                // A fixed start was honoured by its first attempt: a retry
-                // waits like any other.
-                let t = self.insert(spec, attempts);
-                self.enqueue_or_start(t, out);
-            }
-            return;
-        };
-        let t = self.insert(spec, attempts - 1);
-        let p = self.tasks[t as usize].pool;
-        let g = self.groups.group(p, &running.labels);
-        self.groups.set_capacity(g, running.capacity);
-        // As if started now: the slot, the phase, the attempt timeout; the
-        // `Start` is not returned (the attempt already runs).
-        let mut started = Vec::new();
-        self.start(t, g, false, &mut started);
-        self.fill_group(g, out);
-        self.refill_if_reserved(p);
-    }
-
-    fn submit(&mut self, spec: TaskSpec, attempts: u32, out: &mut Vec<Action>) {
-        let fixed_start = spec.fixed_start;
-        let t = self.insert(spec, attempts);
-        let p = self.tasks[t as usize].pool;
-        let Some(fixed) = fixed_start else {
-            self.enqueue_or_start(t, out);
-            return;
-        };
-        let now = self.now;
-        let lead = self.groups.pools[p as usize].config.reservation_lead;
-        if now > fixed.start_at.plus(fixed.tolerance) {
-            self.missed(t, out);
-            return;
-        }
-        self.timers.add(self.timer(t, TimerKind::Miss));
-        self.groups.pools[p as usize].scheduled += 1;
-        if now >= fixed.start_at.minus(lead) {
-            self.reserve(t);
-            // A start_at already reached fires at once.
-            self.fire_timers(out);
-        } else {
-            self.tasks[t as usize].phase = Phase::Scheduled;
-            self.timers.add(self.timer(t, TimerKind::ReservationDue));
-        }
-    }
-
-    /// Adds a live task's record (no queue, no timer yet).
-    fn insert(&mut self, spec: TaskSpec, attempts: u32) -> u32 {
-        let p = self.groups.pool(&spec.pool);
-        let r = self.groups.reqset(p, &spec.required);
-        let config = &self.groups.pools[p as usize].config;
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let needs_extra = spec.fixed_start.is_some()
-            || spec.est_runtime.is_some()
-            || spec.attempt_timeout.is_some()
-            || spec.backoff.is_some();
-        let extra = needs_extra.then(|| {
-            Box::new(TaskExtra {
-                fixed: spec.fixed_start,
-                est_runtime: spec.est_runtime.map_or(NONE, |d| d.0),
-                attempt_timeout: spec.attempt_timeout.map_or(NONE, |d| d.0),
-                timer_at: NONE,
-                backoff: spec.backoff.unwrap_or(config.backoff),
-            })
-        });
-        let rec = TaskRec {
-            id: spec.id,
-            seq,
-            deadline: spec.deadline.map_or(NONE, |d| d.0),
-            extra,
-            pool: p,
-            reqset: r,
-            priority: spec.priority,
-            attempt: attempts,
-            max_attempts: spec.max_attempts.unwrap_or(config.max_attempts),
-            bypass: 0,
-            group: u32::MAX,
-            phase: Phase::Free,
-            urgent: false,
-            revoked: None,
-        };
-        let t = match self.free_slab.pop() {
-            Some(t) => {
-                self.tasks[t as usize] = rec;
-                t
-            }
-            None => {
-                self.tasks.push(rec);
-                (self.tasks.len() - 1) as u32
-            }
-        };
-        self.by_id.insert(spec.id, t);
-        self.groups.pools[p as usize].live += 1;
-        self.groups.reqsets[r as usize].live += 1;
-
-        t
-    }
-
-    /// The timer of `kind` for task `t`, computed from its fields.
-    fn timer(&self, t: u32, kind: TimerKind) -> Timer {
-        let rec = &self.tasks[t as usize];
-        let pool = &self.groups.pools[rec.pool as usize];
-        let fixed = rec.fixed().unwrap_or(FixedStart {
-            start_at: Millis::ZERO,
-            tolerance: Millis::ZERO,
-        });
-        let at = match kind {
-            TimerKind::ReservationDue => fixed.start_at.minus(pool.config.reservation_lead),
-            TimerKind::FixedStart => fixed.start_at,
-            TimerKind::Miss => fixed.start_at.plus(fixed.tolerance),
-            TimerKind::Urgent => Millis(rec.deadline).minus(pool.config.urgency_window),
-            TimerKind::Retry | TimerKind::AttemptTimeout => Millis(rec.timer_at()),
-        };
-        Timer {
-            at,
-            kind,
-            seq: rec.seq,
-            task: t,
-        }
-    }
-
-    /// Scheduled → Reserved: the pool starts holding a slot back.
-    fn reserve(&mut self, t: u32) {
-        let rec = &mut self.tasks[t as usize];
-        rec.phase = Phase::Reserved;
-        let key = (rec.start_at(), rec.seq, t);
-        let pool = rec.pool;
-        self.groups.pools[pool as usize].reservations.insert(key);
-        self.timers.add(self.timer(t, TimerKind::FixedStart));
-    }
-
-    /// Reserved → Ready at `start_at`: start on the best matching free slot
-    /// (the held slot is ours), or wait for one.
-    fn fixed_start_due(&mut self, t: u32, out: &mut Vec<Action>) {
-        let rec = &mut self.tasks[t as usize];
-        rec.phase = Phase::Ready;
-        let key = (rec.start_at(), rec.seq, t);
-        let pool = &mut self.groups.pools[rec.pool as usize];
-        pool.scheduled -= 1;
-        pool.waiting += 1;
-        pool.ready_fixed.insert(key);
-        if let Some(g) = self.best_free_group(t) {
-            self.take_waiter(t);
-            self.start(t, g, false, out);
-        }
-    }
-
-    /// A fixed start that could not happen within its tolerance.
-    fn missed(&mut self, t: u32, out: &mut Vec<Action>) {
-        let p = self.tasks[t as usize].pool;
-        match self.groups.pools[p as usize].config.on_miss {
-            OnMiss::Skip => self.finish(t, TaskState::Missed, out),
-            OnMiss::Run => {
-                if let Some(extra) = &mut self.tasks[t as usize].extra {
-                    extra.fixed = None;
-                }
-                self.enqueue_or_start(t, out);
-            }
-        }
-    }
-
-    /// Place a task that may run now, or queue it.
-    fn enqueue_or_start(&mut self, t: u32, out: &mut Vec<Action>) {
-        if self.pool_allows(t, 0) {
-            if let Some(g) = self.best_free_group(t) {
-                self.start(t, g, false, out);
-                return;
-            }
-        }
-        self.enqueue(t);
-    }
-
-    fn queue_key(&self, t: u32) -> QueueKey {
-        let rec = &self.tasks[t as usize];
-        QueueKey::new(rec.urgent.then_some(rec.deadline), rec.priority, rec.seq)
-    }
-
-    fn enqueue(&mut self, t: u32) {
-        let now = self.now;
-        let rec = &mut self.tasks[t as usize];
-        rec.phase = Phase::Queued;
-        let window = self.groups.pools[rec.pool as usize].config.urgency_window;
-        rec.urgent = rec.deadline != NONE && now >= Millis(rec.deadline).minus(window);
-        let (pool, r, seq, est, deadline, urgent) = (
-            rec.pool,
-            rec.reqset,
-            rec.seq,
-            rec.est_runtime(),
-            rec.deadline,
-            rec.urgent,
-        );
-        let key = self.queue_key(t);
-        self.groups.reqsets[r as usize].queue.push(key, t);
-        let pool = &mut self.groups.pools[pool as usize];
-        pool.waiting += 1;
-        if est != NONE {
-            pool.backfill.insert((seq, t));
-        }
-        if deadline != NONE && !urgent {
-            self.timers.add(self.timer(t, TimerKind::Urgent));
-        }
-    }
-
-    /// Takes a waiter that `choose_waiter` picked out of its queue.
-    fn take_chosen(&mut self, w: placement::Waiter) {
-        let Some((r, key)) = w.head else {
-            return self.take_waiter(w.task);
-        };
-        let t = w.task;
-        // The queue is left by the key `choose_waiter` read from its head,
-        // so the cache misses on the record and on the queue overlap.
-        let rec = &self.tasks[t as usize];
-        debug_assert_eq!(rec.phase, Phase::Queued);
-        debug_assert_eq!(key, self.queue_key(t));
-        let (p, seq) = (rec.pool, rec.seq);
-        let has_urgent_timer = rec.deadline != NONE && !rec.urgent;
-        let backfill = rec.est_runtime() != NONE;
-        let removed = self.groups.reqsets[r as usize].queue.remove(&key, t);
-        debug_assert!(removed, "queued task not in its queue");
-        let pool = &mut self.groups.pools[p as usize];
-        pool.waiting -= 1;
-        if backfill {
-            pool.backfill.remove(&(seq, t));
-        }
-        if has_urgent_timer {
-            self.timers.cancel(&self.timer(t, TimerKind::Urgent));
-        }
-    }
-
-    /// Takes a Queued or Ready task out of wherever it waits.
-    fn take_waiter(&mut self, t: u32) {
-        let key = self.queue_key(t);
-        let rec = &self.tasks[t as usize];
-        let (p, r, seq, phase) = (rec.pool, rec.reqset, rec.seq, rec.phase);
-        let has_urgent_timer = rec.deadline != NONE && !rec.urgent;
-        let backfill = rec.est_runtime() != NONE;
-        let pool = &mut self.groups.pools[p as usize];
-        pool.waiting -= 1;
-        match phase {
-            Phase::Queued => {
-                if backfill {
-                    pool.backfill.remove(&(seq, t));
-                }
-                let removed = self.groups.reqsets[r as usize].queue.remove(&key, t);
-                debug_assert!(removed, "queued task not in its queue");
-                if has_urgent_timer {
-                    self.timers.cancel(&self.timer(t, TimerKind::Urgent));
-                }
-            }
-            Phase::Ready => {
-                let start_at = self.tasks[t as usize].start_at();
-                pool.ready_fixed.remove(&(start_at, seq, t));
-                pool.reservations.remove(&(start_at, seq, t));
-                self.timers.cancel(&self.timer(t, TimerKind::Miss));
-                // One reservation fewer: held slots may be released.
-                self.refill.push(p);
-            }
-            other => unreachable!("take_waiter on {other:?}"),
-        }
-    }
-
-    // ---- running ----------------------------------------------------------
-
-    /// Starts the next attempt of `t` in group `g`. With `handover` the slot
-    /// just freed by another attempt passes straight on, so busy is unchanged.
-    fn start(&mut self, t: u32, g: u32, handover: bool, out: &mut Vec<Action>) {
-        if !handover {
-            let busy = self.groups.groups[g as usize].busy;
-            self.groups.set_busy(g, busy + 1);
-        }
-        let now = self.now;
-        let rec = &mut self.tasks[t as usize];
-        rec.phase = Phase::Running;
-        rec.attempt += 1;
-        rec.group = g;
-        rec.bypass = 0;
-        rec.revoked = None;
-        out.push(Action::Start {
-            task: rec.id,
-            attempt: rec.attempt,
-            group: GroupId(g),
-        });
-        if let Some(extra) = &mut rec.extra {
-            if extra.attempt_timeout != NONE {
-                extra.timer_at = now.0.saturating_add(extra.attempt_timeout);
-                self.timers.add(self.timer(t, TimerKind::AttemptTimeout));
-            }
-        }
-    }
-
-    fn attempt_ended(
-        &mut self,
-        t: u32,
-        id: TaskId,
-        outcome: AttemptOutcome,
-        out: &mut Vec<Action>,
-    ) {
-        let rec = &self.tasks[t as usize];
-        let (g, phase, revoked, attempt, max_attempts) = (
-            rec.group,
-            rec.phase,
-            rec.revoked,
-            rec.attempt,
-            rec.max_attempts,
-        );
-        if rec.attempt_timeout() != NONE {
-            self.timers
-                .cancel(&self.timer(t, TimerKind::AttemptTimeout));
-        }
-        let outcome = match (revoked, outcome) {
-            (Some(RevokeReason::Timeout), o) if o != AttemptOutcome::Succeeded => {
-                AttemptOutcome::Lost
-            }
-            (_, o) => o,
-        };
-        let mut retry_now = false;
-        match outcome {
-            _ if phase == Phase::Draining => self.release(t),
-            AttemptOutcome::Succeeded => self.finish(t, TaskState::Succeeded, out),
-            AttemptOutcome::Cancelled => self.finish(t, TaskState::Cancelled, out),
-            AttemptOutcome::Failed { retryable: false } => self.finish(t, TaskState::Failed, out),
-            AttemptOutcome::Failed { retryable: true } | AttemptOutcome::Lost
-                if attempt >= max_attempts =>
-            {
-                self.finish(t, TaskState::Failed, out)
-            }
-            AttemptOutcome::Failed { retryable: true } | AttemptOutcome::Lost => {
-                let rec = &mut self.tasks[t as usize];
-                let backoff = self.groups.pools[rec.pool as usize].config.backoff;
-                let extra = rec.extra_mut(backoff);
-                let at = self.now.plus(extra.backoff.delay_after(attempt));
-                extra.timer_at = at.0;
-                rec.phase = Phase::Backoff;
-                rec.group = u32::MAX;
-                out.push(Action::RetryAt {
-                    task: id,
-                    attempt: attempt + 1,
-                    at,
-                });
-                if at <= self.now {
-                    retry_now = true;
-                } else {
-                    self.timers.add(self.timer(t, TimerKind::Retry));
-                }
-            }
-        }
-        self.release_slot(g, out);
-        if retry_now {
-            self.enqueue_or_start(t, out);
-        }
-    }
-
-    /// A slot of `g` is no longer used by its attempt: hand it straight to
-    /// the next waiter, or count it free.
-    fn release_slot(&mut self, g: u32, out: &mut Vec<Action>) {
-        let group = &self.groups.groups[g as usize];
-        if group.busy <= group.capacity {
-            if let Some(w) = self.choose_waiter(g, 1) {
-                self.take_chosen(w);
-                self.start(w.task, g, true, out);
-                return;
-            }
-        }
-        let busy = self.groups.groups[g as usize].busy;
-        self.groups.set_busy(g, busy - 1);
-        if busy == 1 && self.groups.groups[g as usize].capacity == 0 {
-            self.tidy.push(Tidy::Group(g));
-        }
-        self.refill_if_reserved(self.groups.groups[g as usize].pool);
-    }
-
-    /// Gives free slots of `g` to waiters until none is free or none waits.
-    fn fill_group(&mut self, g: u32, out: &mut Vec<Action>) {
-        while self.groups.groups[g as usize].free() > 0 {
-            match self.choose_waiter(g, 0) {
-                Some(w) => {
-                    self.take_chosen(w);
-                    self.start(w.task, g, false, out);
-                }
-                None => break,
-            }
-        }
-    }
-
-    /// A reservation went away without using a slot: free slots of the pool
-    /// may now go to waiters. Groups are visited in preference order.
-    fn fill_pool(&mut self, p: u32, out: &mut Vec<Action>) {
-        let all = self.groups.pools[p as usize].reqsets[0];
-        let free: Vec<u32> = self.groups.reqsets[all as usize]
-            .free_groups
-            .iter()
-            .map(|&(_, _, _, g)| g)
-            .collect();
-        for g in free {
-            self.fill_group(g, out);
-        }
-    }
-
-    // ---- ending -----------------------------------------------------------
-
-    fn finish(&mut self, t: u32, state: TaskState, out: &mut Vec<Action>) {
-        let now = self.now;
-        let rec = &self.tasks[t as usize];
-        let deadline_missed = rec.deadline != NONE && now > Millis(rec.deadline);
-        if deadline_missed {
-            self.groups.pools[rec.pool as usize].deadline_missed += 1;
-        }
-        out.push(Action::Finished {
-            task: rec.id,
-            pool: self.groups.pools[rec.pool as usize].name.clone(),
-            state,
-            attempts: rec.attempt,
-            deadline_missed,
-        });
-        self.release(t);
-    }
-
-    /// Forgets a task's record.
-    fn release(&mut self, t: u32) {
-        let rec = &mut self.tasks[t as usize];
-        self.by_id.remove(rec.id);
-        rec.phase = Phase::Free;
-        rec.extra = None;
-        let (p, r) = (rec.pool, rec.reqset);
-        self.free_slab.push(t);
-        self.groups.pools[p as usize].live -= 1;
-        self.groups.reqsets[r as usize].live -= 1;
-        self.tidy.push(Tidy::ReqSet(r));
-        self.tidy.push(Tidy::Pool(p));
-    }
-
-    fn cancel(&mut self, t: u32, id: TaskId, out: &mut Vec<Action>) {
-        let rec = &self.tasks[t as usize];
-        let p = rec.pool;
-        let held = matches!(rec.phase, Phase::Reserved | Phase::Ready);
-        match rec.phase {
-            Phase::Scheduled => {
-                self.timers
-                    .cancel(&self.timer(t, TimerKind::ReservationDue));
-                self.timers.cancel(&self.timer(t, TimerKind::Miss));
-                self.groups.pools[p as usize].scheduled -= 1;
-            }
-            Phase::Reserved => {
-                self.timers.cancel(&self.timer(t, TimerKind::FixedStart));
-                self.timers.cancel(&self.timer(t, TimerKind::Miss));
-                let key = (rec.start_at(), rec.seq, t);
-                let pool = &mut self.groups.pools[p as usize];
-                pool.scheduled -= 1;
-                pool.reservations.remove(&key);
-            }
-            Phase::Ready | Phase::Queued => self.take_waiter(t),
-            Phase::Backoff => self.timers.cancel(&self.timer(t, TimerKind::Retry)),
-            Phase::Running => {
-                if rec.attempt_timeout() != NONE {
-                    self.timers
-                        .cancel(&self.timer(t, TimerKind::AttemptTimeout));
-                }
-                let rec = &mut self.tasks[t as usize];
-                out.push(Action::Revoke {
-                    task: id,
-                    attempt: rec.attempt,
-                    group: GroupId(rec.group),
-                    reason: RevokeReason::Cancelled,
-                });
-                rec.phase = Phase::Draining;
-                let deadline_missed = rec.deadline != NONE && self.now > Millis(rec.deadline);
-                if deadline_missed {
-                    self.groups.pools[p as usize].deadline_missed += 1;
-                }
-                out.push(Action::Finished {
-                    task: id,
-                    pool: self.groups.pools[p as usize].name.clone(),
-                    state: TaskState::Cancelled,
-                    attempts: rec.attempt,
-                    deadline_missed,
-                });
-                return;
-            }
-            Phase::Draining | Phase::Free => unreachable!("checked in check_state"),
-        }
-        self.finish(t, TaskState::Cancelled, out);
-        if held {
-            self.fill_pool(p, out);
-        }
-    }
-
-    // ---- time -------------------------------------------------------------
-
-    /// Fires the timers due at `now`; returns whether any was due.
-    fn fire_timers(&mut self, out: &mut Vec<Action>) -> bool {
-        let mut fired = false;
-        while let Some(timer) = self.timers.pop_due(self.now) {
-            fired = true;
-            let t = timer.task;
-            let Some(rec) = self.tasks.get(t as usize) else {
-                continue;
-            };
-            if rec.seq != timer.seq || rec.phase == Phase::Free {
-                continue;
-            }
-            let p = rec.pool;
-            match (timer.kind, rec.phase) {
-                (TimerKind::ReservationDue, Phase::Scheduled) => self.reserve(t),
-                (TimerKind::FixedStart, Phase::Reserved) => self.fixed_start_due(t, out),
-                (TimerKind::Miss, Phase::Ready) => {
-                    let rec = &self.tasks[t as usize];
-                    let key = (rec.start_at(), rec.seq, t);
-                    let pool = &mut self.groups.pools[p as usize];
-                    pool.ready_fixed.remove(&key);
-                    pool.reservations.remove(&key);
-                    pool.waiting -= 1;
-                    self.missed(t, out);
-                    self.fill_pool(p, out);
-                }
-                (TimerKind::Urgent, Phase::Queued) if !rec.urgent => {
-                    let old = self.queue_key(t);
-                    let r = rec.reqset;
-                    self.tasks[t as usize].urgent = true;
-                    let new = self.queue_key(t);
-                    let queue = &mut self.groups.reqsets[r as usize].queue;
-                    queue.remove(&old, t);
-                    queue.push(new, t);
-                }
-                (TimerKind::Retry, Phase::Backoff) if rec.timer_at() == timer.at.0 => {
-                    self.enqueue_or_start(t, out)
-                }
-                (TimerKind::AttemptTimeout, Phase::Running) if rec.timer_at() == timer.at.0 => {
-                    let rec = &mut self.tasks[t as usize];
-                    rec.revoked = Some(RevokeReason::Timeout);
-                    out.push(Action::Revoke {
-                        task: rec.id,
-                        attempt: rec.attempt,
-                        group: GroupId(rec.group),
-                        reason: RevokeReason::Timeout,
-                    });
-                }
-                _ => {}
-            }
-        }
-        fired
-    }
-
     // ---- views ------------------------------------------------------------
 
     /// Why a task of this reqset waits for a slot (not in backoff, not
@@ -1296,4 +736,23 @@ fn check_arguments(event: &Event) -> Result<(), Rejection> {
         }
         _ => Ok(()),
     }
+}
+
+/// The checks of a submission that need no state but whether its pool is
+/// known: its horizon ([`TaskSpec::check_horizon`]), then an undeclared
+/// pool (`UnknownPool` unless `allow_undeclared_pools`). [`Core::handle`]
+/// runs them on every submission; a shell that refuses a submission before
+/// the core sees it (the leader's own `POST /v1/tasks`) calls this, not a
+/// copy of it.
+pub fn check_admission(
+    spec: &TaskSpec,
+    now: Millis,
+    pool_known: bool,
+    allow_undeclared_pools: bool,
+) -> Result<(), Rejection> {
+    spec.check_horizon(now)?;
+    if !pool_known && !allow_undeclared_pools {
+        return Err(Rejection::UnknownPool(spec.pool.clone()));
+    }
+    Ok(())
 }

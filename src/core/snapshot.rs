@@ -7,7 +7,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::autoscale::{fleet_figures, AutoscaleAnswer, FleetAutoscale, ReqsetDemand};
-use super::model::{Labels, Millis, PoolName, WaitReason};
+use super::model::{Labels, Millis, PoolName};
+use super::spec::WaitReason;
 use super::Core;
 
 /// The whole scheduler at one instant.

@@ -51,7 +51,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use super::{Caller, HttpError, JsonBody};
+use super::extract::JsonBody;
+use super::{Caller, HttpError};
 use crate::api::{
     Api, BackfillReport, BackfillRequest, CreateScheduleRequest, FireRecord, ScheduleEntry,
     ScheduleInfo,

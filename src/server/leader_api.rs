@@ -115,14 +115,14 @@ impl LeaderApi {
     }
 
     /// Submits through the stream: durable before the id is returned.
-    /// Checked here as the driver will check it (payload limit, horizon,
-    /// declared pools), so a bad submission is refused at once.
+    /// Checked here as the driver will check it (the task's own checks,
+    /// then the core's admission: horizon, declared pools), so a bad
+    /// submission is refused at once; the one encoder checks its key.
     pub async fn submit(&self, task: Task) -> Result<TaskId, WireError> {
         let spec = task.to_spec(TaskId(1), self.inner.max_payload_bytes)?;
-        spec.check_horizon(wall_now())?;
-        if !self.inner.allow_undeclared_pools && !self.inner.declared_pools.contains(&spec.pool) {
-            return Err(crate::core::Rejection::UnknownPool(spec.pool).into());
-        }
+        let known = self.inner.declared_pools.contains(&spec.pool);
+        let allow = self.inner.allow_undeclared_pools;
+        crate::core::check_admission(&spec, wall_now(), known, allow)?;
         let (subject, headers, body) = wire::submission(&self.inner.subjects, &task)?;
         let ack = self
             .inner

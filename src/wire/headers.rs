@@ -1,5 +1,6 @@
 //! Plain-publish submissions: raw body = payload, options in `Cronoq-*`
-//! headers; and the text forms of times and durations shared with the CLI.
+//! headers (the text forms of times and durations, [`parse_time`] and
+//! [`parse_duration`], live with the options in [`crate::task`]).
 //!
 //! | header | value |
 //! |---|---|
@@ -11,20 +12,23 @@
 //! | `Cronoq-Est-Runtime` | duration |
 //! | `Cronoq-Max-Attempts` | integer ≥ 1 |
 //! | `Cronoq-Attempt-Timeout` | duration |
+//! | `Cronoq-Backoff` | `INITIAL,MAX` durations (`1s,1m`) |
 //! | `Cronoq-Idempotency-Key` | text (`Nats-Msg-Id` de-duplicates too) |
 //! | `traceparent` | W3C trace context, `00-<trace id>-<parent id>-<flags>` |
 //!
 //! Any other `Cronoq-*` header is refused, so a typo does not pass silently.
+//! The headers fill a [`SubmitRequest`], the text form every path shares,
+//! so a bad value is refused as it is over HTTP or the CLI.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 
-use crate::core::{excerpt, Millis, PoolName, Rejection, MAX_HORIZON, MAX_LABELS};
-use crate::task::Task;
+use crate::core::{excerpt, PoolName, Rejection, MAX_LABELS};
+use crate::task::{BackoffRequest, SubmitRequest, Task};
 
 /// The `Cronoq-*` headers a plain publish may carry.
-pub const SUBMIT_HEADERS: [&str; 9] = [
+pub const SUBMIT_HEADERS: [&str; 10] = [
     "Cronoq-Labels",
     "Cronoq-Priority",
     "Cronoq-Deadline",
@@ -33,6 +37,7 @@ pub const SUBMIT_HEADERS: [&str; 9] = [
     "Cronoq-Est-Runtime",
     "Cronoq-Max-Attempts",
     "Cronoq-Attempt-Timeout",
+    "Cronoq-Backoff",
     "Cronoq-Idempotency-Key",
 ];
 
@@ -44,61 +49,7 @@ pub const TRACEPARENT: &str = "traceparent";
 /// checked, is the auth layer's; the name is the wire's).
 pub const AUTH_HEADER: &str = "Cronoq-Auth";
 
-/// Parses `30s`, `5m`, `1h 30m`, `250ms`; at most 10 years
-/// ([`MAX_HORIZON`]).
-///
-/// ```
-/// use cronoq::wire::parse_duration;
-/// assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
-/// assert!(parse_duration("300000000000y").is_err());
-/// ```
-pub fn parse_duration(text: &str) -> Result<Duration, Rejection> {
-    let d = humantime::parse_duration(text.trim())
-        .map_err(|e| Rejection::InvalidArgument(format!("duration {}: {e}", excerpt(text))))?;
-    if Millis::from_duration(d) > MAX_HORIZON {
-        return Err(Rejection::InvalidArgument(format!(
-            "duration {} is longer than the limit of 10 years",
-            excerpt(text)
-        )));
-    }
-    Ok(d)
-}
-
-/// Parses an RFC 3339 time, or a duration meaning "that long after `now`"
-/// (at most 10 years; the sum never overflows).
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use cronoq::wire::parse_time;
-/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
-/// assert_eq!(parse_time("30s", now).unwrap(), now + Duration::from_secs(30));
-/// assert!(parse_time("10000000000000000000s", now).is_err());
-/// ```
-pub fn parse_time(text: &str, now: SystemTime) -> Result<SystemTime, Rejection> {
-    let text = text.trim();
-    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
-        return Ok(t);
-    }
-    match humantime::parse_duration(text) {
-        Ok(d) if Millis::from_duration(d) <= MAX_HORIZON => now.checked_add(d).ok_or_else(|| {
-            Rejection::InvalidArgument(format!("time {} is out of range", excerpt(text)))
-        }),
-        Ok(_) => Err(Rejection::InvalidArgument(format!(
-            "time {} is more than 10 years ahead",
-            excerpt(text)
-        ))),
-        Err(_) => Err(Rejection::InvalidArgument(format!(
-            "time {} is neither RFC 3339 (2026-12-02T16:00:00Z) nor a duration from now (30s)",
-            excerpt(text)
-        ))),
-    }
-}
-
-/// The refusal of a tolerance given without a fixed start (the same on
-/// every path: headers, MessagePack, HTTP).
-pub fn tolerance_without_start() -> Rejection {
-    Rejection::InvalidArgument("tolerance is given without start_at".into())
-}
+pub use crate::task::{parse_duration, parse_time, tolerance_without_start};
 
 fn parse_int<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, Rejection> {
     text.trim().parse().map_err(|_| {
@@ -107,15 +58,17 @@ fn parse_int<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, Rejectio
 }
 
 /// A task from a plain publish: `headers` yields `(name, value)` pairs.
+/// The headers fill a [`SubmitRequest`] (as the JSON of `POST /v1/tasks`
+/// would), which becomes the task through the one conversion
+/// ([`crate::task::SubmitOptions::into_task`]).
 pub fn task_from_headers<'a>(
     pool: &PoolName,
     payload: Bytes,
     headers: impl IntoIterator<Item = (&'a str, &'a str)>,
     now: SystemTime,
 ) -> Result<Task, Rejection> {
-    let mut task = Task::new(payload).pool(pool.as_str());
-    let mut start_at = None;
-    let mut tolerance = None;
+    let mut req = SubmitRequest::default();
+    let text = |v: &str| Some(v.to_string());
     for (name, value) in headers {
         let known = SUBMIT_HEADERS
             .iter()
@@ -130,21 +83,19 @@ pub fn task_from_headers<'a>(
                             "more than {MAX_LABELS} labels"
                         )));
                     }
-                    task = task.label_text(item);
+                    req.labels.insert_parsed(item)?;
                 }
             }
-            Some("Cronoq-Priority") => task = task.priority(parse_int(name, value)?),
-            Some("Cronoq-Deadline") => task = task.deadline(parse_time(value, now)?),
-            Some("Cronoq-Start-At") => start_at = Some(parse_time(value, now)?),
-            Some("Cronoq-Tolerance") => tolerance = Some(parse_duration(value)?),
-            Some("Cronoq-Est-Runtime") => task = task.est_runtime(parse_duration(value)?),
-            Some("Cronoq-Max-Attempts") => task = task.max_attempts(parse_int(name, value)?),
-            Some("Cronoq-Attempt-Timeout") => task = task.attempt_timeout(parse_duration(value)?),
-            Some("Cronoq-Idempotency-Key") => task = task.idempotency_key(value),
-            _ if name.eq_ignore_ascii_case(TRACEPARENT) => {
-                crate::task::check_traceparent(value)?;
-                task = task.traceparent(value);
-            }
+            Some("Cronoq-Priority") => req.priority = Some(parse_int(name, value)?),
+            Some("Cronoq-Deadline") => req.deadline = text(value),
+            Some("Cronoq-Start-At") => req.start_at = text(value),
+            Some("Cronoq-Tolerance") => req.tolerance = text(value),
+            Some("Cronoq-Est-Runtime") => req.est_runtime = text(value),
+            Some("Cronoq-Max-Attempts") => req.max_attempts = Some(parse_int(name, value)?),
+            Some("Cronoq-Attempt-Timeout") => req.attempt_timeout = text(value),
+            Some("Cronoq-Backoff") => req.backoff = Some(BackoffRequest::parse(value)?),
+            Some("Cronoq-Idempotency-Key") => req.idempotency_key = text(value),
+            _ if name.eq_ignore_ascii_case(TRACEPARENT) => req.traceparent = text(value),
             // The submitter's proof: checked by the leader (crate::auth).
             _ if name.eq_ignore_ascii_case(AUTH_HEADER) => {}
             // `get`, not `[..7]`: a non-ASCII header name has no char
@@ -162,17 +113,16 @@ pub fn task_from_headers<'a>(
             _ => {}
         }
     }
-    match (start_at, tolerance) {
-        (Some(at), tolerance) => task = task.start_at(at, tolerance.unwrap_or_default()),
-        (None, Some(_)) => return Err(tolerance_without_start()),
-        (None, None) => {}
-    }
-    Ok(task)
+    let mut options = req.into_options(now)?;
+    options.payload = payload;
+    options.pool = Some(pool.as_str().to_string());
+    options.into_task()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn headers_become_options() {
@@ -263,6 +213,20 @@ mod tests {
             .check_horizon(crate::core::Millis(1_800_000_000_000))
             .unwrap_err();
         assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn backoff_is_a_header() {
+        let pool = PoolName::new("p").unwrap();
+        let now = SystemTime::UNIX_EPOCH;
+        let task =
+            task_from_headers(&pool, Bytes::new(), [("Cronoq-Backoff", "1s, 1m")], now).unwrap();
+        assert_eq!(
+            task.backoff,
+            Some((Duration::from_secs(1), Duration::from_secs(60)))
+        );
+        let e = task_from_headers(&pool, Bytes::new(), [("Cronoq-Backoff", "1s")], now);
+        assert!(e.is_err());
     }
 
     #[test]

@@ -129,11 +129,26 @@ pub fn submission(
     subjects: &Subjects,
     task: &crate::task::Task,
 ) -> Result<(String, async_nats::HeaderMap, bytes::Bytes), Rejection> {
+    submission_with_msg_id(subjects, task, task.key())
+}
+
+/// [`submission`] with `Nats-Msg-Id` as given (a client acting as a
+/// credential scopes the key to it): the one encoder of every submission
+/// (the leader's own and every client's), so the idempotency key is
+/// checked ([`crate::task::check_key`]) before anything is published.
+pub fn submission_with_msg_id(
+    subjects: &Subjects,
+    task: &crate::task::Task,
+    msg_id: Option<&str>,
+) -> Result<(String, async_nats::HeaderMap, bytes::Bytes), Rejection> {
     let pool = crate::core::PoolName::new(task.pool_name())?;
+    if let Some(key) = task.key() {
+        crate::task::check_key(key)?;
+    }
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
-    if let Some(key) = task.key() {
-        headers.insert("Nats-Msg-Id", key);
+    if let Some(id) = msg_id {
+        headers.insert("Nats-Msg-Id", id);
     }
     let body = encode(&Submit::from_task(task));
     Ok((subjects.submit(&pool), headers, body.into()))

@@ -335,7 +335,7 @@ const REQUESTS: [Request; 11] = [
 ];
 
 /// What each plain-publish header means, with an example value.
-const HEADER_DOCS: [(&str, &str, &str); 9] = [
+const HEADER_DOCS: [(&str, &str, &str); 10] = [
     (
         "Cronoq-Labels",
         "Labels the running group must carry: comma-separated `name=value`.",
@@ -376,6 +376,11 @@ const HEADER_DOCS: [(&str, &str, &str); 9] = [
         "Cronoq-Attempt-Timeout",
         "Longest run of one attempt; past it the attempt counts as lost.",
         "1h",
+    ),
+    (
+        "Cronoq-Backoff",
+        "Backoff between attempts: `INITIAL,MAX` durations, the delay doubling from INITIAL up to MAX (default: the pool's).",
+        "1s,1m",
     ),
     (
         "Cronoq-Idempotency-Key",

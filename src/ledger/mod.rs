@@ -36,11 +36,14 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
-use smallvec::SmallVec;
 
 use crate::core::{AttemptOutcome, Core, Labels, Millis, PoolName, TaskId, TaskState};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::task::{AttemptRecord, Outcome, TaskStatus};
+
+mod entries;
+
+use entries::Entries;
 
 /// The error of an attempt stopped for its attempt timeout.
 pub(crate) const TIMEOUT: &str = "timeout";
@@ -103,8 +106,71 @@ pub(crate) struct Done {
     state: TaskState,
     output: Option<Bytes>,
     error: Option<String>,
-    attempts: SmallVec<[AttemptRecord; 1]>,
+    attempts: DoneAttempts,
     deadline_missed: bool,
+}
+
+/// A retained task's attempts. The usual single attempt (no credential,
+/// no error, an outcome cronoq named) is kept in a few words: the ring is
+/// copied into and read from at every finish, and a smaller entry is fewer
+/// bytes moved and fewer cache lines touched. Anything else is kept as it
+/// was.
+enum DoneAttempts {
+    One {
+        attempt: u32,
+        group: Labels,
+        worker: Option<String>,
+        started_at: Millis,
+        ended_at: Option<Millis>,
+        outcome: Option<&'static str>,
+    },
+    Other(Vec<AttemptRecord>),
+}
+
+impl DoneAttempts {
+    fn of(attempts: &[AttemptRecord]) -> DoneAttempts {
+        if let [a] = attempts {
+            let outcome = match &a.outcome {
+                None => Some(None),
+                Some(std::borrow::Cow::Borrowed(name)) => Some(Some(*name)),
+                Some(std::borrow::Cow::Owned(_)) => None,
+            };
+            if let (Some(outcome), None, None) = (outcome, &a.credential, &a.error) {
+                return DoneAttempts::One {
+                    attempt: a.attempt,
+                    group: a.group.clone(),
+                    worker: a.worker.clone(),
+                    started_at: a.started_at,
+                    ended_at: a.ended_at,
+                    outcome,
+                };
+            }
+        }
+        DoneAttempts::Other(attempts.to_vec())
+    }
+
+    fn to_vec(&self) -> Vec<AttemptRecord> {
+        match self {
+            DoneAttempts::One {
+                attempt,
+                group,
+                worker,
+                started_at,
+                ended_at,
+                outcome,
+            } => vec![AttemptRecord {
+                attempt: *attempt,
+                group: group.clone(),
+                worker: worker.clone(),
+                credential: None,
+                started_at: *started_at,
+                ended_at: *ended_at,
+                outcome: outcome.map(std::borrow::Cow::Borrowed),
+                error: None,
+            }],
+            DoneAttempts::Other(all) => all.clone(),
+        }
+    }
 }
 
 impl Done {
@@ -115,7 +181,7 @@ impl Done {
             state: outcome.state,
             output: outcome.output.clone(),
             error: outcome.error.clone(),
-            attempts: outcome.attempts.iter().cloned().collect(),
+            attempts: DoneAttempts::of(&outcome.attempts),
             deadline_missed: outcome.deadline_missed,
         }
     }
@@ -575,394 +641,5 @@ fn elapsed(then: Millis, now: Millis) -> Millis {
     Millis(now.0.saturating_sub(then.0))
 }
 
-/// Live entries by id. The scheduler hands out ids in order and most tasks
-/// finish roughly in order, so live ids mostly fall in a window
-/// `[base, base + window.len())`: a deque indexed by `id - base`, with no
-/// hashing and 8 bytes of overhead per entry. When finished tasks leave the
-/// window more than half empty (a long-running task holds its front), the
-/// oldest entries move to a map, so the window never keeps finished tasks
-/// alive for long.
-pub(crate) struct Entries<T> {
-    base: u64,
-    window: VecDeque<Option<T>>,
-    in_window: usize,
-    far: FxHashMap<TaskId, T>,
-    /// No id above this is in `far`: a new id (past the window, the usual
-    /// miss) costs no hash probe.
-    far_max: u64,
-}
-
-impl<T> Default for Entries<T> {
-    fn default() -> Self {
-        Entries {
-            base: 0,
-            window: VecDeque::new(),
-            in_window: 0,
-            far: FxHashMap::default(),
-            far_max: 0,
-        }
-    }
-}
-
-impl<T> Entries<T> {
-    /// Adds the entry of a new task; ids only grow.
-    pub(crate) fn insert(&mut self, id: TaskId, entry: T) {
-        if self.window.is_empty() {
-            self.base = id.0;
-        }
-        let Some(at) = id.0.checked_sub(self.base) else {
-            self.put_far(id, entry);
-            return;
-        };
-        let at = at as usize;
-        while self.window.len() < at {
-            self.window.push_back(None);
-        }
-        if at < self.window.len() {
-            // An id below the window's end: not from the counter.
-            match &mut self.window[at] {
-                Some(_) => {
-                    self.put_far(id, entry);
-                }
-                slot => {
-                    *slot = Some(entry);
-                    self.in_window += 1;
-                }
-            }
-            return;
-        }
-        self.window.push_back(Some(entry));
-        self.in_window += 1;
-    }
-
-    fn put_far(&mut self, id: TaskId, entry: T) {
-        self.far_max = self.far_max.max(id.0);
-        self.far.insert(id, entry);
-    }
-
-    fn may_be_far(&self, id: TaskId) -> bool {
-        id.0 <= self.far_max && !self.far.is_empty()
-    }
-
-    fn index(&self, id: TaskId) -> Option<usize> {
-        let at = usize::try_from(id.0.checked_sub(self.base)?).ok()?;
-        (at < self.window.len() && self.window[at].is_some()).then_some(at)
-    }
-
-    pub(crate) fn get(&self, id: TaskId) -> Option<&T> {
-        match self.index(id) {
-            Some(at) => self.window[at].as_ref(),
-            None if !self.may_be_far(id) => None,
-            None => self.far.get(&id),
-        }
-    }
-
-    pub(crate) fn get_mut(&mut self, id: TaskId) -> Option<&mut T> {
-        match self.index(id) {
-            Some(at) => self.window[at].as_mut(),
-            None if !self.may_be_far(id) => None,
-            None => self.far.get_mut(&id),
-        }
-    }
-
-    /// The ids of the newest `limit` live entries, highest first. The
-    /// window is at least half full (see `remove`), so this reads about
-    /// `2 * limit` of its slots; the far map holds the few old entries.
-    pub(crate) fn newest(&self, limit: usize) -> Vec<TaskId> {
-        let mut ids: Vec<TaskId> = self
-            .window
-            .iter()
-            .enumerate()
-            .rev()
-            .filter(|(_, e)| e.is_some())
-            .take(limit)
-            .map(|(at, _)| TaskId(self.base + at as u64))
-            .collect();
-        ids.extend(self.far.keys().copied());
-        ids.sort_unstable_by(|a, b| b.cmp(a));
-        ids.truncate(limit);
-        ids
-    }
-
-    pub(crate) fn remove(&mut self, id: TaskId) -> Option<T> {
-        let Some(at) = self.index(id) else {
-            if !self.may_be_far(id) {
-                return None;
-            }
-            return self.far.remove(&id);
-        };
-        self.in_window -= 1;
-        let entry = self.window[at].take();
-        while self.window.front().is_some_and(Option::is_none) {
-            self.window.pop_front();
-            self.base += 1;
-        }
-        while self.window.len() > 64 && self.in_window * 2 < self.window.len() {
-            if let Some(Some(old)) = self.window.pop_front() {
-                self.in_window -= 1;
-                self.put_far(TaskId(self.base), old);
-            }
-            self.base += 1;
-        }
-        entry
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ledger(retain: usize) -> Ledger<(), ()> {
-        Ledger::new(retain)
-    }
-
-    /// Task `id` of the default pool, accepted at `at` (ms).
-    fn accept(l: &mut Ledger<(), ()>, id: u64, key: Option<&str>, at: u64) {
-        l.accept(
-            TaskId(id),
-            &PoolName::default(),
-            Bytes::new(),
-            key,
-            (),
-            Millis(at),
-        );
-    }
-
-    fn finish(l: &mut Ledger<(), ()>, id: u64, state: TaskState) -> Outcome {
-        l.finish(TaskId(id), PoolName::default(), state, false, Millis(9))
-            .expect("live")
-            .outcome
-    }
-
-    #[test]
-    fn an_attempt_stopped_for_its_timeout_is_lost_with_reason_timeout() {
-        let mut l = ledger(10);
-        accept(&mut l, 1, None, 0);
-        l.started(
-            TaskId(1),
-            1,
-            Labels::new(),
-            Some("w".into()),
-            None,
-            Millis(1),
-        );
-        l.timed_out(TaskId(1), 1);
-        // However the stop is reported (embedded: aborted = cancelled;
-        // remote: failed or cancelled), it is lost with reason timeout.
-        let told = l.ended(
-            TaskId(1),
-            1,
-            AttemptOutcome::Cancelled,
-            None,
-            None,
-            Millis(5),
-        );
-        assert_eq!(told, AttemptOutcome::Lost);
-        l.started(TaskId(1), 2, Labels::new(), None, None, Millis(6));
-        let told = l.ended(
-            TaskId(1),
-            2,
-            AttemptOutcome::Succeeded,
-            Some(Bytes::from("ok")),
-            None,
-            Millis(7),
-        );
-        assert_eq!(told, AttemptOutcome::Succeeded);
-        let done = finish(&mut l, 1, TaskState::Succeeded);
-        assert_eq!(done.attempts[0].outcome.as_deref(), Some("lost"));
-        assert_eq!(done.attempts[0].error.as_deref(), Some(TIMEOUT));
-        assert_eq!(done.attempts[0].ended_at, Some(Millis(5)));
-        assert_eq!(done.attempts[1].outcome.as_deref(), Some("succeeded"));
-        assert_eq!(done.output.as_deref(), Some(&b"ok"[..]));
-    }
-
-    #[test]
-    fn a_success_after_the_timeout_revoke_still_counts() {
-        let mut l = ledger(10);
-        accept(&mut l, 1, None, 0);
-        l.started(TaskId(1), 1, Labels::new(), None, None, Millis(1));
-        l.timed_out(TaskId(1), 1);
-        let told = l.ended(
-            TaskId(1),
-            1,
-            AttemptOutcome::Succeeded,
-            None,
-            None,
-            Millis(2),
-        );
-        assert_eq!(told, AttemptOutcome::Succeeded);
-    }
-
-    #[test]
-    fn finishing_closes_an_open_attempt_as_cancelled() {
-        let mut l = ledger(10);
-        accept(&mut l, 3, None, 0);
-        l.started(TaskId(3), 1, Labels::new(), None, None, Millis(1));
-        let done = finish(&mut l, 3, TaskState::Cancelled);
-        assert_eq!(done.attempts[0].outcome.as_deref(), Some("cancelled"));
-        assert_eq!(done.attempts[0].ended_at, Some(Millis(9)));
-        assert!(!l.is_live(TaskId(3)) && l.is_finished(TaskId(3)));
-    }
-
-    #[test]
-    fn a_key_is_bound_while_live_and_retained_then_free() {
-        let mut l = ledger(2);
-        accept(&mut l, 1, Some("k"), 0);
-        assert_eq!(l.by_key("k"), Some(TaskId(1)));
-        l.alias(TaskId(2), TaskId(1));
-        assert_eq!(l.resolve(TaskId(2)), TaskId(1));
-        finish(&mut l, 1, TaskState::Succeeded);
-        // Retained: the key and the alias still stand for task 1.
-        assert_eq!(l.by_key("k"), Some(TaskId(1)));
-        assert!(l.outcome(TaskId(2)).is_some());
-        l.alias(TaskId(3), TaskId(1));
-        for id in [10, 11] {
-            accept(&mut l, id, None, 0);
-            finish(&mut l, id, TaskState::Succeeded);
-        }
-        // Two newer outcomes pushed task 1 out, with its key and aliases.
-        assert_eq!(l.by_key("k"), None);
-        assert!(!l.knows(TaskId(1)) && !l.knows(TaskId(2)) && !l.knows(TaskId(3)));
-        assert!(l.knows(TaskId(10)) && l.knows(TaskId(11)));
-    }
-
-    #[test]
-    fn with_no_retention_a_key_is_free_once_finished() {
-        let mut l = ledger(0);
-        accept(&mut l, 1, Some("k"), 0);
-        l.alias(TaskId(2), TaskId(1));
-        finish(&mut l, 1, TaskState::Failed);
-        assert_eq!(l.by_key("k"), None);
-        assert!(!l.knows(TaskId(1)) && !l.knows(TaskId(2)));
-    }
-
-    #[test]
-    fn unaccept_forgets_the_task_and_its_key() {
-        let mut l = ledger(5);
-        accept(&mut l, 4, Some("k"), 0);
-        l.unaccept(TaskId(4));
-        assert!(!l.knows(TaskId(4)));
-        assert_eq!(l.by_key("k"), None);
-    }
-
-    #[test]
-    fn the_ring_stays_bounded() {
-        let mut l = ledger(3);
-        for id in 1..=100 {
-            accept(&mut l, id, Some(&format!("k{id}")), 0);
-            l.alias(TaskId(1000 + id), TaskId(id));
-            finish(&mut l, id, TaskState::Succeeded);
-        }
-        assert_eq!(l.retained, 3);
-        assert!(l.keys.len() <= 3 && l.aliases.len() <= 4 && l.ring.len() <= 7);
-    }
-
-    fn figures(l: &Ledger<(), ()>) -> crate::metrics::PoolMetrics {
-        l.metrics().pools.into_iter().next().expect("one pool")
-    }
-
-    #[test]
-    fn a_retried_then_succeeded_task_counts_once_submitted_twice_started() {
-        let mut l = ledger(10);
-        accept(&mut l, 1, None, 1_000);
-        l.started(TaskId(1), 1, Labels::new(), None, None, Millis(1_250));
-        let failed = AttemptOutcome::Failed { retryable: true };
-        l.ended(
-            TaskId(1),
-            1,
-            failed,
-            None,
-            Some("boom".into()),
-            Millis(1_350),
-        );
-        l.started(TaskId(1), 2, Labels::new(), None, None, Millis(2_000));
-        l.ended(
-            TaskId(1),
-            2,
-            AttemptOutcome::Succeeded,
-            None,
-            None,
-            Millis(7_000),
-        );
-        finish(&mut l, 1, TaskState::Succeeded);
-        let m = figures(&l);
-        assert_eq!((m.submitted, m.started, m.retried, m.lost), (1, 2, 1, 0));
-        assert_eq!((m.succeeded, m.failed, m.cancelled, m.missed), (1, 0, 0, 0));
-        // One queue wait (submit → first start), 0.25 s: in le=0.25.
-        assert_eq!((m.queue_wait.count, m.queue_wait.sum_ms), (1, 250));
-        assert_eq!(m.queue_wait.buckets[2], 1);
-        // Two runs: 0.1 s (le=0.1) and 5 s (le=5).
-        assert_eq!((m.run.count, m.run.sum_ms), (2, 5_100));
-        assert_eq!((m.run.buckets[1], m.run.buckets[6]), (1, 1));
-    }
-
-    #[test]
-    fn a_lost_attempt_counts_lost_and_its_run() {
-        let mut l = ledger(10);
-        accept(&mut l, 1, None, 0);
-        l.started(TaskId(1), 1, Labels::new(), None, None, Millis(0));
-        l.timed_out(TaskId(1), 1);
-        l.ended(
-            TaskId(1),
-            1,
-            AttemptOutcome::Cancelled,
-            None,
-            None,
-            Millis(60_000),
-        );
-        l.started(TaskId(1), 2, Labels::new(), None, None, Millis(61_000));
-        l.ended(
-            TaskId(1),
-            2,
-            AttemptOutcome::Lost,
-            None,
-            None,
-            Millis(3_600_001),
-        );
-        finish(&mut l, 1, TaskState::Failed);
-        let m = figures(&l);
-        assert_eq!((m.started, m.retried, m.lost, m.failed), (2, 1, 2, 1));
-        // 60 s is le=60 (inclusive); just over 3,539 s is le=3600.
-        assert_eq!(m.run.buckets[9], 1);
-        assert_eq!(m.run.buckets[13], 1);
-    }
-
-    #[test]
-    fn a_cancel_counts_cancelled_and_closes_the_run() {
-        let mut l = ledger(10);
-        accept(&mut l, 1, None, 0);
-        accept(&mut l, 2, None, 0);
-        l.started(TaskId(1), 1, Labels::new(), None, None, Millis(10));
-        finish(&mut l, 1, TaskState::Cancelled); // running: closed at 9… (clock ran back)
-        finish(&mut l, 2, TaskState::Cancelled); // waiting: no run
-        let m = figures(&l);
-        assert_eq!((m.submitted, m.started, m.cancelled), (2, 1, 2));
-        assert_eq!((m.run.count, m.run.sum_ms), (1, 0));
-        assert_eq!(m.queue_wait.count, 1);
-    }
-
-    #[test]
-    fn a_refused_submission_counts_once_and_dead_lettered() {
-        let mut l = ledger(10);
-        let pool = PoolName::new("p").unwrap();
-        l.accept(TaskId(1), &pool, Bytes::new(), None, (), Millis(0));
-        l.unaccept(TaskId(1));
-        l.record_outcome(
-            &Outcome {
-                id: TaskId(1),
-                pool,
-                state: TaskState::Failed,
-                output: None,
-                error: Some("refused".into()),
-                attempts: Vec::new(),
-                deadline_missed: false,
-            },
-            None,
-        );
-        let m = figures(&l);
-        assert_eq!(
-            (m.pool.as_str(), m.submitted, m.failed, m.dead_lettered),
-            ("p", 1, 1, 1)
-        );
-    }
-}
+mod tests;

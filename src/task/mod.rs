@@ -17,6 +17,12 @@ use crate::core::{
     WaitReason,
 };
 
+mod submit;
+pub use submit::{
+    check_key, parse_duration, parse_time, tolerance_without_start, BackoffRequest, SubmitOptions,
+    SubmitRequest,
+};
+
 /// A task to submit: payload plus options. Building never fails; the
 /// scheduler validates on submit.
 ///

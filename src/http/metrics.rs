@@ -1,0 +1,496 @@
+//! `GET /metrics`: the Prometheus text of a snapshot's gauges
+//! ([`metrics_text`]) and of the counters and histograms
+//! ([`counters_text`]).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use super::{ApiState, HttpError};
+use crate::api::{Api, Health};
+use crate::core::{ErrorCode, Snapshot};
+
+/// The `/metrics` route, merged into [`super::router`].
+pub(super) fn routes() -> Router<Arc<dyn Api>> {
+    Router::new().route("/metrics", get(metrics))
+}
+
+async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {
+    // A follower asks the leader for the snapshot; with `[auth] required`
+    // it has no credential of its own to ask with, and exports its health
+    // alone (the leader exports the pools). Unready with no leader to ask:
+    // its health alone too, so `cronoq_unready` says why.
+    let snapshot = match api.snapshot().await {
+        Ok(snapshot) => snapshot,
+        Err(e)
+            if e.code == ErrorCode::UNAUTHENTICATED
+                || e.code == ErrorCode::PERMISSION_DENIED
+                || (e.code == ErrorCode::UNAVAILABLE && !api.health().ready) =>
+        {
+            Snapshot::default()
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut text = metrics_text(&snapshot, &api.health());
+    // A remote client's Api has no counters: the gauges alone then.
+    if let Ok(counted) = api.metrics().await {
+        text.push_str(&counters_text(&counted));
+    }
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// Escapes a Prometheus label value: `\`, `"` and newlines.
+///
+/// ```
+/// assert_eq!(cronoq::http::escape_label_value("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
+/// ```
+pub fn escape_label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// One metric family: `# HELP`, `# TYPE`, then its samples.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl Family<'_> {
+    fn start<'a>(out: &'a mut String, name: &str, kind: &str, help: &str) -> Family<'a> {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        Family { out }
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+        self.sample_text(name, labels, &value.to_string());
+    }
+
+    fn sample_text(&mut self, name: &str, labels: &[(&str, &str)], value: &str) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape_label_value(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// The Prometheus text exposition of a snapshot: per-pool gauges (label
+/// `pool`), per-group and per-demand gauges (labels `pool` and `labels`,
+/// the label set as `k=v,k=v`, empty for the unlabeled group), readiness
+/// and the leader's epoch.
+///
+/// ```
+/// use cronoq::core::*;
+/// let mut core = Core::new();
+/// let pool = PoolName::new("p").unwrap();
+/// core.handle(Millis(0), Event::CapacitySet { pool, labels: Labels::from([("gpu", "a100")]), slots: 2 }).unwrap();
+/// let health = cronoq::api::Health { live: true, ready: true, detail: String::new() };
+/// let text = cronoq::http::metrics_text(&core.snapshot(), &health);
+/// assert!(text.contains(r#"cronoq_group_capacity{pool="p",labels="gpu=a100"} 2"#));
+/// ```
+pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
+    let mut out = String::new();
+    Family::start(
+        &mut out,
+        "cronoq_ready",
+        "gauge",
+        "1 when the server is ready (connected, and leading or following a known leader).",
+    )
+    .sample("cronoq_ready", &[], u64::from(health.ready));
+    if !health.ready {
+        Family::start(
+            &mut out,
+            "cronoq_unready",
+            "gauge",
+            "1 while the server is not ready, with the reason /readyz gives.",
+        )
+        .sample("cronoq_unready", &[("reason", &health.detail)], 1);
+    }
+    if let Some(leader) = &snapshot.leader {
+        Family::start(
+            &mut out,
+            "cronoq_leader_epoch",
+            "gauge",
+            "The current leadership epoch.",
+        )
+        .sample(
+            "cronoq_leader_epoch",
+            &[("leader", &leader.id)],
+            leader.epoch,
+        );
+    }
+
+    type PoolValue = fn(&crate::core::PoolSnapshot) -> u64;
+    let pool_gauges: [(&str, &str, &str, PoolValue); 9] = [
+        ("cronoq_pool_capacity", "gauge", "Slots in the pool.", |p| {
+            p.capacity
+        }),
+        (
+            "cronoq_pool_busy",
+            "gauge",
+            "Slots running attempts.",
+            |p| p.busy,
+        ),
+        (
+            "cronoq_pool_waiting",
+            "gauge",
+            "Tasks waiting for a slot.",
+            |p| p.waiting,
+        ),
+        (
+            "cronoq_pool_scheduled",
+            "gauge",
+            "Fixed-start tasks whose start is in the future.",
+            |p| p.scheduled,
+        ),
+        (
+            "cronoq_pool_reserved",
+            "gauge",
+            "Slots held back for due reservations.",
+            |p| p.reserved,
+        ),
+        (
+            "cronoq_pool_desired",
+            "gauge",
+            "Slots the pool should have (the autoscaling signal).",
+            |p| p.autoscale.desired,
+        ),
+        (
+            "cronoq_pool_autoscale_min",
+            "gauge",
+            "Configured lower bound of the autoscaling signal.",
+            |p| p.autoscale.min,
+        ),
+        (
+            "cronoq_pool_autoscale_max",
+            "gauge",
+            "Configured upper bound of the autoscaling signal.",
+            |p| p.autoscale.max,
+        ),
+        (
+            "cronoq_pool_deadline_missed_total",
+            "counter",
+            "Tasks that finished after their deadline, since the scheduler started.",
+            |p| p.deadline_missed,
+        ),
+    ];
+    for (name, kind, help, value) in pool_gauges {
+        let mut family = Family::start(&mut out, name, kind, help);
+        for p in &snapshot.pools {
+            family.sample(name, &[("pool", p.name.as_str())], value(p));
+        }
+    }
+
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_pool_workers",
+        "gauge",
+        "Remote workers registered in the pool.",
+    );
+    let mut per_pool: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for w in &snapshot.workers {
+        *per_pool.entry(w.pool.as_str()).or_default() += 1;
+    }
+    for p in &snapshot.pools {
+        let n = per_pool.get(p.name.as_str()).copied().unwrap_or(0);
+        family.sample("cronoq_pool_workers", &[("pool", p.name.as_str())], n);
+    }
+    // Series per label set are bounded (the first MAX_LABEL_SET_SERIES of
+    // each family, pools by name), so a flood of label sets cannot make a
+    // scrape huge; what was left out is counted.
+    let mut dropped = 0u64;
+
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_demand_waiting",
+        "gauge",
+        "Tasks waiting with exactly these required labels.",
+    );
+    let demand = snapshot
+        .pools
+        .iter()
+        .flat_map(|p| p.demand.iter().map(move |d| (p, d)));
+    for (n, (p, d)) in demand.enumerate() {
+        if n >= MAX_LABEL_SET_SERIES {
+            dropped += 1;
+            continue;
+        }
+        {
+            let labels = d.labels.to_string();
+            family.sample(
+                "cronoq_demand_waiting",
+                &[("pool", p.name.as_str()), ("labels", &labels)],
+                d.waiting,
+            );
+        }
+    }
+
+    type GroupValue = fn(&crate::core::GroupSnapshot) -> u32;
+    let group_gauges: [(&str, &str, GroupValue); 3] = [
+        ("cronoq_group_capacity", "Slots in the group.", |g| {
+            g.capacity
+        }),
+        (
+            "cronoq_group_busy",
+            "Slots of the group running attempts.",
+            |g| g.busy,
+        ),
+        (
+            "cronoq_group_workers",
+            "Remote workers in the group.",
+            |g| g.workers,
+        ),
+    ];
+    for (i, (name, help, value)) in group_gauges.into_iter().enumerate() {
+        let mut family = Family::start(&mut out, name, "gauge", help);
+        let groups = snapshot
+            .pools
+            .iter()
+            .flat_map(|p| p.groups.iter().map(move |g| (p, g)));
+        for (n, (p, g)) in groups.enumerate() {
+            if n >= MAX_LABEL_SET_SERIES {
+                dropped += u64::from(i == 0);
+                continue;
+            }
+            let labels = g.labels.to_string();
+            family.sample(
+                name,
+                &[("pool", p.name.as_str()), ("labels", &labels)],
+                u64::from(value(g)),
+            );
+        }
+    }
+    // Fleets are declared in the configuration, so their series are
+    // bounded by it (at most MAX_FLEETS per pool).
+    type FleetValue = fn(&crate::core::FleetAutoscale) -> u64;
+    let fleet_gauges: [(&str, &str, FleetValue); 3] = [
+        (
+            "cronoq_autoscale_desired",
+            "Workers a declared fleet should have: ceil((busy + waiting + reserved) / slots_per_worker) within its min and max.",
+            |f| f.desired,
+        ),
+        (
+            "cronoq_autoscale_waiting",
+            "Waiting tasks that count toward a declared fleet (each task toward one fleet).",
+            |f| f.waiting,
+        ),
+        (
+            "cronoq_autoscale_reserved",
+            "Due fixed-start reservations that count toward a declared fleet.",
+            |f| f.reserved,
+        ),
+    ];
+    for (name, help, value) in fleet_gauges {
+        let mut family = Family::start(&mut out, name, "gauge", help);
+        for p in &snapshot.pools {
+            for f in &p.fleets {
+                let labels = f.labels.to_string();
+                family.sample(
+                    name,
+                    &[("pool", p.name.as_str()), ("labels", &labels)],
+                    value(f),
+                );
+            }
+        }
+    }
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_autoscale_waiting_without_fleet",
+        "gauge",
+        "Waiting tasks and due reservations of a pool that declares fleets but whose labels no fleet covers.",
+    );
+    for p in snapshot.pools.iter().filter(|p| !p.fleets.is_empty()) {
+        family.sample(
+            "cronoq_autoscale_waiting_without_fleet",
+            &[("pool", p.name.as_str())],
+            p.waiting_without_fleet,
+        );
+    }
+
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_metrics_label_sets_dropped",
+        "gauge",
+        "Label sets (demand rows and groups) left out of this scrape to bound its size.",
+    );
+    family.sample("cronoq_metrics_label_sets_dropped", &[], dropped);
+    out
+}
+
+/// The bucket bounds as `le` labels: seconds, shortest form.
+fn le_labels() -> Vec<String> {
+    crate::metrics::BUCKETS_MS
+        .iter()
+        .map(|ms| format!("{}", *ms as f64 / 1000.0))
+        .chain(std::iter::once("+Inf".to_string()))
+        .collect()
+}
+
+/// The Prometheus text of the ledger's counters and histograms (label
+/// `pool`, and `outcome` for finished tasks) and a server's election and
+/// journal figures. Pools are bounded by [`crate::metrics::MAX_METRIC_POOLS`]
+/// (the rest under `pool="_other"`).
+///
+/// ```
+/// let mut p = cronoq::metrics::PoolMetrics::new("p");
+/// p.succeeded = 3;
+/// p.run.observe(cronoq::core::Millis(50));
+/// let m = cronoq::metrics::MetricsSnapshot { pools: vec![p], server: None, schedules: None };
+/// let text = cronoq::http::counters_text(&m);
+/// assert!(text.contains(r#"cronoq_tasks_finished_total{pool="p",outcome="succeeded"} 3"#));
+/// assert!(text.contains(r#"cronoq_run_seconds_bucket{pool="p",le="0.05"} 1"#));
+/// assert!(text.contains(r#"cronoq_run_seconds_sum{pool="p"} 0.05"#));
+/// ```
+pub fn counters_text(m: &crate::metrics::MetricsSnapshot) -> String {
+    use crate::metrics::{Histogram, PoolMetrics};
+    let mut out = String::new();
+    type Count = fn(&PoolMetrics) -> u64;
+    let counters: [(&str, &str, Count); 5] = [
+        (
+            "cronoq_tasks_submitted_total",
+            "Tasks submitted (accepted, or refused and dead-lettered).",
+            |p| p.submitted,
+        ),
+        (
+            "cronoq_attempts_started_total",
+            "Attempts started, first attempts and retries.",
+            |p| p.started,
+        ),
+        (
+            "cronoq_attempts_retried_total",
+            "Attempts started after an earlier attempt of the same task.",
+            |p| p.retried,
+        ),
+        (
+            "cronoq_attempts_lost_total",
+            "Attempts lost: worker gone, lease expired, or stopped for the attempt timeout.",
+            |p| p.lost,
+        ),
+        (
+            "cronoq_tasks_dead_lettered_total",
+            "Submissions refused (malformed, over a limit) and copied to the dead-letter stream.",
+            |p| p.dead_lettered,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let mut family = Family::start(&mut out, name, "counter", help);
+        for p in &m.pools {
+            family.sample(name, &[("pool", &p.pool)], value(p));
+        }
+    }
+    let name = "cronoq_tasks_finished_total";
+    let mut family = Family::start(
+        &mut out,
+        name,
+        "counter",
+        "Tasks finished, by outcome (succeeded, failed, cancelled, missed).",
+    );
+    for p in &m.pools {
+        for (outcome, n) in [
+            ("succeeded", p.succeeded),
+            ("failed", p.failed),
+            ("cancelled", p.cancelled),
+            ("missed", p.missed),
+        ] {
+            family.sample(name, &[("pool", &p.pool), ("outcome", outcome)], n);
+        }
+    }
+    let les = le_labels();
+    type Hist = fn(&PoolMetrics) -> &Histogram;
+    let histograms: [(&str, &str, Hist); 2] = [
+        (
+            "cronoq_queue_wait_seconds",
+            "Time from submit to the first attempt's start.",
+            |p| &p.queue_wait,
+        ),
+        (
+            "cronoq_run_seconds",
+            "Time from an attempt's start to its end.",
+            |p| &p.run,
+        ),
+    ];
+    for (name, help, hist) in histograms {
+        let mut family = Family::start(&mut out, name, "histogram", help);
+        let (bucket, sum, count) = (
+            format!("{name}_bucket"),
+            format!("{name}_sum"),
+            format!("{name}_count"),
+        );
+        for p in &m.pools {
+            let h = hist(p);
+            for (le, n) in les.iter().zip(h.cumulative()) {
+                family.sample(&bucket, &[("pool", &p.pool), ("le", le)], n);
+            }
+            family.sample_text(
+                &sum,
+                &[("pool", &p.pool)],
+                &format!("{}", h.sum_ms as f64 / 1000.0),
+            );
+            family.sample(&count, &[("pool", &p.pool)], h.count);
+        }
+    }
+    if let Some(s) = &m.server {
+        Family::start(
+            &mut out,
+            "cronoq_leader_takeovers_total",
+            "counter",
+            "Times this server process took the lead.",
+        )
+        .sample("cronoq_leader_takeovers_total", &[], s.takeovers);
+        Family::start(
+            &mut out,
+            "cronoq_journal_pending_records",
+            "gauge",
+            "Journal records (task results) being written and not yet acknowledged by JetStream.",
+        )
+        .sample("cronoq_journal_pending_records", &[], s.journal_pending);
+        Family::start(
+            &mut out,
+            "cronoq_storage_refused_total",
+            "counter",
+            "Stored values refused as not sealed with the servers' storage key (forged, or another deployment's).",
+        )
+        .sample("cronoq_storage_refused_total", &[], s.storage_refused);
+        let name = "cronoq_submissions_refused_unattributed_total";
+        let mut family = Family::start(
+            &mut out,
+            name,
+            "counter",
+            "Submissions dropped unrecorded because no credential's proof verifies on them, by code.",
+        );
+        for (code, count) in &s.refused_unattributed {
+            family.sample(name, &[("code", code)], *count);
+        }
+    }
+    out
+}
+
+/// The most series per label set (per family) one scrape carries.
+pub const MAX_LABEL_SET_SERIES: usize = 1_000;

@@ -1,0 +1,94 @@
+//! The task routes: `POST /v1/tasks` (a [`SubmitRequest`], through the one
+//! conversion of submission options), `GET /v1/tasks`,
+//! `GET /v1/tasks/{id}`, `POST /v1/tasks/{id}/cancel`.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+use super::extract::{IdPath, JsonBody};
+use super::{clamp_message, Caller, HttpError};
+use crate::api::{Api, SubmitRequest, SubmitResponse};
+use crate::task::TaskStatus;
+
+/// The task routes, merged into [`super::router`].
+pub(super) fn routes() -> Router<Arc<dyn Api>> {
+    Router::new()
+        .route("/v1/tasks", post(submit).get(list_tasks))
+        .route("/v1/tasks/{id}", get(task))
+        .route("/v1/tasks/{id}/cancel", post(cancel))
+}
+
+async fn submit(
+    Caller(api): Caller,
+    headers: axum::http::HeaderMap,
+    JsonBody(req): JsonBody<SubmitRequest>,
+) -> Result<Json<SubmitResponse>, HttpError> {
+    let mut req = req;
+    req.traceparent = traceparent_header(&headers)?.map(str::to_string);
+    let task = req.into_task(SystemTime::now())?;
+    let id = api.submit(task).await?;
+    Ok(Json(SubmitResponse { id }))
+}
+
+/// The request's `traceparent` header: at most one, visible ASCII.
+fn traceparent_header(headers: &axum::http::HeaderMap) -> Result<Option<&str>, HttpError> {
+    let mut values = headers.get_all(crate::wire::TRACEPARENT).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(HttpError::invalid("more than one traceparent header"));
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| HttpError::invalid("the traceparent header is not visible ASCII"))
+}
+
+/// `GET /v1/tasks?limit=N`: the newest tasks (default 50).
+async fn list_tasks(
+    Caller(api): Caller,
+    query: Result<
+        axum::extract::Query<Vec<(String, String)>>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Json<crate::wire::TaskList>, HttpError> {
+    let axum::extract::Query(pairs) = query.map_err(|e| HttpError::invalid(e.body_text()))?;
+    let mut limit = DEFAULT_TASK_LIST;
+    for (i, (key, value)) in pairs.iter().enumerate() {
+        if key != "limit" || i > 0 {
+            return Err(HttpError::invalid(format!(
+                "the only query parameter is one limit, not {:?}",
+                clamp_message(key)
+            )));
+        }
+        limit = value.parse().map_err(|_| {
+            HttpError::invalid(format!(
+                "limit must be an integer, not {:?}",
+                clamp_message(value)
+            ))
+        })?;
+    }
+    crate::api::check_recent_limit(limit)?;
+    Ok(Json(crate::wire::TaskList {
+        tasks: api.recent_tasks(limit).await?,
+    }))
+}
+
+/// Tasks `GET /v1/tasks` lists without `?limit=`.
+pub const DEFAULT_TASK_LIST: usize = 50;
+
+async fn task(Caller(api): Caller, IdPath(id): IdPath) -> Result<Json<TaskStatus>, HttpError> {
+    Ok(Json(api.task(id).await?))
+}
+
+async fn cancel(
+    Caller(api): Caller,
+    IdPath(id): IdPath,
+) -> Result<Json<SubmitResponse>, HttpError> {
+    api.cancel(id).await?;
+    Ok(Json(SubmitResponse { id }))
+}

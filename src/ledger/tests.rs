@@ -1,0 +1,258 @@
+//! Tests of the ledger: the timeout rule, keys and aliases while live and
+//! retained, the bounded ring, and the counters and histograms.
+
+use super::*;
+
+fn ledger(retain: usize) -> Ledger<(), ()> {
+    Ledger::new(retain)
+}
+
+/// Task `id` of the default pool, accepted at `at` (ms).
+fn accept(l: &mut Ledger<(), ()>, id: u64, key: Option<&str>, at: u64) {
+    l.accept(
+        TaskId(id),
+        &PoolName::default(),
+        Bytes::new(),
+        key,
+        (),
+        Millis(at),
+    );
+}
+
+fn finish(l: &mut Ledger<(), ()>, id: u64, state: TaskState) -> Outcome {
+    l.finish(TaskId(id), PoolName::default(), state, false, Millis(9))
+        .expect("live")
+        .outcome
+}
+
+#[test]
+fn an_attempt_stopped_for_its_timeout_is_lost_with_reason_timeout() {
+    let mut l = ledger(10);
+    accept(&mut l, 1, None, 0);
+    l.started(
+        TaskId(1),
+        1,
+        Labels::new(),
+        Some("w".into()),
+        None,
+        Millis(1),
+    );
+    l.timed_out(TaskId(1), 1);
+    // However the stop is reported (embedded: aborted = cancelled;
+    // remote: failed or cancelled), it is lost with reason timeout.
+    let told = l.ended(
+        TaskId(1),
+        1,
+        AttemptOutcome::Cancelled,
+        None,
+        None,
+        Millis(5),
+    );
+    assert_eq!(told, AttemptOutcome::Lost);
+    l.started(TaskId(1), 2, Labels::new(), None, None, Millis(6));
+    let told = l.ended(
+        TaskId(1),
+        2,
+        AttemptOutcome::Succeeded,
+        Some(Bytes::from("ok")),
+        None,
+        Millis(7),
+    );
+    assert_eq!(told, AttemptOutcome::Succeeded);
+    let done = finish(&mut l, 1, TaskState::Succeeded);
+    assert_eq!(done.attempts[0].outcome.as_deref(), Some("lost"));
+    assert_eq!(done.attempts[0].error.as_deref(), Some(TIMEOUT));
+    assert_eq!(done.attempts[0].ended_at, Some(Millis(5)));
+    assert_eq!(done.attempts[1].outcome.as_deref(), Some("succeeded"));
+    assert_eq!(done.output.as_deref(), Some(&b"ok"[..]));
+}
+
+#[test]
+fn a_success_after_the_timeout_revoke_still_counts() {
+    let mut l = ledger(10);
+    accept(&mut l, 1, None, 0);
+    l.started(TaskId(1), 1, Labels::new(), None, None, Millis(1));
+    l.timed_out(TaskId(1), 1);
+    let told = l.ended(
+        TaskId(1),
+        1,
+        AttemptOutcome::Succeeded,
+        None,
+        None,
+        Millis(2),
+    );
+    assert_eq!(told, AttemptOutcome::Succeeded);
+}
+
+#[test]
+fn finishing_closes_an_open_attempt_as_cancelled() {
+    let mut l = ledger(10);
+    accept(&mut l, 3, None, 0);
+    l.started(TaskId(3), 1, Labels::new(), None, None, Millis(1));
+    let done = finish(&mut l, 3, TaskState::Cancelled);
+    assert_eq!(done.attempts[0].outcome.as_deref(), Some("cancelled"));
+    assert_eq!(done.attempts[0].ended_at, Some(Millis(9)));
+    assert!(!l.is_live(TaskId(3)) && l.is_finished(TaskId(3)));
+}
+
+#[test]
+fn a_key_is_bound_while_live_and_retained_then_free() {
+    let mut l = ledger(2);
+    accept(&mut l, 1, Some("k"), 0);
+    assert_eq!(l.by_key("k"), Some(TaskId(1)));
+    l.alias(TaskId(2), TaskId(1));
+    assert_eq!(l.resolve(TaskId(2)), TaskId(1));
+    finish(&mut l, 1, TaskState::Succeeded);
+    // Retained: the key and the alias still stand for task 1.
+    assert_eq!(l.by_key("k"), Some(TaskId(1)));
+    assert!(l.outcome(TaskId(2)).is_some());
+    l.alias(TaskId(3), TaskId(1));
+    for id in [10, 11] {
+        accept(&mut l, id, None, 0);
+        finish(&mut l, id, TaskState::Succeeded);
+    }
+    // Two newer outcomes pushed task 1 out, with its key and aliases.
+    assert_eq!(l.by_key("k"), None);
+    assert!(!l.knows(TaskId(1)) && !l.knows(TaskId(2)) && !l.knows(TaskId(3)));
+    assert!(l.knows(TaskId(10)) && l.knows(TaskId(11)));
+}
+
+#[test]
+fn with_no_retention_a_key_is_free_once_finished() {
+    let mut l = ledger(0);
+    accept(&mut l, 1, Some("k"), 0);
+    l.alias(TaskId(2), TaskId(1));
+    finish(&mut l, 1, TaskState::Failed);
+    assert_eq!(l.by_key("k"), None);
+    assert!(!l.knows(TaskId(1)) && !l.knows(TaskId(2)));
+}
+
+#[test]
+fn unaccept_forgets_the_task_and_its_key() {
+    let mut l = ledger(5);
+    accept(&mut l, 4, Some("k"), 0);
+    l.unaccept(TaskId(4));
+    assert!(!l.knows(TaskId(4)));
+    assert_eq!(l.by_key("k"), None);
+}
+
+#[test]
+fn the_ring_stays_bounded() {
+    let mut l = ledger(3);
+    for id in 1..=100 {
+        accept(&mut l, id, Some(&format!("k{id}")), 0);
+        l.alias(TaskId(1000 + id), TaskId(id));
+        finish(&mut l, id, TaskState::Succeeded);
+    }
+    assert_eq!(l.retained, 3);
+    assert!(l.keys.len() <= 3 && l.aliases.len() <= 4 && l.ring.len() <= 7);
+}
+
+fn figures(l: &Ledger<(), ()>) -> crate::metrics::PoolMetrics {
+    l.metrics().pools.into_iter().next().expect("one pool")
+}
+
+#[test]
+fn a_retried_then_succeeded_task_counts_once_submitted_twice_started() {
+    let mut l = ledger(10);
+    accept(&mut l, 1, None, 1_000);
+    l.started(TaskId(1), 1, Labels::new(), None, None, Millis(1_250));
+    let failed = AttemptOutcome::Failed { retryable: true };
+    l.ended(
+        TaskId(1),
+        1,
+        failed,
+        None,
+        Some("boom".into()),
+        Millis(1_350),
+    );
+    l.started(TaskId(1), 2, Labels::new(), None, None, Millis(2_000));
+    l.ended(
+        TaskId(1),
+        2,
+        AttemptOutcome::Succeeded,
+        None,
+        None,
+        Millis(7_000),
+    );
+    finish(&mut l, 1, TaskState::Succeeded);
+    let m = figures(&l);
+    assert_eq!((m.submitted, m.started, m.retried, m.lost), (1, 2, 1, 0));
+    assert_eq!((m.succeeded, m.failed, m.cancelled, m.missed), (1, 0, 0, 0));
+    // One queue wait (submit → first start), 0.25 s: in le=0.25.
+    assert_eq!((m.queue_wait.count, m.queue_wait.sum_ms), (1, 250));
+    assert_eq!(m.queue_wait.buckets[2], 1);
+    // Two runs: 0.1 s (le=0.1) and 5 s (le=5).
+    assert_eq!((m.run.count, m.run.sum_ms), (2, 5_100));
+    assert_eq!((m.run.buckets[1], m.run.buckets[6]), (1, 1));
+}
+
+#[test]
+fn a_lost_attempt_counts_lost_and_its_run() {
+    let mut l = ledger(10);
+    accept(&mut l, 1, None, 0);
+    l.started(TaskId(1), 1, Labels::new(), None, None, Millis(0));
+    l.timed_out(TaskId(1), 1);
+    l.ended(
+        TaskId(1),
+        1,
+        AttemptOutcome::Cancelled,
+        None,
+        None,
+        Millis(60_000),
+    );
+    l.started(TaskId(1), 2, Labels::new(), None, None, Millis(61_000));
+    l.ended(
+        TaskId(1),
+        2,
+        AttemptOutcome::Lost,
+        None,
+        None,
+        Millis(3_600_001),
+    );
+    finish(&mut l, 1, TaskState::Failed);
+    let m = figures(&l);
+    assert_eq!((m.started, m.retried, m.lost, m.failed), (2, 1, 2, 1));
+    // 60 s is le=60 (inclusive); just over 3,539 s is le=3600.
+    assert_eq!(m.run.buckets[9], 1);
+    assert_eq!(m.run.buckets[13], 1);
+}
+
+#[test]
+fn a_cancel_counts_cancelled_and_closes_the_run() {
+    let mut l = ledger(10);
+    accept(&mut l, 1, None, 0);
+    accept(&mut l, 2, None, 0);
+    l.started(TaskId(1), 1, Labels::new(), None, None, Millis(10));
+    finish(&mut l, 1, TaskState::Cancelled); // running: closed at 9… (clock ran back)
+    finish(&mut l, 2, TaskState::Cancelled); // waiting: no run
+    let m = figures(&l);
+    assert_eq!((m.submitted, m.started, m.cancelled), (2, 1, 2));
+    assert_eq!((m.run.count, m.run.sum_ms), (1, 0));
+    assert_eq!(m.queue_wait.count, 1);
+}
+
+#[test]
+fn a_refused_submission_counts_once_and_dead_lettered() {
+    let mut l = ledger(10);
+    let pool = PoolName::new("p").unwrap();
+    l.accept(TaskId(1), &pool, Bytes::new(), None, (), Millis(0));
+    l.unaccept(TaskId(1));
+    l.record_outcome(
+        &Outcome {
+            id: TaskId(1),
+            pool,
+            state: TaskState::Failed,
+            output: None,
+            error: Some("refused".into()),
+            attempts: Vec::new(),
+            deadline_missed: false,
+        },
+        None,
+    );
+    let m = figures(&l);
+    assert_eq!(
+        (m.pool.as_str(), m.submitted, m.failed, m.dead_lettered),
+        ("p", 1, 1, 1)
+    );
+}

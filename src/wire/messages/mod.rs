@@ -1,0 +1,248 @@
+//! Message bodies. Each is a MessagePack map with the protocol version `v`.
+//! Here: errors and replies, submissions and the client API's requests;
+//! the worker protocol is in `worker.rs`, what the leader stores in
+//! `records.rs`.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::core::{Backoff, ErrorCode, Labels, Millis, PoolName, TaskId, TaskState};
+use crate::task::Task;
+
+mod records;
+mod worker;
+
+pub use records::*;
+pub use worker::*;
+
+fn v() -> u16 {
+    super::PROTOCOL_VERSION
+}
+
+/// An error reply: a stable code and a human message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, thiserror::Error)]
+#[error("{message} [{code}]")]
+pub struct WireError {
+    /// One of the stable codes of `proto-schemas/error-codes.md`.
+    pub code: ErrorCode,
+    /// What went wrong, for people; never branch on it.
+    pub message: String,
+}
+
+impl WireError {
+    /// An error with a code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> WireError {
+        WireError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Every reply: `{"ok": body}` or `{"error": {"code", "message"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply<T> {
+    /// Success.
+    Ok(T),
+    /// Refusal or failure.
+    Error(WireError),
+}
+
+/// A MessagePack submission to `P.submit.<pool>` (the pool is the subject's
+/// last token). Times are ms since the Unix epoch, spans in ms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Submit {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// Labels the running group must carry.
+    #[serde(default)]
+    pub labels: Labels,
+    /// The payload, as MessagePack bin.
+    #[schemars(with = "Vec<u8>")]
+    pub payload: Bytes,
+    /// Higher runs first.
+    #[serde(default)]
+    pub priority: i32,
+    /// Urgency deadline; never cancels.
+    #[serde(default)]
+    pub deadline: Option<Millis>,
+    /// Fixed start.
+    #[serde(default)]
+    pub start_at: Option<Millis>,
+    /// How late a fixed start may still start.
+    #[serde(default)]
+    pub tolerance: Option<Millis>,
+    /// Declared run time (lets the task backfill reserved slots).
+    #[serde(default)]
+    pub est_runtime: Option<Millis>,
+    /// Attempts in all; the pool's default when absent.
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// Backoff between attempts.
+    #[serde(default)]
+    pub backoff: Option<Backoff>,
+    /// Longest run of one attempt; past it the attempt counts as lost.
+    #[serde(default)]
+    pub attempt_timeout: Option<Millis>,
+    /// De-duplicates resubmissions (also sent as `Nats-Msg-Id`).
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// The submitter's W3C trace context (`00-<trace id>-<parent id>-<flags>`),
+    /// handed to every attempt. Absent when not given (older servers refuse
+    /// the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+fn millis_of(t: std::time::SystemTime) -> Millis {
+    Millis::from_duration(t.duration_since(UNIX_EPOCH).unwrap_or_default())
+}
+
+impl Submit {
+    /// The wire form of a [`Task`] (its pool goes in the subject).
+    pub fn from_task(task: &Task) -> Submit {
+        Submit {
+            v: v(),
+            labels: task.labels.clone(),
+            payload: task.payload.clone(),
+            priority: task.priority,
+            deadline: task.deadline.map(millis_of),
+            start_at: task.start_at.map(millis_of),
+            tolerance: task.start_at.map(|_| Millis::from_duration(task.tolerance)),
+            est_runtime: task.est_runtime.map(Millis::from_duration),
+            max_attempts: task.max_attempts,
+            backoff: task.backoff.map(|(initial, max)| Backoff {
+                initial: Millis::from_duration(initial),
+                max: Millis::from_duration(max),
+            }),
+            attempt_timeout: task.attempt_timeout.map(Millis::from_duration),
+            idempotency_key: task.idempotency_key.clone(),
+            traceparent: task.traceparent.clone(),
+        }
+    }
+
+    /// Back to a [`Task`] for `pool`, through the one conversion of
+    /// submission options ([`crate::task::SubmitOptions::into_task`]), so
+    /// a tolerance without a start or a bad key is refused as on every
+    /// other path.
+    pub fn into_task(self, pool: &PoolName) -> Result<Task, crate::core::Rejection> {
+        // Saturating: a far time is refused by the core's horizon check,
+        // never an overflow here.
+        let at = |m: Millis| {
+            UNIX_EPOCH
+                .checked_add(Duration::from_millis(m.0))
+                .unwrap_or(UNIX_EPOCH + Duration::from_secs(i32::MAX as u64 * 1000))
+        };
+        crate::task::SubmitOptions {
+            payload: self.payload,
+            pool: Some(pool.as_str().to_string()),
+            labels: self.labels,
+            priority: Some(self.priority),
+            deadline: self.deadline.map(at),
+            start_at: self.start_at.map(at),
+            tolerance: self.tolerance.map(Millis::to_duration),
+            max_attempts: self.max_attempts,
+            attempt_timeout: self.attempt_timeout.map(Millis::to_duration),
+            est_runtime: self.est_runtime.map(Millis::to_duration),
+            backoff: self
+                .backoff
+                .map(|b| (b.initial.to_duration(), b.max.to_duration())),
+            idempotency_key: self.idempotency_key,
+            traceparent: self.traceparent,
+        }
+        .into_task()
+    }
+}
+
+/// Cancel a task (request on `P.api.cancel`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Cancel {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+}
+
+/// Ask for a task's status (request on `P.api.task`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GetTask {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+}
+
+/// Ask for the snapshot (request on `P.api.snapshot`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GetSnapshot {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+}
+
+impl Default for GetSnapshot {
+    fn default() -> Self {
+        GetSnapshot { v: v() }
+    }
+}
+
+/// Ask for the newest tasks, live and recently finished (request on
+/// `P.api.tasks`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ListTasks {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// How many, 1 to 500.
+    pub limit: u32,
+}
+
+/// The newest tasks, highest id first (`GET /v1/tasks`, and the body of
+/// the reply to `P.api.tasks`).
+///
+/// Each task is a summary: no output (`GET /v1/tasks/{id}` has it), errors
+/// cut to 200 characters. Over NATS the list is cut to fit one message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskList {
+    /// The tasks, highest id first.
+    pub tasks: Vec<crate::task::TaskStatus>,
+}
+
+/// Something happened to a task (leader → `P.events.<task_id>`).
+///
+/// Ids and states only: no output and no error text. Any NATS user allowed
+/// to subscribe to `P.events.>` (every submitter and reader, in the
+/// shipped `deploy/nats/auth.conf`) hears every task's events, of every
+/// pool; what a task produced is read through the API (`P.api.task`,
+/// `GET /v1/tasks/{id}`), where the caller's credential is checked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskEvent {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// Its pool (empty from a leader older than this field).
+    #[serde(default)]
+    pub pool: PoolName,
+    /// Its state now.
+    pub state: TaskState,
+    /// The attempt concerned (0 before the first).
+    pub attempt: u32,
+    /// The group of the attempt.
+    #[serde(default)]
+    pub group: Option<Labels>,
+    /// The worker of the attempt.
+    #[serde(default)]
+    pub worker: Option<String>,
+    /// When, ms since the epoch.
+    pub at: Millis,
+}
