@@ -5,6 +5,11 @@
   in a thread pool).
 - :class:`Worker`: a remote worker of a ``cronoq server``, over NATS.
 - :class:`Client`: submit, look up, cancel and wait over NATS or HTTP.
+- Schedules, on both: ``await sched.schedule("nightly", cron="30 2 * * *",
+  tz="Europe/Berlin", pool="reports", payload=b"build")`` submits a task
+  per tick; ``list_schedules``, ``get_schedule``, ``pause_schedule``,
+  ``resume_schedule``, ``delete_schedule``, ``trigger_schedule``,
+  ``backfill_schedule``.
 
 Everything is the Rust crate underneath (the same core, worker and
 clients); this package converts arguments and runs your Python functions.
@@ -36,6 +41,16 @@ from typing import Any, Callable, Dict, Generator, List, Optional, TypeVar
 
 from . import _native
 from ._bridge import Pump, _get_running_loop
+from ._schedules import (
+    BackfillReport,
+    Fire,
+    MissedTicks,
+    ScheduleCalls,
+    ScheduleCounters,
+    ScheduleEntry,
+    ScheduleInfo,
+    _then,
+)
 from ._errors import (
     AlreadyExists,
     Error,
@@ -59,19 +74,25 @@ __all__ = [
     "AlreadyExists",
     "Attempt",
     "Autoscale",
+    "BackfillReport",
     "Client",
     "Demand",
     "Error",
     "FailedPrecondition",
+    "Fire",
     "GroupSnapshot",
     "Internal",
     "InvalidArgument",
+    "MissedTicks",
     "NotFound",
     "Outcome",
     "PermanentError",
     "PermissionDenied",
     "PoolSnapshot",
     "ResourceExhausted",
+    "ScheduleCounters",
+    "ScheduleEntry",
+    "ScheduleInfo",
     "Scheduler",
     "Snapshot",
     "TaskContext",
@@ -242,7 +263,7 @@ class TaskHandle:
         return f"TaskHandle(id={self.id})"
 
 
-class Scheduler:
+class Scheduler(ScheduleCalls):
     """The embedded scheduler: pools of label groups with capacity, and
     executors that run the attempts, all in this process.
 
@@ -327,6 +348,14 @@ class Scheduler:
     def snapshot(self) -> Snapshot:
         """Pools, groups (labels, capacity, busy), demand, autoscaling."""
         return Snapshot._of(self._native.snapshot())
+
+    def _call(self, call: Callable[[Any], Any], convert: Callable[[Any], Any]) -> Any:
+        # The tasks a schedule fires run their executors on this loop, as
+        # submitted ones do.
+        pump = self._pump
+        if _get_running_loop() is not pump.loop:
+            pump.ensure()
+        return _then(call(self._native.schedules()), convert)
 
     def close(self) -> None:
         """Detaches from the event loop and stops the executor threads."""
@@ -420,7 +449,7 @@ class Worker:
         self._native.stop()
 
 
-class Client:
+class Client(ScheduleCalls):
     """A client of a distributed cronoq: ``nats://...`` over NATS,
     ``http://...`` over the HTTP API. Connects on first use (or
     ``await client.connect()``; ``async with`` works too).
@@ -514,3 +543,7 @@ class Client:
         """Pools, groups, demand and workers."""
         client = await self._client()
         return Snapshot._of(await client.snapshot())
+
+    async def _call(self, call: Callable[[Any], Any], convert: Callable[[Any], Any]) -> Any:
+        client = await self._client()
+        return convert(await call(client.schedules()))

@@ -30,6 +30,14 @@ from ._errors import (
     Unauthenticated as Unauthenticated,
     Unavailable as Unavailable,
 )
+from ._schedules import (
+    BackfillReport as BackfillReport,
+    Fire as Fire,
+    MissedTicks as MissedTicks,
+    ScheduleCounters as ScheduleCounters,
+    ScheduleEntry as ScheduleEntry,
+    ScheduleInfo as ScheduleInfo,
+)
 from ._native import (
     Attempt as Attempt,
     Outcome as Outcome,
@@ -47,6 +55,40 @@ Output = Union[bytes, str, None]
 AsyncExecutor = Callable[[TaskContext, bytes], Awaitable[Output]]
 SyncExecutor = Callable[[TaskContext, bytes], Output]
 F = TypeVar("F", bound=Callable[..., Any])
+Span = Union[str, timedelta, int, float]
+"""A duration as text (``"5m"``, ``"1h 30m"``), a ``timedelta`` or seconds."""
+Instant = Union[str, datetime, timedelta, int, float]
+"""RFC 3339 text, a ``datetime``, or a duration from now."""
+
+class ScheduleCalls:
+    """The schedule calls of :class:`Scheduler` and :class:`Client`."""
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        cron: Optional[str] = ...,
+        every: Optional[Span] = ...,
+        tz: Optional[str] = ...,
+        overlap: Optional[str] = ...,
+        catchup_window: Optional[Span] = ...,
+        jitter: Optional[Span] = ...,
+        paused: bool = ...,
+        payload: Optional[Payload] = ...,
+        pool: Optional[str] = ...,
+        labels: Optional[Labels] = ...,
+        priority: Optional[int] = ...,
+        max_attempts: Optional[int] = ...,
+        attempt_timeout: Optional[Span] = ...,
+        deadline: Optional[Span] = ...,
+    ) -> Awaitable[ScheduleInfo]: ...
+    def list_schedules(self) -> Awaitable[List[ScheduleEntry]]: ...
+    def get_schedule(self, name: str) -> Awaitable[ScheduleInfo]: ...
+    def pause_schedule(self, name: str) -> Awaitable[ScheduleInfo]: ...
+    def resume_schedule(self, name: str) -> Awaitable[ScheduleInfo]: ...
+    def delete_schedule(self, name: str) -> Awaitable[None]: ...
+    def trigger_schedule(self, name: str) -> Awaitable[Fire]: ...
+    def backfill_schedule(self, name: str, start: Instant, end: Instant) -> Awaitable[BackfillReport]: ...
 
 @dataclass(frozen=True)
 class GroupSnapshot:
@@ -106,7 +148,7 @@ class TaskHandle:
     def wait(self) -> "asyncio.Future[Outcome]": ...
     def cancel(self) -> None: ...
 
-class Scheduler:
+class Scheduler(ScheduleCalls):
     def __init__(
         self,
         *,
@@ -174,7 +216,7 @@ class Worker:
     async def run(self) -> None: ...
     def stop(self) -> None: ...
 
-class Client:
+class Client(ScheduleCalls):
     url: str
     def __init__(
         self,

@@ -209,6 +209,11 @@ impl Scheduler {
         }
     }
 
+    /// The schedule calls on this scheduler.
+    fn schedules(&self) -> crate::schedules::Schedules {
+        crate::schedules::Schedules::new(Arc::new(self.inner.clone()))
+    }
+
     /// Waits for task `id` (live or recently finished): its outcome comes
     /// through `bridge` under the returned key.
     fn watch(&self, id: u64, bridge: &Bridge) -> u64 {

@@ -14,7 +14,9 @@
 //! - [`bridge`]: jobs from tokio to the asyncio loop and answers back,
 //!   in batches, with a pipe to wake the loop;
 //! - [`embedded`]: the embedded `Scheduler`;
-//! - [`remote`]: the remote `Worker` and the NATS/HTTP `Client`.
+//! - [`remote`]: the remote `Worker` and the NATS/HTTP `Client`;
+//! - [`schedules`]: schedule calls over either (`Scheduler.schedule`,
+//!   `Client.schedule`, …).
 
 use pyo3::prelude::*;
 
@@ -23,6 +25,7 @@ pub mod convert;
 pub mod embedded;
 pub mod errors;
 pub mod remote;
+pub mod schedules;
 
 /// The tokio runtime every scheduler, worker and client of this process
 /// runs on (pyo3-async-runtimes' shared multi-threaded runtime).
@@ -43,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<embedded::TaskHandle>()?;
     m.add_class::<remote::Worker>()?;
     m.add_class::<remote::Client>()?;
+    m.add_class::<schedules::Schedules>()?;
     m.add_function(wrap_pyfunction!(convert::check_labels, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;
     Ok(())

@@ -318,6 +318,15 @@ impl Client {
         })
     }
 
+    /// The schedule calls over this client.
+    fn schedules(&self) -> crate::schedules::Schedules {
+        let api: Arc<dyn cronoq::api::Api> = match &*self.kind {
+            Kind::Nats(c) => Arc::new(c.clone()),
+            Kind::Http(c) => Arc::new(c.clone()),
+        };
+        crate::schedules::Schedules::new(api)
+    }
+
     /// Pools, groups, demand and workers; an awaitable.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         call(py, &self.kind, |kind| async move {

@@ -109,7 +109,7 @@ pub struct CancelArgs {
 /// Given both, requests go over NATS and `submit --wait` waits over HTTP
 /// (`NatsWaitingOverHttp`): `--http` names how to follow the task.
 /// Boxed: they are large and there is one per command.
-enum Remote {
+pub(super) enum Remote {
     Nats(Box<client::Client>),
     Http(Box<HttpClient>),
     NatsWaitingOverHttp(Box<client::Client>, Box<HttpClient>),
@@ -134,7 +134,7 @@ fn credential_of(connect: &Connect) -> Result<Option<Credential>, WireError> {
 }
 
 impl Remote {
-    async fn connect(connect: &Connect) -> anyhow::Result<Remote> {
+    pub(super) async fn connect(connect: &Connect) -> anyhow::Result<Remote> {
         let mut options = ClientOptions::new()
             .prefix(connect.prefix.clone())
             .nats_login(connect.login.login());
@@ -247,16 +247,9 @@ fn task_of(args: &SubmitArgs, payload: Vec<u8>, now: SystemTime) -> anyhow::Resu
     Ok(options.into_task()?)
 }
 
-fn parse_id(text: &str) -> anyhow::Result<TaskId> {
-    Ok(text.parse::<TaskId>()?)
-}
-
-/// Submits a task and prints its id. With `--wait`, prints the id to stderr,
-/// waits, and prints the output bytes alone to stdout (exit 0 when it
-/// succeeded; 1 when it failed, was cancelled or missed its start, with the
-/// error on stderr).
-pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
-    let payload = match args.payload.as_deref() {
+/// The payload argument's bytes: `-` reads stdin; absent means empty.
+pub(super) fn read_payload(arg: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    Ok(match arg {
         Some("-") => {
             let mut buf = Vec::new();
             std::io::stdin()
@@ -266,7 +259,19 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         }
         Some(text) => text.as_bytes().to_vec(),
         None => Vec::new(),
-    };
+    })
+}
+
+fn parse_id(text: &str) -> anyhow::Result<TaskId> {
+    Ok(text.parse::<TaskId>()?)
+}
+
+/// Submits a task and prints its id. With `--wait`, prints the id to stderr,
+/// waits, and prints the output bytes alone to stdout (exit 0 when it
+/// succeeded; 1 when it failed, was cancelled or missed its start, with the
+/// error on stderr).
+pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let payload = read_payload(args.payload.as_deref())?;
     let task = task_of(&args, payload, SystemTime::now())?;
     let remote = Remote::connect(&args.connect).await?;
     let id = remote.submit(task).await?;

@@ -52,7 +52,8 @@ pub enum Command {
     Keygen(keygen::KeygenArgs),
     /// Start a local setup for a first try: nats-server, a server, two workers.
     Dev(dev::DevArgs),
-    /// Schedules: preview when a cron expression or interval fires.
+    /// Schedules: create, list, show, pause, resume, delete, trigger,
+    /// backfill; preview when a cron expression or interval fires.
     Schedule(schedule_cmd::ScheduleArgs),
 }
 
@@ -131,7 +132,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cancel(args) => client_cmds::cancel(args).await,
         Command::Keygen(args) => keygen::run(args),
         Command::Dev(args) => dev::run(args).await,
-        Command::Schedule(args) => schedule_cmd::run(args),
+        Command::Schedule(args) => schedule_cmd::run(args).await,
     }
 }
 

@@ -27,6 +27,8 @@ use crate::core::{Rejection, Snapshot, TaskId};
 use crate::task::{Task, TaskStatus};
 use crate::wire::WireError;
 
+mod schedules;
+
 /// A client of the HTTP API: cheap to clone, safe to share.
 ///
 /// ```no_run
@@ -265,6 +267,45 @@ impl Api for HttpClient {
 
     fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
         Box::pin(async move { Ok(HttpClient::recent_tasks(self, limit).await?) })
+    }
+
+    fn create_schedule(
+        &self,
+        spec: crate::api::CreateScheduleRequest,
+    ) -> ApiFuture<'_, crate::api::ScheduleInfo> {
+        Box::pin(async move { Ok(HttpClient::create_schedule(self, spec).await?) })
+    }
+
+    fn list_schedules(&self) -> ApiFuture<'_, Vec<crate::api::ScheduleEntry>> {
+        Box::pin(async move { Ok(HttpClient::list_schedules(self).await?) })
+    }
+
+    fn get_schedule(&self, name: String) -> ApiFuture<'_, crate::api::ScheduleInfo> {
+        Box::pin(async move { Ok(HttpClient::get_schedule(self, &name).await?) })
+    }
+
+    fn pause_schedule(&self, name: String) -> ApiFuture<'_, crate::api::ScheduleInfo> {
+        Box::pin(async move { Ok(HttpClient::pause_schedule(self, &name).await?) })
+    }
+
+    fn resume_schedule(&self, name: String) -> ApiFuture<'_, crate::api::ScheduleInfo> {
+        Box::pin(async move { Ok(HttpClient::resume_schedule(self, &name).await?) })
+    }
+
+    fn delete_schedule(&self, name: String) -> ApiFuture<'_, ()> {
+        Box::pin(async move { Ok(HttpClient::delete_schedule(self, &name).await?) })
+    }
+
+    fn trigger_schedule(&self, name: String) -> ApiFuture<'_, crate::api::FireRecord> {
+        Box::pin(async move { Ok(HttpClient::trigger_schedule(self, &name).await?) })
+    }
+
+    fn backfill_schedule(
+        &self,
+        name: String,
+        range: crate::api::BackfillRange,
+    ) -> ApiFuture<'_, crate::api::BackfillReport> {
+        Box::pin(async move { Ok(HttpClient::backfill_schedule(self, &name, range).await?) })
     }
 
     /// Live always; ready while the last request reached a server (not

@@ -86,6 +86,39 @@ impl Api for Anonymous {
     fn health(&self) -> Health {
         Api::health(&self.0)
     }
+    // Schedule calls are requests the leader answers (nothing is
+    // published first), so it refuses an anonymous one itself.
+    fn create_schedule(
+        &self,
+        spec: crate::api::CreateScheduleRequest,
+    ) -> crate::api::ApiFuture<'_, crate::api::ScheduleInfo> {
+        Api::create_schedule(&self.0, spec)
+    }
+    fn list_schedules(&self) -> crate::api::ApiFuture<'_, Vec<crate::api::ScheduleEntry>> {
+        Api::list_schedules(&self.0)
+    }
+    fn get_schedule(&self, name: String) -> crate::api::ApiFuture<'_, crate::api::ScheduleInfo> {
+        Api::get_schedule(&self.0, name)
+    }
+    fn pause_schedule(&self, name: String) -> crate::api::ApiFuture<'_, crate::api::ScheduleInfo> {
+        Api::pause_schedule(&self.0, name)
+    }
+    fn resume_schedule(&self, name: String) -> crate::api::ApiFuture<'_, crate::api::ScheduleInfo> {
+        Api::resume_schedule(&self.0, name)
+    }
+    fn delete_schedule(&self, name: String) -> crate::api::ApiFuture<'_, ()> {
+        Api::delete_schedule(&self.0, name)
+    }
+    fn trigger_schedule(&self, name: String) -> crate::api::ApiFuture<'_, crate::api::FireRecord> {
+        Api::trigger_schedule(&self.0, name)
+    }
+    fn backfill_schedule(
+        &self,
+        name: String,
+        range: crate::api::BackfillRange,
+    ) -> crate::api::ApiFuture<'_, crate::api::BackfillReport> {
+        Api::backfill_schedule(&self.0, name, range)
+    }
 }
 
 /// The [`Api`] one request calls: the caller's, put there by

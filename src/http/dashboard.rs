@@ -2,13 +2,15 @@
 //! compiled into the binary (no CDN, works offline), and the one JSON view
 //! it polls, `GET /v1/dashboard`.
 //!
-//! The view is built here from [`Api::snapshot`], [`Api::recent_tasks`]
-//! and [`Api::health`], so the dashboard works over anything the router
+//! The view is built here from [`Api::snapshot`], [`Api::recent_tasks`],
+//! [`Api::list_schedules`] and [`Api::health`], so the dashboard works over anything the router
 //! serves: the embedded scheduler (`cronoq dev --embedded`) and every
 //! `cronoq server`, leader or follower. It stays small however big the
 //! installation: waiting tasks arrive aggregated per required label set
 //! (the snapshot's demand rows), and workers are filtered, counted and
-//! paged here, so a page never receives (or renders) 10,000 worker rows.
+//! paged here, so a page never receives (or renders) 10,000 worker rows;
+//! schedules are cut the same way ([`schedules_view`]: the next to fire
+//! first).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -21,7 +23,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use super::HttpError;
-use crate::api::{check_recent_limit, Api, Health};
+use crate::api::{check_recent_limit, Api, Health, ScheduleEntry};
 use crate::core::{LeaderInfo, Millis, PoolSnapshot, WorkerInfo};
 use crate::task::TaskStatus;
 
@@ -31,6 +33,8 @@ const APP_CSS: &str = include_str!("dashboard/app.css");
 
 /// The most worker rows one view carries.
 pub const MAX_WORKER_ROWS: usize = 500;
+/// The most schedule rows one view carries.
+pub const MAX_SCHEDULE_ROWS: usize = 100;
 /// The longest worker filter, in characters.
 pub const MAX_FILTER_CHARS: usize = 200;
 
@@ -190,6 +194,8 @@ pub struct View {
     /// Why the task list is missing, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_error: Option<String>,
+    /// Schedules: how many, and the first [`MAX_SCHEDULE_ROWS`] to fire.
+    pub schedules: SchedulesView,
     /// The snapshot's lists were cut (see `Snapshot::truncated`).
     pub truncated: bool,
 }
@@ -249,6 +255,43 @@ pub fn workers_view(mut workers: Vec<WorkerInfo>, query: &ViewQuery) -> WorkersV
     view
 }
 
+/// The schedules part of a [`View`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulesView {
+    /// Schedules in all.
+    pub total: usize,
+    /// Of them, paused.
+    pub paused: usize,
+    /// The next to fire first (paused ones last), then by name; at most
+    /// [`MAX_SCHEDULE_ROWS`].
+    pub rows: Vec<ScheduleEntry>,
+    /// Why the list is missing, if it is (a server that serves no
+    /// schedules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The schedules part of the view: counts over `entries`, and the
+/// [`MAX_SCHEDULE_ROWS`] that fire next (paused ones, which fire never,
+/// after the rest), ties by name.
+pub fn schedules_view(mut entries: Vec<ScheduleEntry>) -> SchedulesView {
+    let total = entries.len();
+    let paused = entries.iter().filter(|e| e.paused).count();
+    let key = |e: &ScheduleEntry| (e.next_fire.is_none(), e.next_fire, e.name.clone());
+    let order = |a: &ScheduleEntry, b: &ScheduleEntry| key(a).cmp(&key(b));
+    if entries.len() > MAX_SCHEDULE_ROWS {
+        entries.select_nth_unstable_by(MAX_SCHEDULE_ROWS, order);
+        entries.truncate(MAX_SCHEDULE_ROWS);
+    }
+    entries.sort_unstable_by(order);
+    SchedulesView {
+        total,
+        paused,
+        rows: entries,
+        error: None,
+    }
+}
+
 async fn view(
     State(node): State<Arc<dyn Api>>,
     super::Caller(api): super::Caller,
@@ -261,6 +304,14 @@ async fn view(
         Ok(tasks) => (tasks, None),
         // An older leader may not list tasks: show the rest anyway.
         Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    let schedules = match api.list_schedules().await {
+        Ok(entries) => schedules_view(entries),
+        // An older leader, or a client that serves none: the rest anyway.
+        Err(e) => SchedulesView {
+            error: Some(e.to_string()),
+            ..SchedulesView::default()
+        },
     };
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -275,6 +326,7 @@ async fn view(
         workers: workers_view(snapshot.workers, &query),
         tasks,
         tasks_error,
+        schedules,
         truncated: snapshot.truncated,
     }))
 }

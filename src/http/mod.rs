@@ -10,6 +10,7 @@
 //! | `GET /v1/tasks?limit=N` | the newest N (default 50, at most 500) tasks, live or recently finished: [`crate::wire::TaskList`] `{"tasks": […]}`, highest id first, without outputs |
 //! | `GET /v1/tasks/{id}` | the [`TaskStatus`](crate::task::TaskStatus) as JSON |
 //! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
+//! | `/v1/schedules…` | schedules: list, create, get, delete, pause, resume, trigger, backfill ([`schedules`]) |
 //! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`](crate::core::AutoscaleAnswer) (see [`autoscale_query`]) |
 //! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]) |
 //! | `GET /healthz` | [`Health`](crate::api::Health) JSON; 200 when live, else 503 |
@@ -86,6 +87,7 @@ mod extract;
 mod health;
 mod metrics;
 pub mod origin;
+pub mod schedules;
 mod serve;
 mod snapshot;
 mod tasks;
@@ -138,6 +140,7 @@ pub fn router_with_auth(api: Arc<dyn Api>, auth: Option<HttpAuth>) -> Router {
         .merge(metrics::routes())
         .merge(health::routes())
         .merge(dashboard::routes())
+        .merge(schedules::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method);
     let router = match auth {

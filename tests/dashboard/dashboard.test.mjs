@@ -9,6 +9,10 @@
 // Nothing waits on the clock: the gpu job holds its slot until the test
 // creates a file, and every check polls the page with a deadline.
 //
+// A second test runs `cronoq dev --embedded` with two schedules: the
+// schedules panel must list them with their cadence, next fire, last run
+// (tick → task · outcome) and paused state.
+//
 // Run by scripts/test after the Rust tests (they build the binary):
 //   (cd tests/dashboard && npm ci && node --test)
 // Env: CRONOQ_BIN (default ../../target/debug/cronoq, or
@@ -112,6 +116,31 @@ async function json(url, init) {
   return body;
 }
 
+/** A chromium page that records page errors, console errors and failed
+ * requests in `page.problems`. */
+async function openPage() {
+  if (!context) {
+    const profile = fs.mkdtempSync(path.join(dir, "chromium-"));
+    context = await chromium.launchPersistentContext(profile, {
+      executablePath: CHROMIUM,
+      headless: true,
+      viewport: { width: 1360, height: 1000 },
+      args: [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      ],
+    });
+  }
+  const page = context.pages().find((p) => p.url() === "about:blank") || await context.newPage();
+  const problems = [];
+  page.problems = problems;
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  page.on("console", (m) => { if (m.type() === "error") problems.push(`console error: ${m.text()}`); });
+  page.on("requestfailed", (r) => problems.push(`request failed: ${r.url()} ${r.failure()?.errorText}`));
+  page.setDefaultTimeout(DEADLINE_MS);
+  return page;
+}
+
 test("the dashboard shows a labeled task make its group busy, then its outcome", async () => {
   assert.ok(fs.existsSync(CRONOQ), `no cronoq binary at ${CRONOQ}: run cargo build first`);
   assert.ok(fs.existsSync(CHROMIUM), `no chromium at ${CHROMIUM}: apt-get install -y chromium`);
@@ -147,22 +176,7 @@ test("the dashboard shows a labeled task make its group busy, then its outcome",
   });
 
   // The browser.
-  const profile = fs.mkdtempSync(path.join(dir, "chromium-"));
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    viewport: { width: 1360, height: 1000 },
-    args: [
-      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    ],
-  });
-  const page = context.pages()[0] || await context.newPage();
-  const problems = [];
-  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
-  page.on("console", (m) => { if (m.type() === "error") problems.push(`console error: ${m.text()}`); });
-  page.on("requestfailed", (r) => problems.push(`request failed: ${r.url()} ${r.failure()?.errorText}`));
-  page.setDefaultTimeout(DEADLINE_MS);
+  const page = await openPage();
 
   await page.goto(`${base}/`);
   await page.waitForFunction(() => document.getElementById("leader").textContent.includes("leader dash-server"));
@@ -220,5 +234,50 @@ test("the dashboard shows a labeled task make its group busy, then its outcome",
   for (const name of ["etl-1", "etl-2", "etl-3", "train-2", "train-3"]) {
     fs.writeFileSync(path.join(dir, `release-${name}`), "");
   }
-  assert.deepEqual(problems, [], "the page logged errors");
+  assert.deepEqual(page.problems, [], "the page logged errors");
+});
+
+test("the dashboard lists schedules with cadence, next fire, last outcome and paused", async () => {
+  assert.ok(fs.existsSync(CRONOQ), `no cronoq binary at ${CRONOQ}: run cargo build first`);
+  assert.ok(fs.existsSync(CHROMIUM), `no chromium at ${CHROMIUM}: apt-get install -y chromium`);
+
+  // The embedded scheduler behind the same HTTP API; its demo workers
+  // answer after 10 ms.
+  const httpPort = await freePort();
+  const base = `http://127.0.0.1:${httpPort}`;
+  start("dev", CRONOQ, ["dev", "--embedded", "--work", "10ms", "--http", `127.0.0.1:${httpPort}`]);
+  await eventually("cronoq dev to answer", () => json(`${base}/v1/snapshot`));
+
+  const post = (body) => json(`${base}/v1/schedules`, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  });
+  await post({ name: "beat", every: "1s", overlap: "skip", task: { pool: "default", payload: "tick" } });
+  await post({ name: "nightly", cron: "30 2 * * *", tz: "Europe/Berlin", paused: true, task: { pool: "default", labels: { gpu: "a100" } } });
+
+  const page = await openPage();
+  await page.goto(`${base}/`);
+  const beat = '#schedules tr[data-schedule="beat"]';
+  const nightly = '#schedules tr[data-schedule="nightly"]';
+  await page.waitForSelector(`${beat}[data-paused="false"]`);
+  await page.waitForSelector(`${nightly}[data-paused="true"]`);
+  assert.match(await page.textContent(`${beat} td.labels`), /every 1s/);
+  assert.match(await page.textContent(`${nightly} td.labels`), /cron 30 2 \* \* \* \(Europe\/Berlin\)/);
+  assert.match(await page.textContent(nightly), /paused/);
+  assert.match(await page.textContent(`${nightly} td.next-fire`), /—/);
+  assert.match(await page.textContent(`${beat} td.next-fire`), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(in \d+ s\)$/);
+  assert.match(await page.textContent("#schedules-summary"), /2 · 1 paused/);
+
+  // A tick fires and its run succeeds: the row shows tick → task · outcome,
+  // and that task is the schedule's.
+  await page.waitForSelector(`${beat}[data-last-outcome="succeeded"]`);
+  const task = await page.getAttribute(beat, "data-last-task");
+  assert.match(await page.textContent(`${beat} td.last-run`), new RegExp(`Z → task ${task} · succeeded`));
+  const info = await json(`${base}/v1/schedules/beat`);
+  assert.ok(info.history.some((f) => String(f.task) === task && f.outcome === "succeeded"), JSON.stringify(info.history));
+
+  // Paused from the API: the page follows.
+  await json(`${base}/v1/schedules/beat/pause`, { method: "POST" });
+  await page.waitForSelector(`${beat}[data-paused="true"]`);
+  assert.match(await page.textContent("#schedules-summary"), /2 · 2 paused/);
+  assert.deepEqual(page.problems, [], "the page logged errors");
 });

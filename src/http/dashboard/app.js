@@ -138,6 +138,61 @@
       el("td", {}, r.draining ? el("span", { class: "badge draining" }, "draining") : "active"))));
   }
 
+  function when(now, at) {
+    const d = new Date(at);
+    const s = (at - now) / 1000;
+    const rel = s >= 0
+      ? (s < 60 ? `in ${s.toFixed(0)} s` : s < 3600 ? `in ${Math.floor(s / 60)} min` : `in ${Math.floor(s / 3600)} h`)
+      : ago(now, at);
+    return `${d.toISOString().replace(".000Z", "Z")} (${rel})`;
+  }
+
+  function cadence(s) {
+    if (s.cron) return `cron ${s.cron}${s.tz && s.tz !== "UTC" ? ` (${s.tz})` : ""}`;
+    if (s.every) return `every ${s.every}`;
+    return "";
+  }
+
+  function renderLastRun(last) {
+    if (!last) return el("span", { class: "muted" }, "never");
+    const parts = [new Date(last.tick).toISOString().replace(".000Z", "Z")];
+    if (last.task !== undefined && last.task !== null) parts.push(`task ${last.task}`);
+    const outcome = last.error ? "refused" : (last.outcome || "running");
+    return el("span", {},
+      `${parts.join(" → ")} · `,
+      el("span", { class: `badge state-${last.error ? "failed" : outcome}` }, outcome),
+      last.kind && last.kind !== "tick" ? el("span", { class: "muted" }, ` (${last.kind})`) : null,
+      last.error ? el("div", { class: "error" }, last.error) : null);
+  }
+
+  function renderSchedules(view) {
+    const s = view.schedules || { total: 0, paused: 0, rows: [] };
+    const err = $("schedules-error");
+    err.hidden = !s.error;
+    err.textContent = s.error ? `schedules unavailable: ${s.error}` : "";
+    $("schedules-summary").textContent = s.total === 0 ? "" :
+      `${number(s.total)} · ${number(s.paused)} paused` +
+      (s.rows.length < s.total ? ` · the next ${number(s.rows.length)} to fire shown` : "");
+    const body = $("schedules").tBodies[0];
+    if (s.rows.length === 0) {
+      body.replaceChildren(el("tr", {}, el("td", { colSpan: 7, class: "muted" },
+        s.error ? "—" : "no schedules: cronoq schedule create NAME --every 1m …")));
+      return;
+    }
+    body.replaceChildren(...s.rows.map((r) => el("tr", {
+      "data-schedule": r.name, "data-paused": String(r.paused),
+      "data-last-outcome": r.last ? (r.last.error ? "refused" : (r.last.outcome || "running")) : "",
+      "data-last-task": r.last && r.last.task != null ? r.last.task : "",
+    },
+      el("td", {}, el("code", {}, r.name)),
+      el("td", { class: "labels" }, cadence(r)),
+      el("td", {}, r.pool),
+      el("td", { class: "next-fire" }, r.next_fire != null ? when(view.now, r.next_fire) : el("span", { class: "muted" }, "—")),
+      el("td", { class: "last-run" }, renderLastRun(r.last)),
+      el("td", { class: "num" }, `${number(r.counters.fires)} · ${number(r.counters.skipped)} · ${number(r.counters.missed)}`),
+      el("td", {}, r.paused ? el("span", { class: "badge warn" }, "paused") : "active"))));
+  }
+
   function renderAttempt(a) {
     const parts = [`#${a.attempt}`, labelText(a.group, "(unlabeled)")];
     if (a.worker) parts.push(a.worker);
@@ -169,6 +224,7 @@
   function render(view) {
     renderHeader(view);
     renderPools(view);
+    renderSchedules(view);
     renderWorkers(view);
     renderTasks(view);
   }
