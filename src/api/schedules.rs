@@ -153,11 +153,12 @@ impl BackfillRequest {
     /// let r = BackfillRequest { from: "2026-01-01T00:00:00Z".into(), to: "2026-01-01T01:00:00Z".into() };
     /// assert_eq!(r.range().unwrap().to.0 - r.range().unwrap().from.0, 3_600_000);
     /// assert!(BackfillRequest { from: "soon".into(), to: "later".into() }.range().is_err());
+    /// let offset = BackfillRequest { from: "2026-01-01T01:00:00+01:00".into(), to: "2026-01-01T01:00:00Z".into() };
+    /// assert_eq!(offset.range().unwrap().to.0 - offset.range().unwrap().from.0, 3_600_000);
     /// ```
     pub fn range(&self) -> Result<BackfillRange, WireError> {
         let at = |field: &str, text: &str| {
-            humantime::parse_rfc3339_weak(text.trim())
-                .ok()
+            crate::task::parse_rfc3339(text)
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map(Millis::from_duration)
                 .ok_or_else(|| {

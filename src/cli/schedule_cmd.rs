@@ -308,9 +308,7 @@ fn spec_of(args: &CreateArgs, payload: Vec<u8>) -> Result<ScheduleSpec, Rejectio
         )));
     }
     if let Some(d) = &task.deadline {
-        if humantime::parse_duration(d.trim()).is_err()
-            && humantime::parse_rfc3339_weak(d.trim()).is_ok()
-        {
+        if humantime::parse_duration(d.trim()).is_err() && crate::task::parse_rfc3339(d).is_some() {
             return Err(Rejection::InvalidArgument(format!(
                 "--deadline {} is a time: a schedule's deadline is a duration counted from each tick (10m)",
                 excerpt(d)

@@ -19,8 +19,8 @@ use crate::core::{
 
 mod submit;
 pub use submit::{
-    check_key, parse_duration, parse_time, tolerance_without_start, BackoffRequest, SubmitOptions,
-    SubmitRequest,
+    check_key, parse_duration, parse_rfc3339, parse_time, tolerance_without_start, BackoffRequest,
+    SubmitOptions, SubmitRequest,
 };
 
 /// A task to submit: payload plus options. Building never fails; the

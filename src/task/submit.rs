@@ -375,7 +375,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, Rejection> {
 /// ```
 pub fn parse_time(text: &str, now: SystemTime) -> Result<SystemTime, Rejection> {
     let text = text.trim();
-    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+    if let Some(t) = parse_rfc3339(text) {
         return Ok(t);
     }
     match humantime::parse_duration(text) {
@@ -391,6 +391,24 @@ pub fn parse_time(text: &str, now: SystemTime) -> Result<SystemTime, Rejection> 
             excerpt(text)
         ))),
     }
+}
+
+/// An RFC 3339 instant, with `Z` or a numeric offset
+/// (`2026-12-02T17:00:00+01:00`), or without a zone meaning UTC
+/// (humantime's weak form: `2026-12-02 16:00:00`).
+///
+/// ```
+/// use cronoq::task::parse_rfc3339;
+/// assert_eq!(parse_rfc3339("2026-12-02T17:00:00+01:00"), parse_rfc3339("2026-12-02T16:00:00Z"));
+/// assert!(parse_rfc3339("2026-12-02 16:00:00").is_some());
+/// assert!(parse_rfc3339("soon").is_none());
+/// ```
+pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
+    let text = text.trim();
+    if let Ok(ts) = text.parse::<jiff::Timestamp>() {
+        return Some(SystemTime::from(ts));
+    }
+    humantime::parse_rfc3339_weak(text).ok()
 }
 
 #[cfg(test)]
