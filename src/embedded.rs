@@ -30,14 +30,12 @@
 //! [`Scheduler::wait`] still answer after the fact.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures_util::future::CatchUnwind;
-use futures_util::future::{AbortHandle, Abortable};
+use futures_util::future::AbortHandle;
 use futures_util::FutureExt;
 use rustc_hash::FxHashMap;
 use tokio::sync::{oneshot, Notify};
@@ -51,7 +49,10 @@ pub use crate::task::TaskContext;
 use crate::task::{Outcome, Task, TaskError, TaskStatus};
 
 mod api_impl;
+mod attempts;
 mod schedules;
+
+use attempts::{ended, launch, run_attempts, timer_loop, Launched};
 
 /// An embedded scheduler error, with a stable [`ErrorCode`].
 #[derive(Debug, thiserror::Error)]
@@ -788,150 +789,6 @@ impl Inner {
             jobs
         };
         self.spawn_all(jobs);
-    }
-}
-
-/// A started attempt's future: the executor's, panics caught, abortable.
-/// `Unpin`, so it can be polled once where it starts and moved on.
-type AttemptFuture = Abortable<CatchUnwind<AssertUnwindSafe<BoxFuture>>>;
-
-/// How an attempt ended: outcome, output, error.
-type Ended = (AttemptOutcome, Option<Bytes>, Option<String>);
-
-/// An attempt as it starts: already over (the executor panicked before it
-/// returned a future, or finished at its first poll), or running.
-enum Launched {
-    Done(Ended),
-    Running(AttemptFuture),
-}
-
-/// Calls the executor for a `Start`.
-fn launch(job: Job) -> (TaskId, u32, Launched) {
-    let Job {
-        executor,
-        ctx,
-        payload,
-        registration,
-    } = job;
-    let (task, attempt) = (ctx.task_id, ctx.attempt);
-    // The call itself may panic too, not only the future it returns.
-    let launched = match std::panic::catch_unwind(AssertUnwindSafe(|| executor(ctx, payload))) {
-        Ok(future) => Launched::Running(Abortable::new(
-            AssertUnwindSafe(future).catch_unwind(),
-            registration,
-        )),
-        Err(panic) => Launched::Done(panicked(&*panic)),
-    };
-    (task, attempt, launched)
-}
-
-fn panicked(panic: &(dyn std::any::Any + Send)) -> Ended {
-    (
-        AttemptOutcome::Failed { retryable: true },
-        None,
-        Some(format!(
-            "executor panicked: {}",
-            crate::task::panic_message(panic)
-        )),
-    )
-}
-
-/// What an attempt's future came to.
-fn ended(
-    result: Result<std::thread::Result<Result<Bytes, TaskError>>, futures_util::future::Aborted>,
-) -> Ended {
-    match result {
-        Ok(Ok(Ok(output))) => (AttemptOutcome::Succeeded, Some(output), None),
-        Ok(Ok(Err(e))) => (
-            AttemptOutcome::Failed {
-                retryable: e.is_retryable(),
-            },
-            None,
-            Some(e.to_string()),
-        ),
-        Ok(Err(panic)) => panicked(&*panic),
-        Err(_aborted) => (AttemptOutcome::Cancelled, None, None),
-    }
-}
-
-/// Runs an attempt, records its end, and goes on with an attempt that end
-/// started (the slot it freed is usually the one the next task takes), so
-/// that a busy pool runs many attempts per tokio task: no spawn per
-/// attempt. Other attempts that end started get tasks of their own. Yields
-/// to the runtime as tokio's cooperative budget asks, so a long run of
-/// instant attempts never starves other tasks.
-async fn run_attempts(inner: Arc<Inner>, mut task: TaskId, mut attempt: u32, mut now: Launched) {
-    loop {
-        let mut result = match now {
-            Launched::Done(result) => result,
-            Launched::Running(future) => ended(future.await),
-        };
-        // Attempts that end at once (a panic before the future) are
-        // reported in turn, without awaiting.
-        loop {
-            let (outcome, output, error) = result;
-            let Work { jobs, outcomes } =
-                inner.attempt_ended(task, attempt, outcome, output, error);
-            let (next, rest) = match jobs.split_first() {
-                Some((next, rest)) => (Some(next), rest),
-                None => (None, Batch::Empty),
-            };
-            inner.spawn_all(Work {
-                jobs: rest,
-                outcomes,
-            });
-            let Some(next) = next else { return };
-            let launched;
-            (task, attempt, launched) = launch(next);
-            match launched {
-                Launched::Done(r) => result = r,
-                running => {
-                    now = running;
-                    break;
-                }
-            }
-        }
-        tokio::task::consume_budget().await;
-    }
-}
-
-/// Sleeps until the core's next wakeup (or until woken because it moved
-/// earlier), then ticks. Ends when the scheduler is dropped.
-async fn timer_loop(inner: Weak<Inner>) {
-    loop {
-        let (next, clock_at) = {
-            let Some(inner) = inner.upgrade() else { return };
-            let mut st = inner.lock();
-            let next = st.core.next_wakeup();
-            st.armed = next;
-            (next, next.map(|at| inner.clock.instant(at)))
-        };
-        let woken = {
-            let Some(strong) = inner.upgrade() else {
-                return;
-            };
-            let notified = async move {
-                strong.wake.notified().await;
-            };
-            match clock_at {
-                Some(at) => tokio::select! {
-                    _ = tokio::time::sleep_until(at) => false,
-                    _ = notified => true,
-                },
-                None => {
-                    // Nothing scheduled: wake up now and then to notice a
-                    // dropped scheduler.
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => false,
-                        _ = notified => true,
-                    }
-                }
-            }
-        };
-        let Some(inner) = inner.upgrade() else { return };
-        if !woken || next.is_some_and(|at| inner.clock.now() >= at) {
-            inner.tick();
-        }
     }
 }
 
