@@ -538,6 +538,20 @@ impl<X, R: Default> Ledger<X, R> {
         self.retire(outcome, key.map(str::to_string), Vec::new());
     }
 
+    /// A task an earlier leadership finished, read back at a takeover
+    /// before its submission was purged: retained with its key and counted
+    /// nowhere (its leader counted it), so a resubmission of the key later
+    /// in the stream is this task, not a second run.
+    pub fn restore_finished(&mut self, outcome: &Outcome, key: Option<&str>) {
+        if self.finished.get(outcome.id).is_some() || self.is_live(outcome.id) {
+            return;
+        }
+        if let Some(key) = key {
+            self.keys.insert(key.to_string(), outcome.id);
+        }
+        self.retire(outcome, key.map(str::to_string), Vec::new());
+    }
+
     fn retire(&mut self, outcome: &Outcome, key: Option<String>, aliases: Vec<TaskId>) {
         let id = outcome.id;
         if self.retain == 0 {

@@ -95,6 +95,9 @@ impl Driver {
         start_slot: Option<u32>,
     ) {
         let id = TaskId(seq);
+        if record.state.is_terminal() {
+            return self.finished_before(seq, pool, task, record);
+        }
         let (Ok(task), Some(last)) = (&task, record.attempts.last()) else {
             return self.submitted(now, seq, pool, task);
         };
@@ -169,6 +172,37 @@ impl Driver {
             }
         }
         self.resume_waiting(now, spec, attempt);
+    }
+
+    /// A task an earlier leadership finished whose submission the stream
+    /// still holds (the purge goes below the oldest unfinished task only):
+    /// nothing to run, but its idempotency key stays bound to it, as it was
+    /// under that leadership. Otherwise a duplicate of the key further on in
+    /// the stream — one that leadership discarded, a cancel of it answered
+    /// for this task — would run as a task of its own.
+    fn finished_before(
+        &mut self,
+        seq: u64,
+        pool: PoolName,
+        task: Result<Task, WireError>,
+        record: TaskRecord,
+    ) {
+        self.next_unseen = self.next_unseen.max(seq + 1);
+        let id = TaskId(seq);
+        if self.ledger.knows(id) {
+            return;
+        }
+        let key = task.ok().and_then(|t| t.key().map(str::to_string));
+        let outcome = Outcome {
+            id,
+            pool,
+            state: record.state,
+            output: record.output,
+            error: record.error,
+            attempts: record.attempts,
+            deadline_missed: record.deadline_missed,
+        };
+        self.ledger.restore_finished(&outcome, key.as_deref());
     }
 
     /// A recovered task waits for attempt `attempts + 1`.

@@ -556,6 +556,58 @@ fn a_known_idempotency_key_is_the_same_task() {
     assert_eq!(d.status(TaskId(2)).unwrap().id, TaskId(1));
 }
 
+/// Seed 244 of the failover simulation: a successor read a finished
+/// task's submission back (not yet purged) without its key, so the
+/// duplicates an earlier leader had discarded as that task ran as tasks of
+/// their own, and a cancel acknowledged for one of them was followed by
+/// another run of the key.
+#[test]
+fn a_key_read_back_finished_at_takeover_still_binds_its_duplicates() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    let mut done = journaled(1, 1, "w0", false);
+    done.state = TaskState::Succeeded;
+    done.attempts[0].outcome = Some("succeeded".into());
+    d.handle(
+        Millis(1),
+        Input::Recovered {
+            seq: 1,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p").idempotency_key("k")),
+            record: done,
+            start_slot: None,
+        },
+    );
+    d.handle(
+        Millis(1),
+        Input::Submitted {
+            seq: 2,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p").idempotency_key("k")),
+        },
+    );
+    let (to, mut cancelled) = local::<Ack>();
+    d.handle(Millis(2), Input::Cancel(TaskId(2), to));
+    answer(&mut d);
+    let outputs = d.take_outputs();
+    assert!(
+        !outputs
+            .iter()
+            .any(|o| matches!(o, Output::Lease { .. } | Output::Persist { .. })),
+        "{outputs:?}"
+    );
+    assert!(outputs
+        .iter()
+        .any(|o| matches!(o, Output::Discard { seq: 2 })));
+    let status = d.status(TaskId(2)).unwrap();
+    assert_eq!((status.id, status.state), (TaskId(1), TaskState::Succeeded));
+    assert!(
+        matches!(cancelled.try_recv(), Ok(Err(_))),
+        "the cancel is refused: finished"
+    );
+    assert_eq!(d.purge_floor(), 3);
+}
+
 #[test]
 fn purge_floor_stays_below_every_unfinished_task() {
     let mut d = driver();

@@ -93,30 +93,36 @@ impl World {
                     (r.state.is_terminal() || now < at + RECORD_TTL).then_some(r)
                 });
             let input = match record {
-                Some(r) if r.state.is_terminal() => None,
+                // Finished: its key stays bound to it (a duplicate further
+                // on is that task), as the consumer hands it over.
+                Some(r) if r.state.is_terminal() => Input::Recovered {
+                    seq,
+                    pool: Self::pool(),
+                    task: Ok(task),
+                    record: r.clone(),
+                    start_slot: None,
+                },
                 record => match leader.starts.merge(TaskId(seq), record.cloned()) {
                     (Some(record), start_slot) => {
                         if start_slot.is_some() {
                             self.counts.from_starts += 1;
                         }
-                        Some(Input::Recovered {
+                        Input::Recovered {
                             seq,
                             pool: Self::pool(),
                             task: Ok(task),
                             record,
                             start_slot,
-                        })
+                        }
                     }
-                    (None, _) => Some(Input::Submitted {
+                    (None, _) => Input::Submitted {
                         seq,
                         pool: Self::pool(),
                         task: Ok(task),
-                    }),
+                    },
                 },
             };
-            if let Some(input) = input {
-                leader.driver.handle(Millis(self.now), input);
-            }
+            leader.driver.handle(Millis(self.now), input);
             if seq == total {
                 leader.driver.handle(Millis(self.now), Input::CaughtUp);
             }
@@ -137,10 +143,12 @@ impl World {
         if self.leader.is_none() {
             return;
         }
-        // A duplicate's id stands for the task that holds its key (the
-        // original, or after a takeover that no longer knew a finished
-        // original, a later submission of the key): any of them may end
-        // cancelled.
+        // A duplicate's id stands for the task that holds its key: the
+        // original, as every leader knows the key of a task whose
+        // submission it reads back, finished or not (seed 244: one that
+        // skipped a finished original ran the duplicates the leader before
+        // had discarded, and a cancel acknowledged for one was followed by
+        // another run of the key). Any of them may end cancelled.
         for other in self.same_key(seq) {
             self.submissions[(other - 1) as usize].cancel_asked = true;
         }
