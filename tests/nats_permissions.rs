@@ -434,19 +434,35 @@ async fn deploy_nats_permissions_hold_end_to_end() {
     gpu.violation("subscription", "cronoq.worker.cpu-1.lease")
         .await;
     let mut gpu_own = gpu.subscribe("cronoq.worker.gpu-a100-1.probe").await;
-    server.publish("cronoq.worker.cpu-1.lease", "lease").await;
-    server
-        .publish("cronoq.worker.gpu-a100-1.probe", "after")
-        .await;
+    // A lease, then a probe on gpu-a100-1's own subject, until the probe
+    // arrives: a client may still be settling after the refusal (the probe
+    // of a first round can be lost then), and each round publishes the
+    // lease before its probe.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        server.publish("cronoq.worker.cpu-1.lease", "lease").await;
+        server
+            .publish("cronoq.worker.gpu-a100-1.probe", "after")
+            .await;
+        if tokio::time::timeout(Duration::from_secs(1), gpu_own.next())
+            .await
+            .is_ok_and(|m| m.is_some())
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gpu-a100-1's own subject: nothing arrived within {DEADLINE:?}"
+        );
+    }
     assert_eq!(
         next(&mut cpu_leases, "cpu-1's own lease subject")
             .await
             .payload,
         "lease"
     );
-    next(&mut gpu_own, "gpu-a100-1's own subject").await;
-    // The lease was published first: had it reached gpu-a100-1's
-    // connection, it would be there by now.
+    // Each lease was published before its probe: had one reached
+    // gpu-a100-1's connection, it would be there by now.
     nothing_delivered(&mut stolen_leases, "gpu-a100-1 on cpu-1's leases");
 
     // … cannot speak for another worker: its outcome never leaves.
