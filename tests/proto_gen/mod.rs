@@ -33,10 +33,8 @@ use cronoq::wire::{
 /// Where the generated files live, relative to the crate root.
 pub const DIR: &str = "proto-schemas";
 
-/// A note at the top of every generated schema. (It still names the
-/// module this lived in before it moved to the test harness; changing it
-/// rewrites every file of `proto-schemas/`.)
-const GENERATED: &str = "Generated from the Rust types by cronoq::wire::schemas; do not edit. \
+/// A note at the top of every generated schema.
+const GENERATED: &str = "Generated from the Rust types by tests/proto_gen (cronoq::wire); do not edit. \
                          Regenerate: UPDATE_SCHEMAS=1 cargo test --test proto_schemas";
 
 /// One body with a JSON Schema file of its own.
