@@ -117,7 +117,8 @@ impl Worker {
 }
 
 enum Kind {
-    Nats(cronoq::client::Client),
+    /// Boxed: the NATS client is far larger than the HTTP one.
+    Nats(Box<cronoq::client::Client>),
     Http(HttpClient),
 }
 
@@ -231,7 +232,7 @@ impl Client {
             let kind = if http {
                 Kind::Http(options.http(&url).map_err(client)?)
             } else {
-                Kind::Nats(options.connect(&url).await.map_err(client)?)
+                Kind::Nats(Box::new(options.connect(&url).await.map_err(client)?))
             };
             Ok(Client {
                 kind: Arc::new(kind),
@@ -321,7 +322,7 @@ impl Client {
     /// The schedule calls over this client.
     fn schedules(&self) -> crate::schedules::Schedules {
         let api: Arc<dyn cronoq::api::Api> = match &*self.kind {
-            Kind::Nats(c) => Arc::new(c.clone()),
+            Kind::Nats(c) => Arc::new((**c).clone()),
             Kind::Http(c) => Arc::new(c.clone()),
         };
         crate::schedules::Schedules::new(api)

@@ -34,7 +34,8 @@ use cronoq::wire::{
 pub const DIR: &str = "proto-schemas";
 
 /// A note at the top of every generated schema.
-const GENERATED: &str = "Generated from the Rust types by tests/proto_gen (cronoq::wire); do not edit. \
+const GENERATED: &str =
+    "Generated from the Rust types by tests/proto_gen (cronoq::wire); do not edit. \
                          Regenerate: UPDATE_SCHEMAS=1 cargo test --test proto_schemas";
 
 /// One body with a JSON Schema file of its own.
