@@ -532,10 +532,7 @@ impl<X, R: Default> Ledger<X, R> {
         if let Some(n) = m.finished_mut(outcome.state) {
             *n += 1;
         }
-        if let Some(key) = key {
-            self.keys.insert(key.to_string(), outcome.id);
-        }
-        self.retire(outcome, key.map(str::to_string), Vec::new());
+        self.retain_with_key(outcome, key);
     }
 
     /// A task an earlier leadership finished, read back at a takeover
@@ -546,6 +543,12 @@ impl<X, R: Default> Ledger<X, R> {
         if self.finished.get(outcome.id).is_some() || self.is_live(outcome.id) {
             return;
         }
+        self.retain_with_key(outcome, key);
+    }
+
+    /// Binds `key` to a task that was never live here and retains its
+    /// outcome.
+    fn retain_with_key(&mut self, outcome: &Outcome, key: Option<&str>) {
         if let Some(key) = key {
             self.keys.insert(key.to_string(), outcome.id);
         }
