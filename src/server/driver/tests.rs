@@ -31,6 +31,8 @@ fn settings() -> Settings {
         events: crate::server::config::Events::All,
         record_refresh: Millis(8 * 3_600_000),
         group_starts: false,
+        max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
+        schedules_refused: None,
     }
 }
 

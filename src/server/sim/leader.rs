@@ -287,7 +287,10 @@ impl World {
                     Output::Publish { subject, body } => self.send_to_worker(&subject, &body),
                     Output::Persist { .. }
                     | Output::PersistStarts { .. }
+                    | Output::PersistSchedule { .. }
                     | Output::Discard { .. } => {}
+                    // The simulation makes no schedules (yet).
+                    Output::Fire { .. } => {}
                 }
             }
             let leader = self.leader.as_mut().expect("leads");
