@@ -1756,3 +1756,5 @@ fn replies_reach_their_callers_and_closing_answers_the_rest() {
     let (_, mut later) = replies.open::<Ack>();
     assert!(later.try_recv().is_err());
 }
+
+mod schedules;
