@@ -14,7 +14,9 @@
 //!   ([`Output::PersistSchedule`], key `sched.<name>`). So a record that
 //!   says "tick T fired" is stored only after T's task is in the stream;
 //!   a leader that dies in between leaves its successor to decide T again,
-//!   under the same key — the stream answers with the first task.
+//!   under the same key — the stream answers with the first task. A
+//!   schedule's record is not written at all while any of its fires is
+//!   unanswered (`in_flight`): whatever else changed waits with it.
 //! - **Run ends** are read from the turn's own results: a terminal record
 //!   of a task the book believes live ends its run (`take_outputs`).
 //! - **Catching up**: the book steps only once the journal is read, so
@@ -86,6 +88,11 @@ pub(super) struct Schedules {
     /// (`cancel_previous` met a run whose task id is not known yet).
     cancel_on_ack: HashSet<(String, Millis)>,
     awaiting: Vec<Awaiting>,
+    /// Fires published and not yet answered, per schedule. A schedule's
+    /// record is not written while it has any: the record would say the
+    /// tick fired before its task is in the stream, and a leader dying
+    /// then would leave its successor a tick that never runs.
+    in_flight: HashMap<String, u32>,
 }
 
 impl Schedules {
@@ -98,6 +105,7 @@ impl Schedules {
             reconciled: false,
             cancel_on_ack: HashSet::new(),
             awaiting: Vec::new(),
+            in_flight: HashMap::new(),
         }
     }
 
@@ -266,6 +274,12 @@ impl Driver {
         kind: FireKind,
         result: Result<u64, WireError>,
     ) {
+        if let Some(n) = self.schedules.in_flight.get_mut(&name) {
+            *n -= 1;
+            if *n == 0 {
+                self.schedules.in_flight.remove(&name);
+            }
+        }
         let mut orders = Vec::new();
         match result {
             Ok(seq) => {
@@ -368,6 +382,7 @@ impl Driver {
                 } => {
                     task.owner = self.schedules.book.get(&name).and_then(|e| e.owner.clone());
                     self.schedules.dirty.insert(name.clone());
+                    *self.schedules.in_flight.entry(name.clone()).or_default() += 1;
                     self.out.push(Output::Fire {
                         name,
                         tick,
@@ -463,11 +478,19 @@ impl Driver {
             self.carry_out_orders(now, orders);
         }
         let due = now.plus(self.settings.record_refresh);
+        let mut waiting = BTreeSet::new();
         for name in std::mem::take(&mut self.schedules.dirty) {
+            let deleted = self.schedules.book.get(&name).is_none();
+            if !deleted && self.schedules.in_flight.contains_key(&name) {
+                // Written once its fires are answered.
+                waiting.insert(name);
+                continue;
+            }
             let stored = self.schedules.book.get(&name).map(|e| Box::new(e.stored()));
             self.schedules.written(&name, stored.as_ref().map(|_| due));
             self.out.push(Output::PersistSchedule { name, stored });
         }
+        self.schedules.dirty = waiting;
     }
 
     /// The schedule figures for `/metrics`.
