@@ -45,6 +45,13 @@ async fn a_key_whose_submission_was_purged_still_binds_its_duplicate_after_a_tak
     key_survives_a_takeover(Standby::Warm, Submission::Purged).await;
 }
 
+/// A result over the size the warm copy keeps whole (a 5,000-byte
+/// output): the copy keeps its id, and the successor reads it back.
+#[tokio::test]
+async fn a_key_with_a_large_result_binds_its_duplicate_after_a_takeover() {
+    key_survives_a_takeover_with(Standby::Warm, Submission::Purged, 5_000).await;
+}
+
 #[tokio::test]
 async fn a_key_finished_before_a_cold_takeover_binds_its_duplicate() {
     key_survives_a_takeover(Standby::Cold, Submission::InStream).await;
@@ -86,6 +93,15 @@ async fn publish_with_other_msg_id(c: &Cluster, payload: &str, key: &str) -> Tas
 }
 
 async fn key_survives_a_takeover(standby: Standby, submission: Submission) {
+    key_survives_a_takeover_with(standby, submission, 0).await;
+}
+
+/// The keyed task's output is `big` bytes when not 0 (else its usual line).
+async fn key_survives_a_takeover_with(standby: Standby, submission: Submission, big: usize) {
+    let (payload, output) = match big {
+        0 => ("keyed".to_string(), "keyed on [] by cpu".to_string()),
+        n => (format!("keyed big={n}"), "x".repeat(n)),
+    };
     let mut c = Cluster::start(&[("cpu", "", 2)]).await;
     let config = match standby {
         Standby::Warm => procs::SERVER_CONFIG.to_string(),
@@ -102,9 +118,9 @@ async fn key_survives_a_takeover(standby: Standby, submission: Submission) {
         Submission::Purged => None,
     };
     let first = c
-        .submit(Task::new("keyed".to_string()).idempotency_key(KEY))
+        .submit(Task::new(payload.clone()).idempotency_key(KEY))
         .await;
-    assert_eq!(c.succeeded(first).await, "keyed on [] by cpu");
+    assert_eq!(c.succeeded(first).await, output);
     match submission {
         Submission::InStream => {
             let blocker = blocker.expect("a blocker");
@@ -129,7 +145,7 @@ async fn key_survives_a_takeover(standby: Standby, submission: Submission) {
     std::mem::swap(&mut c.server, &mut second);
 
     // The same key under another Msg-Id: the first task, not a new run.
-    let dup = publish_with_other_msg_id(&c, "keyed", KEY).await;
+    let dup = publish_with_other_msg_id(&c, &payload, KEY).await;
     assert_ne!(dup, first);
     let status = c
         .task_until(dup, "read by the successor", |s| s.state.is_terminal())
@@ -140,7 +156,7 @@ async fn key_survives_a_takeover(standby: Standby, submission: Submission) {
         "the duplicate ran as a task of its own: {}",
         describe(&status)
     );
-    assert_eq!(status.output.as_deref(), Some("keyed on [] by cpu"));
+    assert_eq!(status.output.as_deref(), Some(output.as_str()));
 
     // The worker follows the successor (a new task runs), and by then the
     // duplicate has had every chance to run: it ran once in all.
@@ -157,7 +173,14 @@ async fn key_survives_a_takeover(standby: Standby, submission: Submission) {
 
     let log = c.server.log_tail(400);
     match standby {
-        Standby::Warm => assert!(log.contains("keys of finished tasks bound again"), "{log}"),
+        Standby::Warm => {
+            let read = if big > 0 { "read=1" } else { "read=0" };
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("keys of finished tasks bound again") && l.contains(read)),
+                "{log}"
+            );
+        }
         Standby::Cold => assert!(log.contains("warm_standby = false"), "{log}"),
     }
     second.kill9();

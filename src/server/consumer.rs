@@ -279,27 +279,35 @@ pub(super) async fn consume(
     }
 }
 
-/// Hands the driver the result records of the finished tasks `seqs`
+/// Hands the driver the result records of the finished tasks `keyed`
 /// (oldest first; a warm copy's keyed results, up to the takeover's last
 /// submission) before any submission, so their idempotency keys bind
 /// again before a duplicate of one can arrive — also for tasks whose
-/// submissions were purged. Reads only these records, 128 at a time;
-/// one that is gone (expired after `results_ttl`, deleted) binds nothing.
-/// False once the driver is gone.
+/// submissions were purged. A record the copy did not keep whole is read
+/// back (128 at a time); one that is gone (expired after `results_ttl`,
+/// deleted) binds nothing. False once the driver is gone.
 async fn bind_finished_keys(
-    seqs: Vec<u64>,
+    keyed: Vec<(u64, Option<Box<wire::TaskRecord>>)>,
     results: &kv::Store,
     seal: &seal::Seal,
     inputs: &mpsc::Sender<Input>,
     beat: &impl Fn(),
 ) -> bool {
-    if seqs.is_empty() {
+    if keyed.is_empty() {
         return true;
     }
-    let (asked, started) = (seqs.len(), std::time::Instant::now());
+    let started = std::time::Instant::now();
+    let asked = keyed.len();
+    let read = keyed.iter().filter(|(_, kept)| kept.is_none()).count();
     let mut bound = 0usize;
-    let mut records = futures_util::stream::iter(seqs)
-        .map(|seq| async move { (seq, journal_record(results, seal, seq).await) })
+    let mut records = futures_util::stream::iter(keyed)
+        .map(|(seq, kept)| async move {
+            let record = match kept {
+                Some(record) => Ok(Some(*record)),
+                None => journal_record(results, seal, seq).await,
+            };
+            (seq, record)
+        })
         .buffered(128);
     while let Some((seq, record)) = records.next().await {
         beat();
@@ -323,6 +331,7 @@ async fn bind_finished_keys(
     }
     tracing::info!(
         asked,
+        read,
         bound,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "keys of finished tasks bound again"

@@ -29,6 +29,12 @@ pub(crate) const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 /// predecessor still held.
 pub(crate) const KEYED_KEPT: usize = 10_000;
 
+/// A finished keyed task's result is kept whole when its encoded body is
+/// at most this large (so at most [`KEYED_KEPT`] × 4 KiB, 40 MiB, in
+/// all), and handed over at takeover without a lookup; a larger one (a
+/// large output) is kept as its id and read back then.
+pub(crate) const KEPT_RECORD_BYTES: usize = 4096;
+
 /// What the watch has seen.
 #[derive(Default)]
 struct Copy {
@@ -39,7 +45,7 @@ struct Copy {
     /// The newest [`KEYED_KEPT`] of those whose record names a key; not
     /// pruned with the submit stream (their results outlive their
     /// submissions, and so must their keys).
-    keyed: BTreeSet<u64>,
+    keyed: BTreeMap<u64, Option<Box<TaskRecord>>>,
     /// The last bucket revision (stream sequence) applied.
     seen: u64,
 }
@@ -116,7 +122,8 @@ impl WarmJournal {
                     copy.live.remove(&seq);
                     copy.finished.insert(seq);
                     if record.key.is_some() {
-                        copy.keyed.insert(seq);
+                        let small = body.is_some_and(|b| b.len() <= KEPT_RECORD_BYTES);
+                        copy.keyed.insert(seq, small.then(|| Box::new(record)));
                         if copy.keyed.len() > KEYED_KEPT {
                             copy.keyed.pop_first();
                         }
@@ -143,7 +150,7 @@ impl WarmJournal {
     /// revision seen.
     pub(crate) fn known(&self, seq: u64) -> Known {
         let copy = self.lock();
-        if copy.finished.contains(&seq) || copy.keyed.contains(&seq) {
+        if copy.finished.contains(&seq) || copy.keyed.contains_key(&seq) {
             Known::Finished(None)
         } else if let Some(record) = copy.live.get(&seq) {
             Known::Live(Box::new(record.clone()))
@@ -153,10 +160,15 @@ impl WarmJournal {
     }
 
     /// The finished tasks up to `upto` whose records name a key, oldest
-    /// first (at most [`KEYED_KEPT`]): a takeover reads their records and
-    /// binds their keys before anything else.
-    pub(crate) fn keyed_finished(&self, upto: u64) -> Vec<u64> {
-        self.lock().keyed.range(..=upto).copied().collect()
+    /// first (at most [`KEYED_KEPT`]), each with its record when kept
+    /// whole (else a takeover reads it): their keys bind before anything
+    /// else.
+    pub(crate) fn keyed_finished(&self, upto: u64) -> Vec<(u64, Option<Box<TaskRecord>>)> {
+        let copy = self.lock();
+        copy.keyed
+            .range(..=upto)
+            .map(|(seq, record)| (*seq, record.clone()))
+            .collect()
     }
 
     /// The last revision applied.
@@ -319,33 +331,44 @@ mod tests {
         assert_eq!(warm.known(1), Known::None);
     }
 
+    /// The ids `keyed_finished` names.
+    fn ids(kept: &[(u64, Option<Box<TaskRecord>>)]) -> Vec<u64> {
+        kept.iter().map(|(seq, _)| *seq).collect()
+    }
+
     #[test]
     fn finished_keyed_tasks_outlive_the_purge_of_their_submissions_up_to_a_bound() {
         let warm = WarmJournal::default();
         warm.apply(&entry("3", 1, Some(&keyed(3, "k3"))));
         warm.apply(&entry("4", 2, Some(&record(4, TaskState::Succeeded))));
-        warm.apply(&entry("5", 3, Some(&keyed(5, "k5"))));
+        let mut big = keyed(5, "k5");
+        big.output = Some(vec![b'x'; KEPT_RECORD_BYTES].into());
+        warm.apply(&entry("5", 3, Some(&big)));
         assert_eq!(warm.known(3), Known::Finished(None));
-        assert_eq!(warm.keyed_finished(10), vec![3, 5]);
         assert_eq!(
-            warm.keyed_finished(4),
+            warm.keyed_finished(10),
+            vec![(3, Some(Box::new(keyed(3, "k3")))), (5, None)],
+            "a small result kept whole, a large one as its id"
+        );
+        assert_eq!(
+            ids(&warm.keyed_finished(4)),
             vec![3],
             "only up to the takeover's last"
         );
         // The submit stream purged them all: the keyed ones stay.
         warm.prune_below(6);
         assert_eq!(warm.len(), (0, 0, 2));
-        assert_eq!(warm.keyed_finished(10), vec![3, 5]);
+        assert_eq!(ids(&warm.keyed_finished(10)), vec![3, 5]);
         // A deleted record takes its mark along.
         warm.apply(&entry("3", 4, None));
-        assert_eq!(warm.keyed_finished(10), vec![5]);
+        assert_eq!(ids(&warm.keyed_finished(10)), vec![5]);
         // Bounded: the oldest go first.
         for seq in 10..10 + KEYED_KEPT as u64 {
             warm.apply(&entry(&seq.to_string(), seq, Some(&keyed(seq, "k"))));
         }
         let kept = warm.keyed_finished(u64::MAX);
         assert_eq!(kept.len(), KEYED_KEPT);
-        assert_eq!(kept[0], 10);
+        assert_eq!(kept[0].0, 10);
     }
 
     #[test]
