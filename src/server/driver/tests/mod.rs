@@ -610,6 +610,18 @@ fn a_key_read_back_finished_at_takeover_still_binds_its_duplicates() {
     assert_eq!(d.purge_floor(), 3);
 }
 
+/// Submits a task of pool `p` with idempotency key `key`.
+fn submit_keyed(d: &mut Driver, now: u64, seq: u64, key: &str) {
+    d.handle(
+        Millis(now),
+        Input::Submitted {
+            seq,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p").idempotency_key(key)),
+        },
+    );
+}
+
 /// The real consumer hands a successor a finished task's result record,
 /// not its submission (skipped, or purged long ago): the record names the
 /// key, and the key binds to that task again, outcome and all.
@@ -617,14 +629,7 @@ fn a_key_read_back_finished_at_takeover_still_binds_its_duplicates() {
 fn a_finished_result_names_its_key_and_binds_it_in_a_successor() {
     let mut a = driver();
     register(&mut a, "w", "", 1);
-    a.handle(
-        Millis(1),
-        Input::Submitted {
-            seq: 1,
-            pool: PoolName::new("p").unwrap(),
-            task: Ok(Task::new("x").pool("p").idempotency_key("k")),
-        },
-    );
+    submit_keyed(&mut a, 1, 1, "k");
     submit(&mut a, 1, 2, ""); // unkeyed
     let lease = leases(&mut a).remove(0).1;
     let ok = |out: &str| AttemptResult::Succeeded {
@@ -659,14 +664,7 @@ fn a_finished_result_names_its_key_and_binds_it_in_a_successor() {
     b.handle(Millis(10), Input::FinishedBefore { seq: 1, record });
     // Out of stream order: how far the stream was read does not move.
     assert_eq!((b.purge_floor(), b.consumed_below()), (1, 1));
-    b.handle(
-        Millis(11),
-        Input::Submitted {
-            seq: 5,
-            pool: PoolName::new("p").unwrap(),
-            task: Ok(Task::new("x").pool("p").idempotency_key("k")),
-        },
-    );
+    submit_keyed(&mut b, 11, 5, "k");
     b.handle(Millis(11), Input::CaughtUp);
     register(&mut b, "w", "", 1);
     let outputs = b.take_outputs();
