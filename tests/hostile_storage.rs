@@ -49,6 +49,7 @@ fn forged_success(task: TaskId, output: &str) -> bytes::Bytes {
         error: None,
         deadline_missed: false,
         written_at: None,
+        key: None,
     })
     .into()
 }

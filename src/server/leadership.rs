@@ -131,10 +131,9 @@ pub(super) async fn lead(
     if catch_up_to.is_some() {
         driver.catch_up_first();
     }
-    let warm = match catch_up_to {
-        Some(_) => warm_journal(base).await,
-        None => None,
-    };
+    // Also with no submission left: the warm copy hands over the keys of
+    // finished tasks, whose submissions were purged (`consume`).
+    let warm = warm_journal(base).await;
     // The start records (a few keys: one per recent turn with attempts
     // still running), read from the bucket whether warm or not.
     let starts = match catch_up_to {

@@ -26,11 +26,12 @@ pub(super) async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
         }
     };
     if base.warm.caught_up(upto, warm::CATCH_UP_WAIT).await {
-        let (live, finished) = base.warm.len();
+        let (live, finished, keyed) = base.warm.len();
         tracing::info!(
             upto,
             live,
             finished,
+            keyed,
             "reading the journal from the warm copy"
         );
         Some(base.warm.clone())

@@ -225,6 +225,7 @@ mod tests {
             error: None,
             deadline_missed: false,
             written_at: Some(Millis(written)),
+            key: None,
         }
     }
 

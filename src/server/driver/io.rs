@@ -150,6 +150,12 @@ pub(crate) enum Input {
         kind: crate::schedule::FireKind,
         result: Result<u64, WireError>,
     },
+    /// A task an earlier leadership finished, from its result record
+    /// (which names its idempotency key): its key binds to it again.
+    FinishedBefore {
+        seq: u64,
+        record: TaskRecord,
+    },
 }
 
 /// Who registered a worker: its credential and that credential's bounds

@@ -702,6 +702,7 @@ impl Driver {
                 kind,
                 result,
             } => self.fire_published(now, name, tick, kind, result),
+            Input::FinishedBefore { seq, record } => self.bind_finished(seq, record),
             Input::LeasesSent(sent) => {
                 let ttl = self.settings.lease_ttl;
                 for (task, attempt) in sent {

@@ -47,6 +47,12 @@ pub struct TaskRecord {
     /// expires it, knowing how old it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_at: Option<Millis>,
+    /// The idempotency key the task held (as the leader keeps it: scoped
+    /// to its credential), on a finished task's record only: a successor
+    /// binds it again from here, so a later submission with the key is
+    /// this task, even once the submission itself is purged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl TaskRecord {
@@ -62,6 +68,7 @@ impl TaskRecord {
             error: o.error.clone(),
             deadline_missed: o.deadline_missed,
             written_at: None,
+            key: None,
         }
     }
 
@@ -77,6 +84,7 @@ impl TaskRecord {
             error: s.error,
             deadline_missed: s.deadline_missed,
             written_at: None,
+            key: None,
         }
     }
 
@@ -176,6 +184,7 @@ impl TaskRecord {
         256 + self.pool.as_str().len()
             + self.output.as_ref().map_or(0, Bytes::len)
             + self.error.as_ref().map_or(0, String::len)
+            + self.key.as_ref().map_or(0, String::len)
             + attempts
     }
 
@@ -267,6 +276,7 @@ impl TaskRecord {
                 error: None,
                 deadline_missed: false,
                 written_at: Some(written_at),
+                key: None,
             }),
             Some(r) => {
                 let last = r.attempts.last();
