@@ -36,7 +36,7 @@ impl Client {
             let forward = page
                 .schedules
                 .first()
-                .is_some_and(|e| after.as_ref().is_none_or(|a| e.name > *a));
+                .is_some_and(|e| after.as_ref().map_or(true, |a| e.name > *a));
             all.extend(page.schedules);
             // A page that does not move forward would loop forever.
             if !page.more || !forward {

@@ -308,7 +308,7 @@ fn schedule_request(
             answer_later(client, msg, async move {
                 let mut list = api.list_schedules().await?;
                 list.retain(|e| {
-                    l.after.as_ref().is_none_or(|after| e.name > *after)
+                    l.after.as_ref().map_or(true, |after| e.name > *after)
                         && (!restricted
                             || PoolName::new(&e.pool).is_ok_and(|p| caller.sees_pool(&p)))
                 });
@@ -424,5 +424,40 @@ fn schedule_page(
     wire::ScheduleList {
         schedules: list,
         more,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ScheduleEntry;
+    use crate::schedule::{Book, ScheduleSpec};
+
+    fn entries(n: usize) -> Vec<ScheduleEntry> {
+        let mut book = Book::new(n);
+        for i in 0..n {
+            let spec: ScheduleSpec = serde_json::from_value(
+                serde_json::json!({"name": format!("s{i:03}"), "every": "1m"}),
+            )
+            .unwrap();
+            book.create(spec, None, Millis(0)).unwrap();
+        }
+        book.iter().map(|(_, e)| ScheduleEntry::of(e)).collect()
+    }
+
+    #[test]
+    fn a_schedule_list_is_cut_into_pages_that_fit_and_move_forward() {
+        let list = entries(50);
+        let one = wire::encode(&list[0]).len();
+        let whole = schedule_page(list.clone(), usize::MAX);
+        assert_eq!((whole.schedules.len(), whole.more), (50, false));
+        let page = schedule_page(list.clone(), 10 * one + one / 2);
+        assert_eq!((page.schedules.len(), page.more), (10, true));
+        assert!(wire::encode(&page).len() <= 10 * one + LIST_REPLY_MARGIN);
+        // However small the budget, one schedule a page.
+        let tiny = schedule_page(list, 1);
+        assert_eq!((tiny.schedules.len(), tiny.more), (1, true));
+        let empty = schedule_page(Vec::new(), 1);
+        assert_eq!((empty.schedules.len(), empty.more), (0, false));
     }
 }
