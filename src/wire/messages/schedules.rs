@@ -7,6 +7,7 @@
 //! wrapped, not flattened: serde cannot flatten a struct that refuses
 //! unknown fields.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::v;
@@ -15,7 +16,7 @@ use crate::schedule::ScheduleSpec;
 
 /// Create a schedule (request on `P.api.schedule_create`; reply
 /// `ScheduleInfo`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CreateSchedule {
     /// Protocol version.
     #[serde(default = "v")]
@@ -33,7 +34,7 @@ impl CreateSchedule {
 
 /// One page of the schedules, by name (request on `P.api.schedule_list`;
 /// reply [`ScheduleList`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ListSchedules {
     /// Protocol version.
     #[serde(default = "v")]
@@ -59,7 +60,7 @@ impl ListSchedules {
 /// A page of the schedules (the reply to `P.api.schedule_list`), as many
 /// as fit in one NATS message. `E` is `crate::api::ScheduleEntry` (the
 /// wire sits below the API types, so it does not name them).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ScheduleList<E> {
     /// Schedules by name, after the request's `after`.
     pub schedules: Vec<E>,
@@ -72,7 +73,7 @@ pub struct ScheduleList<E> {
 /// `schedule_pause`, `schedule_resume` (reply `ScheduleInfo`),
 /// `schedule_delete` ([`super::Ack`]) and `schedule_trigger`
 /// (`FireRecord`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ScheduleName {
     /// Protocol version.
     #[serde(default = "v")]
@@ -93,7 +94,7 @@ impl ScheduleName {
 
 /// Fire each tick in `from..=to` (request on `P.api.schedule_backfill`;
 /// reply `BackfillReport`). Instants in ms since the epoch.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct BackfillSchedule {
     /// Protocol version.
     #[serde(default = "v")]
