@@ -4,29 +4,14 @@
 //! like `wire`'s (the wire sits below these types, so their mirrors are
 //! here); `tests/proto_schemas.rs` validates real values against them.
 
-use std::borrow::Cow;
-
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 
 use super::{BackfillReport, ScheduleEntry, ScheduleInfo};
 use crate::core::Millis;
 use crate::schedule::{
     FireRecord, MissedTicks, Overlap, ScheduleCounters, ScheduleSpec, ScheduleState,
 };
-
-/// `impl JsonSchema for $ty` named `$name`, its body the mirror's.
-macro_rules! mirrored_schema {
-    ($ty:ty, $mirror:ty, $name:literal) => {
-        impl JsonSchema for $ty {
-            fn schema_name() -> Cow<'static, str> {
-                Cow::Borrowed($name)
-            }
-            fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-                <$mirror>::json_schema(generator)
-            }
-        }
-    };
-}
+use crate::wire::mirrored_schema;
 
 mirrored_schema!(ScheduleInfo, ScheduleInfoSchema, "ScheduleInfo");
 /// Everything about one schedule (`GET /v1/schedules/{name}`).

@@ -96,19 +96,20 @@ impl JsonSchema for Backoff {
 }
 
 /// `impl JsonSchema for $ty` that names the schema `$name` and takes its
-/// body from the mirror struct `$mirror`.
+/// body from the mirror struct `$mirror` (also used by `api/schema.rs`).
 macro_rules! mirrored_schema {
     ($ty:ty, $mirror:ty, $name:literal) => {
-        impl JsonSchema for $ty {
-            fn schema_name() -> Cow<'static, str> {
-                Cow::Borrowed($name)
+        impl ::schemars::JsonSchema for $ty {
+            fn schema_name() -> ::std::borrow::Cow<'static, str> {
+                ::std::borrow::Cow::Borrowed($name)
             }
-            fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-                <$mirror>::json_schema(generator)
+            fn json_schema(generator: &mut ::schemars::SchemaGenerator) -> ::schemars::Schema {
+                <$mirror as ::schemars::JsonSchema>::json_schema(generator)
             }
         }
     };
 }
+pub(crate) use mirrored_schema;
 
 // The mirrors: same field names, types and serde attributes as the real
 // structs (nested types are the real ones, so each mirror copies only its
