@@ -327,7 +327,8 @@ fn schedule_request(
                 api.backfill_schedule(b.name, range).await
             });
         }
-        _ => {
+        "schedule_get" | "schedule_pause" | "schedule_resume" | "schedule_delete"
+        | "schedule_trigger" => {
             let n: wire::ScheduleName = wire::decode_request(body)?;
             crate::schedule::check_schedule_name(&n.name)?;
             let name = n.name;
@@ -361,7 +362,8 @@ fn schedule_request(
                             .map(|()| wire::Ack::default())
                     });
                 }
-                "schedule_trigger" => {
+                _ => {
+                    // schedule_trigger
                     caller.may_schedule(None)?;
                     answer_later(client, msg, async move {
                         if restricted {
@@ -370,13 +372,13 @@ fn schedule_request(
                         api.trigger_schedule(name).await
                     });
                 }
-                other => {
-                    return Err(WireError::new(
-                        ErrorCode::NOT_FOUND,
-                        format!("unknown api verb {other:?}"),
-                    ))
-                }
             }
+        }
+        other => {
+            return Err(WireError::new(
+                ErrorCode::NOT_FOUND,
+                format!("unknown api verb {other:?}"),
+            ))
         }
     }
     Ok(())
