@@ -229,21 +229,22 @@ async def test_a_client_manages_schedules_over_nats(cluster):
     assert await client.list_schedules() == []
 
 
-async def test_credentials_decide_schedules_over_nats(auth_cluster):
-    """With ``[auth] required`` and no storage key: a reader lists but may
-    not create (:class:`cronoq.PermissionDenied`), no token is
-    :class:`cronoq.Unauthenticated`, and even an admin's create is refused
-    (:class:`cronoq.FailedPrecondition`: the leader could not attribute
-    the fires)."""
-    url = auth_cluster.nats_url
-    reader = cronoq.Client(url, token=TOKENS["CRONOQ_PY_READER"], request_timeout=10)
-    admin = cronoq.Client(url, token=TOKENS["CRONOQ_PY_ADMIN"], request_timeout=10)
-    anonymous = cronoq.Client(url, request_timeout=10)
-    assert await reader.list_schedules() == []
-    with pytest.raises(cronoq.PermissionDenied):
-        await reader.schedule("r", every="1h")
-    with pytest.raises(cronoq.Unauthenticated):
-        await anonymous.list_schedules()
-    with pytest.raises(cronoq.FailedPrecondition, match="storage"):
-        await admin.schedule("a", every="1h")
-    assert await admin.list_schedules() == []
+async def test_credentials_decide_schedules_over_nats_and_http(auth_cluster):
+    """With ``[auth] required`` and no storage key, over NATS and over HTTP
+    (which calls the leader over NATS as the caller's token): a reader
+    lists but may not create (:class:`cronoq.PermissionDenied`), no token
+    is :class:`cronoq.Unauthenticated`, and even an admin's create is
+    refused (:class:`cronoq.FailedPrecondition`: the leader could not
+    attribute the fires)."""
+    for url in [auth_cluster.nats_url, auth_cluster.http_url]:
+        reader = cronoq.Client(url, token=TOKENS["CRONOQ_PY_READER"], request_timeout=10)
+        admin = cronoq.Client(url, token=TOKENS["CRONOQ_PY_ADMIN"], request_timeout=10)
+        anonymous = cronoq.Client(url, request_timeout=10)
+        assert await reader.list_schedules() == [], url
+        with pytest.raises(cronoq.PermissionDenied):
+            await reader.schedule("r", every="1h")
+        with pytest.raises(cronoq.Unauthenticated):
+            await anonymous.list_schedules()
+        with pytest.raises(cronoq.FailedPrecondition, match="storage"):
+            await admin.schedule("a", every="1h")
+        assert await admin.list_schedules() == [], url
