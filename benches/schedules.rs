@@ -155,7 +155,12 @@ async fn measure(
         );
     }
     lags.sort_unstable();
-    let histogram = api.metrics().await.ok().and_then(|m| m.schedules).map(|s| s.fire_lag);
+    let histogram = api
+        .metrics()
+        .await
+        .ok()
+        .and_then(|m| m.schedules)
+        .map(|s| s.fire_lag);
     Measured {
         fires: lags.len() as u64,
         expected: count as u64 * minutes,
@@ -262,7 +267,11 @@ async fn leader(count: usize, minutes: u64) {
     );
     let (stop, stop_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = oneshot::channel();
-    let server = tokio::spawn(cronoq::server::serve(config, raised(stop_rx.clone()), ready_tx));
+    let server = tokio::spawn(cronoq::server::serve(
+        config,
+        raised(stop_rx.clone()),
+        ready_tx,
+    ));
     let running = match ready_rx.await {
         Ok(r) => r,
         Err(_) => panic!("cronoq server did not start: {:?}", server.await),
@@ -280,7 +289,12 @@ async fn leader(count: usize, minutes: u64) {
         workers.push(tokio::spawn(worker.run_until(raised(stop_rx.clone()))));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !running.api.snapshot().await.is_ok_and(|s| s.workers.len() == 4) {
+    while !running
+        .api
+        .snapshot()
+        .await
+        .is_ok_and(|s| s.workers.len() == 4)
+    {
         assert!(Instant::now() < deadline, "workers did not register");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -290,7 +304,12 @@ async fn leader(count: usize, minutes: u64) {
     // nats-server's CPU over the same window is close enough to its CPU
     // since the schedules were made (creation costs 10,000 records once).
     let nats_cpu = proc_cpu(&nats_stat).saturating_sub(nats0);
-    report("leader", &m, TARGET_CPU_SERVER, Some(("nats-server (whole run)", nats_cpu)));
+    report(
+        "leader",
+        &m,
+        TARGET_CPU_SERVER,
+        Some(("nats-server (whole run)", nats_cpu)),
+    );
     let _ = stop.send(true);
     for w in workers {
         let _ = w.await;
