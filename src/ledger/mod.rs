@@ -591,7 +591,13 @@ impl<X, R: Default> Ledger<X, R> {
             }
             return;
         }
-        if let Some(older) = self.finished.remove(id) {
+        // A lookup first: removing an id that is not there (every finish
+        // from the core) costs a good deal more than finding it absent.
+        let older = match self.finished.get(id) {
+            Some(_) => self.finished.remove(id),
+            None => None,
+        };
+        if let Some(older) = older {
             // Recorded twice (never from the core): the newer record
             // stands, the older leaves the ring.
             self.retained -= 1;
