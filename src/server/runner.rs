@@ -26,37 +26,60 @@ pub(super) async fn drive(
     // second so `/readyz` sees it beat.
     let housekeeping_every = Millis(1_000);
     let mut last_housekeeping = wall_now();
+    // One timer for the loop's life, moved only when the deadline does: a
+    // fresh one per turn cost a timer entry registered and dropped each
+    // time, and a turn with inputs queued needs none.
+    let sleep = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(sleep);
+    let mut armed: Option<Millis> = None;
     loop {
         let now = wall_now();
         beat.store(now.0, Ordering::Relaxed);
-        let due = driver
-            .next_wakeup()
-            .map_or(last_housekeeping.plus(housekeeping_every), |w| {
-                w.min(last_housekeeping.plus(housekeeping_every))
-            });
-        let wait = Duration::from_millis(due.0.saturating_sub(now.0));
-        tokio::select! {
-            input = inputs.recv() => {
-                let Some(input) = input else { return };
-                // The right to act is judged before every input: a pause
-                // (SIGSTOP, a stalled VM) can fall between any two.
-                if !tenure.check(&mut driver) {
-                    return;
+        let input = match inputs.try_recv() {
+            Ok(input) => Some(input),
+            Err(mpsc::error::TryRecvError::Disconnected) => return,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                let due = driver
+                    .next_wakeup()
+                    .map_or(last_housekeeping.plus(housekeeping_every), |w| {
+                        w.min(last_housekeeping.plus(housekeeping_every))
+                    });
+                if armed != Some(due) {
+                    let wait = Duration::from_millis(due.0.saturating_sub(now.0));
+                    sleep.as_mut().reset(tokio::time::Instant::now() + wait);
+                    armed = Some(due);
                 }
-                handle_guarded(&mut driver, wall_now(), input);
-                for _ in 0..1024 {
-                    match inputs.try_recv() {
-                        Ok(input) => {
-                            if !tenure.check(&mut driver) {
-                                return;
-                            }
-                            handle_guarded(&mut driver, wall_now(), input)
-                        }
-                        Err(_) => break,
+                tokio::select! {
+                    input = inputs.recv() => match input {
+                        Some(input) => Some(input),
+                        None => return,
+                    },
+                    _ = &mut sleep => {
+                        // Spent: the next wait sets it again.
+                        armed = None;
+                        None
                     }
                 }
             }
-            _ = tokio::time::sleep(wait) => {}
+        };
+        if let Some(input) = input {
+            // The right to act is judged before every input: a pause
+            // (SIGSTOP, a stalled VM) can fall between any two.
+            if !tenure.check(&mut driver) {
+                return;
+            }
+            handle_guarded(&mut driver, wall_now(), input);
+            for _ in 0..1024 {
+                match inputs.try_recv() {
+                    Ok(input) => {
+                        if !tenure.check(&mut driver) {
+                            return;
+                        }
+                        handle_guarded(&mut driver, wall_now(), input)
+                    }
+                    Err(_) => break,
+                }
+            }
         }
         // Before the timers too: a leader resumed after a pause past the
         // election timeout finds every worker silent and every lease

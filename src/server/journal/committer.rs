@@ -2,6 +2,7 @@
 
 use crate::server::*;
 
+use super::acks::{Acks, Retry, Sending, ACK_SWEEP};
 use super::pipeline::{self, Limits, Pipeline, Released, WriteId};
 
 /// A task's record to store (a live task's attempts, or a finished
@@ -104,15 +105,40 @@ pub(in crate::server) async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, 
         max_batch: journal::MAX_BATCH,
     });
     let mut under_way = futures_util::stream::FuturesUnordered::<WriteFuture>::new();
+    // Records written on their own take their acknowledgements here.
+    let mut acks = Acks::open(&ctx.results).await;
+    let mut sweep = tokio::time::interval(ACK_SWEEP);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     'commit: loop {
         let atomic = ctx.results.atomic.load(Ordering::Relaxed);
+        let waiting = acks.as_ref().is_some_and(Acks::waiting);
+        let mut writes = Vec::new();
         tokio::select! {
             Some((id, stored)) = under_way.next(), if !under_way.is_empty() => {
                 if !stored {
                     break; // fenced out
                 }
-                for write in pipeline.stored(id) {
-                    under_way.push(start_write(&ctx, write));
+                writes = pipeline.stored(id);
+            }
+            ack = next_ack(&mut acks) => match (ack, acks.as_mut()) {
+                (Some(ack), Some(inbox)) => match inbox.acked(&ctx.results, &ack) {
+                    Some(Ok(id)) => writes = pipeline.stored(id),
+                    Some(Err(retry)) => under_way.push(write_fully(&ctx, retry)),
+                    None => {}
+                },
+                // The subscription ended: every write the full way.
+                (_, inbox) => {
+                    for retry in inbox.map(|i| i.overdue(&ctx.results, None)).unwrap_or_default() {
+                        under_way.push(write_fully(&ctx, retry));
+                    }
+                    acks = None;
+                }
+            },
+            _ = sweep.tick(), if waiting => {
+                if let Some(inbox) = acks.as_mut() {
+                    for retry in inbox.overdue(&ctx.results, Some(std::time::Instant::now())) {
+                        under_way.push(write_fully(&ctx, retry));
+                    }
                 }
             }
             turn = turns.recv(), if pipeline.accepting(atomic) => {
@@ -129,9 +155,14 @@ pub(in crate::server) async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, 
                         Err(_) => break,
                     }
                 }
-                for write in pipeline.push(group, atomic) {
-                    under_way.push(start_write(&ctx, write));
-                }
+                writes = pipeline.push(group, atomic);
+            }
+        }
+        for write in writes {
+            match start_write(&ctx, &mut acks, write).await {
+                Some(Started::Future(future)) => under_way.push(future),
+                Some(Started::Sent) => {}
+                None => break 'commit, // fenced out
             }
         }
         while let Some(released) = pipeline.release() {
@@ -145,9 +176,30 @@ pub(in crate::server) async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, 
     ctx.replies.close();
 }
 
-/// One write the pipeline started: `(its id, stored)`; `false` if fenced out.
-fn start_write(ctx: &Arc<CommitCtx>, write: pipeline::Write<Item>) -> WriteFuture {
-    let ctx = ctx.clone();
+/// The next acknowledgement on the inbox; never, without one.
+async fn next_ack(acks: &mut Option<Acks>) -> Option<async_nats::Message> {
+    match acks {
+        Some(acks) => acks.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How a write the pipeline allowed was started.
+enum Started {
+    /// Under way as a future of its own.
+    Future(WriteFuture),
+    /// Published; its acknowledgement comes to the inbox.
+    Sent,
+}
+
+/// Starts one write the pipeline allowed: a record on its own goes through
+/// the inbox ([`Acks`]) when there is one, anything else as a future of
+/// its own. `None`: fenced out.
+async fn start_write(
+    ctx: &Arc<CommitCtx>,
+    acks: &mut Option<Acks>,
+    write: pipeline::Write<Item>,
+) -> Option<Started> {
     let id = write.id;
     if write.batch {
         // Encoded here: the future keeps the bytes, not the records.
@@ -163,28 +215,55 @@ fn start_write(ctx: &Arc<CommitCtx>, write: pipeline::Write<Item>) -> WriteFutur
                 Item::Starts(..) | Item::Schedule(..) => None,
             })
             .collect();
-        return Box::pin(async move { (id, store_batch(&ctx, records).await) });
+        let ctx = ctx.clone();
+        return Some(Started::Future(Box::pin(async move {
+            (id, store_batch(&ctx, records).await)
+        })));
     }
     let Some(record) = write.records.into_iter().next() else {
-        return Box::pin(async move { (id, true) });
+        return Some(Started::Future(Box::pin(async move { (id, true) })));
     };
-    match record.body {
-        Item::Task(p) => {
+    let (key, body) = match record.body {
+        Item::Task(p) if p.dead_letter.is_some() => {
             let encoded = Encoded::of(p, &ctx.seal);
-            Box::pin(async move { (id, store_record(&ctx, encoded).await) })
+            let ctx = ctx.clone();
+            return Some(Started::Future(Box::pin(async move {
+                (id, store_record(&ctx, encoded).await)
+            })));
+        }
+        Item::Task(p) => {
+            let key = p.seq.to_string();
+            let body = ctx.seal.seal(&key, wire::encode(&p.record).into());
+            (key, body)
         }
         Item::Starts(slot, starts) => {
             let key = wire::start_key(slot);
             let body = ctx.seal.seal(&key, wire::encode(&starts).into());
-            Box::pin(async move { (id, put_counted(&ctx, &key, &body).await) })
+            (key, body)
         }
         Item::Schedule(name, stored) => {
             let key = schedule_key(&name);
             let json = serde_json::to_vec(&stored).expect("a stored schedule serializes");
             let body = ctx.seal.seal(&key, json.into());
-            Box::pin(async move { (id, put_counted(&ctx, &key, &body).await) })
+            (key, body)
         }
-    }
+    };
+    let retry = match acks {
+        Some(acks) => match acks.send(&ctx.results, id, key, body).await {
+            Sending::Sent => return Some(Started::Sent),
+            Sending::Fenced => return None,
+            Sending::Retry(retry) => retry,
+        },
+        None => (id, key, body),
+    };
+    Some(Started::Future(write_fully(ctx, retry)))
+}
+
+/// A record write the full way (`put_counted`: errors told apart, retried
+/// while NATS is away) as a future of its own.
+fn write_fully(ctx: &Arc<CommitCtx>, (id, key, body): Retry) -> WriteFuture {
+    let ctx = ctx.clone();
+    Box::pin(async move { (id, put_counted(&ctx, &key, &body).await) })
 }
 
 /// Announces a turn the pipeline released: its terminal tasks' submissions

@@ -2,6 +2,8 @@
 //!
 //! - `fence.rs`: every write is fenced on the leader subject
 //!   ([`Fenced`]), so a deposed leader's writes are refused;
+//! - `acks.rs`: the committer's acknowledgement inbox for records written
+//!   on their own (no request, timer or JSON decoding per write);
 //! - `committer.rs`: the committer stores each turn's records, one task's
 //!   records in order, and announces a turn only once it and every earlier
 //!   turn are stored;
@@ -13,6 +15,7 @@
 //! - `dead_letters.rs`: refused submissions copied with their reason;
 //! - `purge.rs`: finished submissions dropped from the submit stream.
 
+mod acks;
 mod batch;
 mod committer;
 mod dead_letters;
