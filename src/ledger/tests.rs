@@ -247,6 +247,7 @@ fn a_refused_submission_counts_once_and_dead_lettered() {
             error: Some("refused".into()),
             attempts: Vec::new(),
             deadline_missed: false,
+            schedule: None,
         },
         None,
     );

@@ -259,6 +259,8 @@ mod tests {
             error: None,
             deadline_missed: false,
             written_at: None,
+            schedule: None,
+            scheduled_at: None,
         }
     }
 

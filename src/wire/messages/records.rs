@@ -47,6 +47,12 @@ pub struct TaskRecord {
     /// expires it, knowing how old it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_at: Option<Millis>,
+    /// The schedule that fired the task, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// The tick it was fired for, ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<Millis>,
 }
 
 impl TaskRecord {
@@ -62,6 +68,8 @@ impl TaskRecord {
             error: o.error.clone(),
             deadline_missed: o.deadline_missed,
             written_at: None,
+            schedule: o.schedule.as_ref().map(|(name, _)| name.clone()),
+            scheduled_at: o.schedule.as_ref().map(|(_, at)| *at),
         }
     }
 
@@ -77,6 +85,8 @@ impl TaskRecord {
             error: s.error,
             deadline_missed: s.deadline_missed,
             written_at: None,
+            schedule: s.schedule,
+            scheduled_at: s.scheduled_at,
         }
     }
 
@@ -93,7 +103,14 @@ impl TaskRecord {
             output_base64,
             error: self.error,
             deadline_missed: self.deadline_missed,
+            schedule: self.schedule,
+            scheduled_at: self.scheduled_at,
         }
+    }
+
+    /// The schedule that fired the task and its tick, if one did.
+    pub fn schedule(&self) -> Option<(String, Millis)> {
+        self.schedule.clone().zip(self.scheduled_at)
     }
 
     /// Decodes a value of the results bucket (also a `TaskStatus`, as
@@ -267,6 +284,8 @@ impl TaskRecord {
                 error: None,
                 deadline_missed: false,
                 written_at: Some(written_at),
+                schedule: None,
+                scheduled_at: None,
             }),
             Some(r) => {
                 let last = r.attempts.last();
