@@ -30,20 +30,21 @@ pub(crate) const FIRE_OWNER_HEADER: &str = "Cronoq-Fire-Owner";
 /// The header holding a fire's seal: `<ms since the epoch>.<hex MAC>`.
 pub(crate) const FIRE_SEAL_HEADER: &str = "Cronoq-Fire-Seal";
 
-/// The subject, headers and body of the submission of a schedule fire
-/// `task` (built with `Task::scheduled`, its owner set to the schedule
-/// creator's credential), sealed at `now`: encoded as
-/// [`wire::submission`] does, `Nats-Msg-Id` its idempotency key (the
-/// tick's key, never scoped again), the owner and the seal in headers.
-/// Needs a storage key and an idempotency key (`FAILED_PRECONDITION`,
+/// The subject, headers and body of the submission of `task` fired by
+/// schedule `schedule` (name, tick) for `owner` (the schedule creator's
+/// credential), sealed at `now`: encoded as [`wire::submission`] does with
+/// the schedule fields set, `Nats-Msg-Id` its idempotency key (the tick's
+/// key, never scoped again), the owner and the seal in headers. Needs a
+/// storage key and an idempotency key (`FAILED_PRECONDITION`,
 /// `INVALID_ARGUMENT` without), so a fire is never published unsealed or
-/// open to replays.
-// The leader's schedule book publishes with it (being built beside this).
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) fn fire_submission(
+/// open to replays. Only the servers hold the key: nobody else can make a
+/// fire the leader takes.
+pub fn fire_submission(
     subjects: &Subjects,
     seal: &Seal,
     task: &Task,
+    schedule: (&str, Millis),
+    owner: Option<&str>,
     now: Millis,
 ) -> Result<(String, HeaderMap, Bytes), WireError> {
     let Some(msg_id) = task.key() else {
@@ -52,16 +53,13 @@ pub(crate) fn fire_submission(
             "a schedule fire needs an idempotency key (its tick's)",
         ));
     };
-    let (subject, mut headers, body) = wire::submission(subjects, task)?;
-    let owner = task.owner.as_deref();
+    let fired = task.clone().scheduled(schedule.0, schedule.1);
+    let (subject, mut headers, body) = wire::submission(subjects, &fired)?;
     let fire = Fire {
         subject: &subject,
         msg_id,
         owner,
-        schedule: task
-            .schedule
-            .as_ref()
-            .map(|(name, at)| (name.as_str(), *at)),
+        schedule: Some(schedule),
         sealed_at: now,
         body: &body,
     };
@@ -126,7 +124,11 @@ pub(crate) fn claim(
     if sealed_at.0.abs_diff(stored.0) > CLOCK_SKEW.0 {
         return Claim::Unverified;
     }
-    let msg_id = header(async_nats::header::NATS_MESSAGE_ID.as_ref()).unwrap_or("");
+    // By the constant: a name parsed off the wire is NATS' own header,
+    // which a lookup by text does not find.
+    let msg_id = headers
+        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map_or("", |v| v.as_str());
     let owner = header(FIRE_OWNER_HEADER);
     let fire = Fire {
         subject,
@@ -163,12 +165,15 @@ mod tests {
 
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
+    const TICK: Millis = Millis(1_796_443_200_000);
+
     fn fire_task() -> Task {
-        let mut task = Task::new("report")
-            .idempotency_key("schedule:nightly:1796443200000")
-            .scheduled("nightly", Millis(1_796_443_200_000));
-        task.owner = Some("token:OPS".into());
-        task
+        Task::new("report").idempotency_key("schedule:nightly:1796443200000")
+    }
+
+    fn fire(seal: &Seal, owner: Option<&str>, now: Millis) -> (String, HeaderMap, Bytes) {
+        let subjects = Subjects::default();
+        fire_submission(&subjects, seal, &fire_task(), ("nightly", TICK), owner, now).unwrap()
     }
 
     fn guard() -> Guard {
@@ -199,7 +204,7 @@ mod tests {
     fn a_sealed_fire_is_taken_with_its_owner_key_and_schedule() {
         let seal = Seal::from_secret(SECRET).unwrap();
         let now = Millis(1_796_443_200_500);
-        let published = fire_submission(&Subjects::default(), &seal, &fire_task(), now).unwrap();
+        let published = fire(&seal, Some("token:OPS"), now);
         let (_, headers, _) = &published;
         assert_eq!(
             headers.get("Nats-Msg-Id").map(|v| v.as_str()),
@@ -240,11 +245,17 @@ mod tests {
             );
         };
         // Schedule fields, no seal.
-        refused(&wire::submission(&Subjects::default(), &fire_task()).unwrap());
+        refused(
+            &wire::submission(
+                &Subjects::default(),
+                &fire_task().scheduled("nightly", TICK),
+            )
+            .unwrap(),
+        );
         // Sealed under another key.
-        refused(&fire_submission(&Subjects::default(), &other, &fire_task(), now).unwrap());
+        refused(&fire(&other, Some("token:OPS"), now));
         // Owner changed, owner added, Msg-Id changed, seal garbled.
-        let good = fire_submission(&Subjects::default(), &seal, &fire_task(), now).unwrap();
+        let good = fire(&seal, Some("token:OPS"), now);
         for (name, value) in [
             (FIRE_OWNER_HEADER, "token:ADMIN"),
             ("Nats-Msg-Id", "schedule:nightly:1"),
@@ -255,9 +266,7 @@ mod tests {
             changed.1.insert(name, value);
             refused(&changed);
         }
-        let mut anonymous = fire_task();
-        anonymous.owner = None;
-        let mut added = fire_submission(&Subjects::default(), &seal, &anonymous, now).unwrap();
+        let mut added = fire(&seal, None, now);
         added.1.insert(FIRE_OWNER_HEADER, "token:ADMIN");
         refused(&added);
         // The body (schedule, tick, payload) changed under the seal.
@@ -270,7 +279,11 @@ mod tests {
     #[test]
     fn without_a_storage_key_fires_are_kept_with_auth_off_and_cannot_be_sealed() {
         let open = guard();
-        let published = wire::submission(&Subjects::default(), &fire_task()).unwrap();
+        let published = wire::submission(
+            &Subjects::default(),
+            &fire_task().scheduled("nightly", TICK),
+        )
+        .unwrap();
         let task = consume(&open, &published, Millis(0)).unwrap();
         assert_eq!(
             task.schedule_name(),
@@ -279,17 +292,31 @@ mod tests {
         );
         assert!(can_fire(&open, &Seal::none()));
         assert_eq!(
-            fire_submission(&Subjects::default(), &Seal::none(), &fire_task(), Millis(0))
-                .unwrap_err()
-                .code,
+            fire_submission(
+                &Subjects::default(),
+                &Seal::none(),
+                &fire_task(),
+                ("nightly", TICK),
+                None,
+                Millis(0)
+            )
+            .unwrap_err()
+            .code,
             ErrorCode::FAILED_PRECONDITION
         );
-        let no_key = Task::new("x").scheduled("nightly", Millis(1));
+        let no_key = Task::new("x");
         let seal = Seal::from_secret(SECRET).unwrap();
         assert_eq!(
-            fire_submission(&Subjects::default(), &seal, &no_key, Millis(0))
-                .unwrap_err()
-                .code,
+            fire_submission(
+                &Subjects::default(),
+                &seal,
+                &no_key,
+                ("nightly", TICK),
+                None,
+                Millis(0)
+            )
+            .unwrap_err()
+            .code,
             ErrorCode::INVALID_ARGUMENT
         );
     }

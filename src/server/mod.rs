@@ -60,7 +60,7 @@ mod connect;
 mod consumer;
 pub(crate) mod driver;
 pub mod election;
-mod fires;
+pub mod fires;
 mod guard;
 mod journal;
 mod leader_api;
