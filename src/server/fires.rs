@@ -124,10 +124,14 @@ pub(crate) fn claim(
     if sealed_at.0.abs_diff(stored.0) > CLOCK_SKEW.0 {
         return Claim::Unverified;
     }
-    // By the constant: a name parsed off the wire is NATS' own header,
-    // which a lookup by text does not find.
+    // A name parsed off the wire is NATS' own header, found by the
+    // constant only; one inserted as text (as `wire::submission` does) by
+    // text only.
     let msg_id = headers
-        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .and_then(|h| {
+            h.get(async_nats::header::NATS_MESSAGE_ID)
+                .or_else(|| h.get("Nats-Msg-Id"))
+        })
         .map_or("", |v| v.as_str());
     let owner = header(FIRE_OWNER_HEADER);
     let fire = Fire {
