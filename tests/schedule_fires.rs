@@ -9,7 +9,8 @@
 //! `CRONOQ_SCHEDULE`/`CRONOQ_SCHEDULED_AT` in its command's env; a
 //! submission with schedule fields and no valid seal — signed by a real
 //! submitter, sealed under another key, or with its owner changed — never
-//! runs.
+//! runs. In embedded mode a fired task carries the same fields to its
+//! executor (`TaskContext::schedule`), outcome and status.
 //!
 //! No test sleeps to wait for something: every wait polls with a deadline.
 
@@ -219,4 +220,52 @@ async fn only_fires_sealed_by_the_leader_run_and_they_carry_their_schedule() {
         .until(waiting, "cancelled", |t| t.state == TaskState::Cancelled)
         .await;
     assert_eq!(cancelled.scheduled_at, Some(TICK), "kept once finished");
+}
+
+/// Embedded: a task a schedule fired shows its schedule and tick in its
+/// outcome and status, and its executor sees them in its context.
+#[tokio::test(start_paused = true)]
+async fn an_embedded_fire_carries_its_schedule_to_the_executor_and_the_status() {
+    let sched = cronoq::Scheduler::new();
+    sched.set_capacity("default", 2).unwrap();
+    sched
+        .executor(
+            "default",
+            |ctx: cronoq::TaskContext, _payload: Bytes| async move {
+                Ok::<_, cronoq::TaskError>(match ctx.schedule {
+                    Some((name, at)) => format!("{name}|{}", cronoq::task::rfc3339_utc(at)).into(),
+                    None => Bytes::from_static(b"none"),
+                })
+            },
+        )
+        .unwrap();
+    let spec = serde_json::from_value(serde_json::json!({
+        "name": "nightly", "every": "1s", "task": { "pool": "default", "payload": "x" },
+    }))
+    .unwrap();
+    let created = sched.schedule(spec).unwrap();
+    let tick = created.next_fires[0];
+    let id = loop {
+        let info = sched.get_schedule("nightly").unwrap();
+        if let Some(id) = info.history.last().and_then(|r| r.task) {
+            break id;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let outcome = sched.wait(id).await.unwrap();
+    assert_eq!(
+        outcome.output.as_deref(),
+        Some(format!("nightly|{}", cronoq::task::rfc3339_utc(tick)).as_bytes())
+    );
+    assert_eq!(outcome.schedule, Some(("nightly".to_string(), tick)));
+    let status = sched.task(id).unwrap();
+    assert_eq!(status.schedule.as_deref(), Some("nightly"));
+    assert_eq!(status.scheduled_at, Some(tick));
+    // An ordinary task has neither.
+    let plain = sched.submit_now(Task::new("plain")).unwrap();
+    let outcome = sched.wait(plain.id()).await.unwrap();
+    assert_eq!(outcome.output.as_deref(), Some(&b"none"[..]));
+    assert_eq!(outcome.schedule, None);
+    let status = sched.task(plain.id()).unwrap();
+    assert_eq!((status.schedule, status.scheduled_at), (None, None));
 }
