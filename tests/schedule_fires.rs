@@ -25,9 +25,9 @@ use cronoq::auth::{client_nonce, Credential};
 use cronoq::core::{ErrorCode, Millis, TaskId, TaskState};
 use cronoq::server::fires::fire_submission;
 use cronoq::server::seal::Seal;
-use cronoq::wire::{self, Subjects};
+use cronoq::wire;
 use cronoq::Task;
-use procs::{command, cronoq_binary, CronoqServer, NatsServer, Proc};
+use procs::{command, cronoq_binary, Proc};
 
 use auth_kit::*;
 
@@ -45,30 +45,8 @@ const ENV_SCRIPT: &str =
 
 /// The auth-on server of `auth_kit`, with a storage key.
 async fn setup() -> Setup {
-    let nats = NatsServer::start();
-    let dir = tempfile::Builder::new()
-        .prefix("cronoq-fires-")
-        .disable_cleanup(std::env::var_os("TEST_KEEP_DIRS").is_some())
-        .tempdir()
-        .unwrap();
-    let nkey = nkeys::KeyPair::new_user();
-    let config = config(&nkey.public_key()).replace(
-        "[server]\n",
-        &format!("[server]\nstorage_key_env = \"{}\"\n", KEY_ENV.0),
-    );
-    let mut env = SERVER_ENV.to_vec();
-    env.push(KEY_ENV);
-    let server = CronoqServer::start_configured(&nats, dir.path(), &config, &env, true).await;
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    Setup {
-        nats,
-        _server: server,
-        dir,
-        client,
-        subjects: Subjects::default(),
-        nkey,
-        workers: Vec::new(),
-    }
+    let key = format!("[server]\nstorage_key_env = \"{}\"\n", KEY_ENV.0);
+    Setup::start_with_env(|config| config.replace("[server]\n", &key), &[KEY_ENV]).await
 }
 
 /// A `cronoq worker` (the GPU token, `gpu=a100`) running [`ENV_SCRIPT`].

@@ -230,6 +230,21 @@ mod tests {
         }
     }
 
+    /// A MessagePack submission `body` to pool `p`, decoded as the
+    /// consumer decodes it.
+    fn decode_with(body: Vec<u8>) -> Result<crate::task::Task, WireError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
+        decode_submission(
+            &Subjects::default(),
+            "cronoq.submit.p",
+            Some(&headers),
+            body.into(),
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+        .1
+    }
+
     fn start(n: u32) -> StartRecord {
         StartRecord {
             id: TaskId(9),
@@ -381,20 +396,7 @@ mod tests {
     /// older builds wrote still decodes and what they read is unchanged).
     #[test]
     fn schedule_fields_round_trip_and_old_messages_still_decode() {
-        let subjects = Subjects::default();
         let at = Millis(1_796_443_200_000);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
-        let decode_with = |body: Vec<u8>| {
-            decode_submission(
-                &subjects,
-                "cronoq.submit.p",
-                Some(&headers),
-                body.into(),
-                std::time::SystemTime::UNIX_EPOCH,
-            )
-            .1
-        };
         // Submission.
         let fired = crate::task::Task::new("x").scheduled("nightly", at);
         let task = decode_with(encode(&Submit::from_task(&fired))).unwrap();
@@ -492,19 +494,6 @@ mod tests {
     /// without a start.
     #[test]
     fn msgpack_submissions_are_checked_like_every_other_path() {
-        let subjects = Subjects::default();
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
-        let decode_with = |body: Vec<u8>| {
-            decode_submission(
-                &subjects,
-                "cronoq.submit.p",
-                Some(&headers),
-                body.into(),
-                std::time::SystemTime::UNIX_EPOCH,
-            )
-            .1
-        };
         let good = Submit::from_task(&crate::task::Task::new("x"));
         assert!(decode_with(encode(&good)).is_ok());
         for v in [0, PROTOCOL_VERSION + 1] {

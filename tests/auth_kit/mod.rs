@@ -111,6 +111,12 @@ impl Setup {
 
     /// Like [`Setup::start`], with the server config changed by `edit`.
     pub async fn start_with(edit: impl Fn(String) -> String) -> Setup {
+        Setup::start_with_env(edit, &[]).await
+    }
+
+    /// Like [`Setup::start_with`], the server's environment extended by
+    /// `env` (a storage key, say).
+    pub async fn start_with_env(edit: impl Fn(String) -> String, env: &[(&str, &str)]) -> Setup {
         let nats = NatsServer::start();
         let dir = tempfile::Builder::new()
             .prefix("cronoq-auth-")
@@ -121,7 +127,7 @@ impl Setup {
             &nats,
             dir.path(),
             &edit(config(&nkey.public_key())),
-            &SERVER_ENV,
+            &[&SERVER_ENV[..], env].concat(),
             true,
         )
         .await;
