@@ -51,6 +51,7 @@ fn forged_success(task: TaskId, output: &str) -> bytes::Bytes {
         written_at: None,
         schedule: None,
         scheduled_at: None,
+        key: None,
     })
     .into()
 }

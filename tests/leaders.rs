@@ -8,36 +8,10 @@
 
 mod procs;
 
-use cronoq::client::ClientOptions;
-use cronoq::core::{Snapshot, TaskId, TaskState};
-use procs::{describe, eventually, hold, http_get, Cluster, CronoqServer};
-
-/// The snapshot a server answers over its own HTTP API.
-async fn snapshot_of(server: &CronoqServer) -> Result<Snapshot, String> {
-    let http = ClientOptions::new()
-        .request_timeout(std::time::Duration::from_secs(2))
-        .http(&server.http_url())
-        .map_err(|e| e.to_string())?;
-    http.snapshot().await.map_err(|e| e.to_string())
-}
-
-/// (leader id, epoch) as `server` reports it.
-async fn leader_seen_by(server: &CronoqServer) -> Result<(String, u64), String> {
-    let snap = snapshot_of(server).await?;
-    let leader = snap.leader.ok_or("no leader in the snapshot")?;
-    Ok((leader.id, leader.epoch))
-}
-
-/// Waits until `server` reports itself as leader: (id, epoch).
-async fn taken_over_by(server: &CronoqServer) -> (String, u64) {
-    eventually(&format!("{} to take over", server.id()), || async {
-        match leader_seen_by(server).await {
-            Ok((id, e)) if id == server.id() => Ok((id, e)),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await
-}
+use cronoq::core::{TaskId, TaskState};
+use procs::{
+    describe, eventually, hold, http_get, leader_seen_by, taken_over_by, Cluster, CronoqServer,
+};
 
 /// Submits `n` tasks named `<name>-<i>` that hold until `key` is
 /// released, and waits until each runs.

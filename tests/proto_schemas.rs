@@ -695,6 +695,10 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
                     if !record.state.is_terminal() && i % 2 == 0 {
                         record.written_at = Some(Millis(1_764_000_000_000));
                     }
+                    // A finished task's record names the key it held.
+                    if record.state.is_terminal() && i % 2 == 0 {
+                        record.key = Some("nightly-2026-12-05".into());
+                    }
                     record
                 })
                 .collect::<Vec<_>>(),

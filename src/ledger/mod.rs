@@ -402,6 +402,16 @@ impl<X, R: Default> Ledger<X, R> {
         }
     }
 
+    /// The key retained finished task `id` holds (not resolved): what its
+    /// result record carries, so a successor binds it again.
+    pub fn retained_key(&self, id: TaskId) -> Option<&str> {
+        let at = self.finished.get(id)?.checked_sub(self.ring_base)?;
+        match self.ring.get(usize::try_from(at).ok()?)? {
+            Retained::Task(_, key) => key.as_deref(),
+            Retained::Alias(_) | Retained::Replaced => None,
+        }
+    }
+
     /// A retained outcome (a copy, built now).
     pub fn outcome(&self, id: TaskId) -> Option<Outcome> {
         self.done(self.resolve(id)).map(Done::to_outcome)

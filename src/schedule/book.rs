@@ -563,7 +563,14 @@ impl Book {
     /// Decides every schedule due by `now` (at most
     /// [`MAX_ORDERS_PER_STEP`] orders).
     pub fn step(&mut self, now: Millis) -> Vec<Order> {
+        self.step_touching(now).0
+    }
+
+    /// [`Book::step`], also naming every schedule it stepped (their state
+    /// changed: a shell that stores schedules writes these).
+    pub fn step_touching(&mut self, now: Millis) -> (Vec<Order>, Vec<String>) {
         let mut out = Vec::new();
+        let mut touched = Vec::new();
         while out.len() < MAX_ORDERS_PER_STEP {
             match self.wakeups.first() {
                 Some((at, _)) if *at <= now => {}
@@ -574,8 +581,9 @@ impl Book {
                 e.wake = None;
             }
             self.handle(&name, now, Event::Time, &mut out);
+            touched.push(name);
         }
-        out
+        (out, touched)
     }
 
     /// The task of a fire was accepted as `task` at `now`.
@@ -625,6 +633,24 @@ impl Book {
     /// A task of a schedule ended with `outcome` at `now` (tasks the book
     /// did not start are ignored). The orders: a buffered tick's fire.
     pub fn run_ended(&mut self, task: TaskId, outcome: TaskState, now: Millis) -> Vec<Order> {
+        self.end_run(task, now, |r| r.outcome = Some(outcome))
+    }
+
+    /// A run whose task is gone without a known outcome (a successor
+    /// found neither the task nor its result): it ends, its record says
+    /// why, its outcome stays unknown.
+    pub fn run_gone(&mut self, task: TaskId, now: Millis) -> Vec<Order> {
+        self.end_run(task, now, |r| {
+            r.error = Some("its task's outcome was not found after a leader change".into())
+        })
+    }
+
+    fn end_run(
+        &mut self,
+        task: TaskId,
+        now: Millis,
+        mark: impl FnOnce(&mut FireRecord),
+    ) -> Vec<Order> {
         let mut out = Vec::new();
         let Some((name, tick, kind)) = self.live.remove(&task) else {
             return out;
@@ -638,12 +664,17 @@ impl Book {
             .rev()
             .find(|r| r.task == Some(task))
         {
-            r.outcome = Some(outcome);
+            mark(r);
         }
         if kind != FireKind::Trigger {
             self.handle(&name, now, Event::RunEnded { tick }, &mut out);
         }
         out
+    }
+
+    /// The schedule whose live run `task` is.
+    pub fn run_of(&self, task: TaskId) -> Option<&str> {
+        self.live.get(&task).map(|(name, _, _)| name.as_str())
     }
 
     /// Per schedule counters and the fire lag, for `/metrics`.

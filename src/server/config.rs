@@ -81,6 +81,9 @@ pub struct ServerSection {
     /// Workers registered at once (`RESOURCE_EXHAUSTED`).
     #[serde(default = "default_max_workers")]
     pub max_workers: usize,
+    /// Schedules held at once (`RESOURCE_EXHAUSTED`).
+    #[serde(default = "default_max_schedules")]
+    pub max_schedules: usize,
     /// Unfinished tasks per pool (`RESOURCE_EXHAUSTED`).
     #[serde(default = "default_max_tasks_per_pool")]
     pub max_tasks_per_pool: u64,
@@ -174,6 +177,9 @@ fn default_max_pools() -> usize {
 fn default_max_workers() -> usize {
     10_000
 }
+fn default_max_schedules() -> usize {
+    crate::schedule::DEFAULT_MAX_SCHEDULES
+}
 fn default_max_tasks_per_pool() -> u64 {
     1_000_000
 }
@@ -261,6 +267,7 @@ impl Default for ServerSection {
             allow_undeclared_pools: default_true(),
             max_pools: default_max_pools(),
             max_workers: default_max_workers(),
+            max_schedules: default_max_schedules(),
             max_tasks_per_pool: default_max_tasks_per_pool(),
             http_header_timeout: default_http_header_timeout(),
             http_idle_timeout: default_http_idle_timeout(),

@@ -130,6 +130,12 @@ pub(super) async fn consume(
     // Shared, not cloned per submission (a store clone copies its whole
     // stream configuration).
     let results = Arc::new(results);
+    if let Some(warm) = &warm {
+        let keyed = warm.keyed_finished(startup_last);
+        if !bind_finished_keys(keyed, &results, &api.inner.seal, &inputs, &beat).await {
+            return;
+        }
+    }
     let mut next_seq = 1u64;
     loop {
         beat();
@@ -230,8 +236,19 @@ pub(super) async fn consume(
             // Its journal record, if an earlier leadership wrote one,
             // with the start that follows it merged in.
             let journaled = match record {
-                // Finished before, not yet purged: skip it.
-                warm::Known::Finished => None,
+                // Finished before, not yet purged: its key binds again
+                // (a warm copy's keyed results were handed up front).
+                warm::Known::Finished(Some(record)) => {
+                    let input = Input::FinishedBefore {
+                        seq,
+                        record: *record,
+                    };
+                    if inputs.send(input).await.is_err() {
+                        return;
+                    }
+                    None
+                }
+                warm::Known::Finished(None) => None,
                 warm::Known::Live(record) => Some(starts.merge(TaskId(seq), Some(*record))),
                 warm::Known::None => Some(starts.merge(TaskId(seq), None)),
             };
@@ -260,4 +277,64 @@ pub(super) async fn consume(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Hands the driver the result records of the finished tasks `keyed`
+/// (oldest first; a warm copy's keyed results, up to the takeover's last
+/// submission) before any submission, so their idempotency keys bind
+/// again before a duplicate of one can arrive — also for tasks whose
+/// submissions were purged. A record the copy did not keep whole is read
+/// back (128 at a time); one that is gone (expired after `results_ttl`,
+/// deleted) binds nothing. False once the driver is gone.
+async fn bind_finished_keys(
+    keyed: Vec<(u64, Option<Box<wire::TaskRecord>>)>,
+    results: &kv::Store,
+    seal: &seal::Seal,
+    inputs: &mpsc::Sender<Input>,
+    beat: &impl Fn(),
+) -> bool {
+    if keyed.is_empty() {
+        return true;
+    }
+    let started = std::time::Instant::now();
+    let asked = keyed.len();
+    let read = keyed.iter().filter(|(_, kept)| kept.is_none()).count();
+    let mut bound = 0usize;
+    let mut records = futures_util::stream::iter(keyed)
+        .map(|(seq, kept)| async move {
+            let record = match kept {
+                Some(record) => Ok(Some(*record)),
+                None => journal_record(results, seal, seq).await,
+            };
+            (seq, record)
+        })
+        .buffered(128);
+    while let Some((seq, record)) = records.next().await {
+        beat();
+        match record {
+            Ok(Some(record)) if record.state.is_terminal() && record.key.is_some() => {
+                bound += 1;
+                if inputs
+                    .send(Input::FinishedBefore { seq, record })
+                    .await
+                    .is_err()
+                {
+                    return false;
+                }
+            }
+            Ok(_) => {}
+            // Its key is not bound: a duplicate of it would run.
+            Err(e) => {
+                tracing::warn!(seq, error = %e, "a finished task's key could not be read back")
+            }
+        }
+    }
+    tracing::info!(
+        asked,
+        read,
+        bound,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "keys of finished tasks bound again"
+    );
+    true
 }

@@ -18,7 +18,6 @@
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
-use super::guard::Guard;
 use super::seal::{Fire, Seal};
 use crate::auth::CLOCK_SKEW;
 use crate::core::{ErrorCode, Millis};
@@ -34,11 +33,12 @@ pub(crate) const FIRE_SEAL_HEADER: &str = "Cronoq-Fire-Seal";
 /// schedule `schedule` (name, tick) for `owner` (the schedule creator's
 /// credential), sealed at `now`: encoded as [`wire::submission`] does with
 /// the schedule fields set, `Nats-Msg-Id` its idempotency key (the tick's
-/// key, never scoped again), the owner and the seal in headers. Needs a
-/// storage key and an idempotency key (`FAILED_PRECONDITION`,
-/// `INVALID_ARGUMENT` without), so a fire is never published unsealed or
-/// open to replays. Only the servers hold the key: nobody else can make a
-/// fire the leader takes.
+/// key, never scoped again), the owner and the seal in headers. Only the
+/// servers hold the key: nobody else can make a fire the leader takes.
+/// Without a storage key the fire goes out unsealed, which the leader
+/// takes only with auth off (with auth on the leader refuses schedules
+/// without a storage key). Needs an idempotency key
+/// (`INVALID_ARGUMENT` without), so a fire is never open to replays.
 pub fn fire_submission(
     subjects: &Subjects,
     seal: &Seal,
@@ -64,25 +64,13 @@ pub fn fire_submission(
         body: &body,
     };
     let Some(mac) = seal.fire_seal(&fire) else {
-        return Err(WireError::new(
-            ErrorCode::FAILED_PRECONDITION,
-            "schedule fires cannot be attributed without a storage key ([server] storage_key_env)",
-        ));
+        return Ok((subject, headers, body));
     };
     if let Some(owner) = owner {
         headers.insert(FIRE_OWNER_HEADER, owner);
     }
     headers.insert(FIRE_SEAL_HEADER, format!("{}.{mac}", now.0).as_str());
     Ok((subject, headers, body))
-}
-
-/// Whether the leader can publish fires that will be taken: auth is off,
-/// or a storage key is set to seal them. With auth on and no storage key,
-/// creating a schedule should be refused `FAILED_PRECONDITION`.
-// Read where schedules are created (being built beside this).
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) fn can_fire(guard: &Guard, seal: &Seal) -> bool {
-    !guard.required() || seal.is_set()
 }
 
 /// What a submission says about being a schedule fire.
@@ -166,6 +154,7 @@ mod tests {
     use super::*;
     use crate::auth::Authenticator;
     use crate::core::PoolName;
+    use crate::server::guard::Guard;
 
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
@@ -281,33 +270,26 @@ mod tests {
     }
 
     #[test]
-    fn without_a_storage_key_fires_are_kept_with_auth_off_and_cannot_be_sealed() {
+    fn without_a_storage_key_fires_go_out_unsealed_and_are_kept_with_auth_off() {
         let open = guard();
-        let published = wire::submission(
-            &Subjects::default(),
-            &fire_task().scheduled("nightly", TICK),
+        let subjects = Subjects::default();
+        let unsealed = fire_submission(
+            &subjects,
+            &Seal::none(),
+            &fire_task(),
+            ("nightly", TICK),
+            Some("token:OPS"),
+            Millis(0),
         )
         .unwrap();
-        let task = consume(&open, &published, Millis(0)).unwrap();
+        assert!(unsealed.1.get(FIRE_SEAL_HEADER).is_none());
+        let task = consume(&open, &unsealed, Millis(0)).unwrap();
         assert_eq!(
             task.schedule_name(),
             Some("nightly"),
             "nothing to verify: kept"
         );
-        assert!(can_fire(&open, &Seal::none()));
-        assert_eq!(
-            fire_submission(
-                &Subjects::default(),
-                &Seal::none(),
-                &fire_task(),
-                ("nightly", TICK),
-                None,
-                Millis(0)
-            )
-            .unwrap_err()
-            .code,
-            ErrorCode::FAILED_PRECONDITION
-        );
+        assert_eq!(task.scheduled_at(), Some(TICK));
         let no_key = Task::new("x");
         let seal = Seal::from_secret(SECRET).unwrap();
         assert_eq!(

@@ -1,6 +1,9 @@
 //! The leader's API: [`LeaderApi`] answers lookups, snapshots and submissions for one leadership (through the driver, or JetStream for what the driver no longer holds), and its health.
 
 use super::*;
+use crate::api::{
+    BackfillRange, BackfillReport, CreateScheduleRequest, FireRecord, ScheduleEntry, ScheduleInfo,
+};
 
 /// What the HTTP API and NATS requests use to reach the leader.
 #[derive(Clone)]
@@ -376,6 +379,102 @@ pub(super) fn leader_health(
     }
 }
 
+/// Schedules (issue 23), answered by the driver once its writes are
+/// stored. The `*_as` forms name the caller's credential (`P.api.*`
+/// requests with credentials on); the [`Api`] methods act for no one.
+impl LeaderApi {
+    async fn schedule(&self, op: driver::ScheduleOp) -> Result<driver::ScheduleReply, WireError> {
+        self.ask(|to| Input::Schedule(op, to)).await
+    }
+
+    /// Creates a schedule whose tasks `owner` owns.
+    pub async fn create_schedule_as(
+        &self,
+        spec: CreateScheduleRequest,
+        owner: Option<String>,
+    ) -> Result<ScheduleInfo, WireError> {
+        let spec = Box::new(spec);
+        match self
+            .schedule(driver::ScheduleOp::Create { spec, owner })
+            .await?
+        {
+            driver::ScheduleReply::Info(info) => Ok(*info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Every schedule, by name.
+    pub async fn list_schedules(&self) -> Result<Vec<ScheduleEntry>, WireError> {
+        match self.schedule(driver::ScheduleOp::List).await? {
+            driver::ScheduleReply::List(list) => Ok(list),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn schedule_info(&self, op: driver::ScheduleOp) -> Result<ScheduleInfo, WireError> {
+        match self.schedule(op).await? {
+            driver::ScheduleReply::Info(info) => Ok(*info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One schedule (`NOT_FOUND`).
+    pub async fn get_schedule(&self, name: String) -> Result<ScheduleInfo, WireError> {
+        self.schedule_info(driver::ScheduleOp::Get(name)).await
+    }
+
+    /// Pauses (`true`) or resumes a schedule (`NOT_FOUND`).
+    pub async fn pause_schedule(
+        &self,
+        name: String,
+        paused: bool,
+    ) -> Result<ScheduleInfo, WireError> {
+        self.schedule_info(driver::ScheduleOp::Pause(name, paused))
+            .await
+    }
+
+    /// Deletes a schedule (`NOT_FOUND`); its runs go on.
+    pub async fn delete_schedule(&self, name: String) -> Result<(), WireError> {
+        match self.schedule(driver::ScheduleOp::Delete(name)).await? {
+            driver::ScheduleReply::Deleted => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One run now; answered once its task is in the stream.
+    pub async fn trigger_schedule(&self, name: String) -> Result<FireRecord, WireError> {
+        match self.schedule(driver::ScheduleOp::Trigger(name)).await? {
+            driver::ScheduleReply::Fired(record) => Ok(record),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Fires each tick of the range by the overlap policy; answered once
+    /// their tasks are in the stream.
+    pub async fn backfill_schedule(
+        &self,
+        name: String,
+        range: BackfillRange,
+    ) -> Result<BackfillReport, WireError> {
+        match self
+            .schedule(driver::ScheduleOp::Backfill(name, range))
+            .await?
+        {
+            driver::ScheduleReply::Backfilled(report) => Ok(report),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// The driver answered a schedule request with the wrong kind of reply
+/// (a bug).
+fn unexpected(reply: &driver::ScheduleReply) -> WireError {
+    WireError::new(
+        ErrorCode::INTERNAL,
+        format!("unexpected reply to a schedule request: {reply:?}"),
+    )
+}
+
 impl Api for LeaderApi {
     fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
         Box::pin(LeaderApi::submit(self, task))
@@ -397,6 +496,34 @@ impl Api for LeaderApi {
     }
     fn health(&self) -> Health {
         LeaderApi::health(self)
+    }
+    fn create_schedule(&self, spec: CreateScheduleRequest) -> ApiFuture<'_, ScheduleInfo> {
+        Box::pin(self.create_schedule_as(spec, None))
+    }
+    fn list_schedules(&self) -> ApiFuture<'_, Vec<ScheduleEntry>> {
+        Box::pin(LeaderApi::list_schedules(self))
+    }
+    fn get_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        Box::pin(LeaderApi::get_schedule(self, name))
+    }
+    fn pause_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        Box::pin(LeaderApi::pause_schedule(self, name, true))
+    }
+    fn resume_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        Box::pin(LeaderApi::pause_schedule(self, name, false))
+    }
+    fn delete_schedule(&self, name: String) -> ApiFuture<'_, ()> {
+        Box::pin(LeaderApi::delete_schedule(self, name))
+    }
+    fn trigger_schedule(&self, name: String) -> ApiFuture<'_, FireRecord> {
+        Box::pin(LeaderApi::trigger_schedule(self, name))
+    }
+    fn backfill_schedule(
+        &self,
+        name: String,
+        range: BackfillRange,
+    ) -> ApiFuture<'_, BackfillReport> {
+        Box::pin(LeaderApi::backfill_schedule(self, name, range))
     }
 }
 

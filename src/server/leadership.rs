@@ -74,6 +74,12 @@ pub(super) async fn lead(
             // compete with the batch for the leader subject (10164 on a
             // replicated stream). Record by record, one write per turn.
             group_starts: !base.atomic_batches,
+            max_schedules: s.max_schedules,
+            schedules_refused: (base.auth.required() && !base.seal.is_set()).then(|| {
+                "schedules need [server] storage_key_env when credentials are required: \
+                 the leader seals the fires it publishes with the storage key"
+                    .to_string()
+            }),
         },
         now,
     );
@@ -124,16 +130,18 @@ pub(super) async fn lead(
     if catch_up_to.is_some() {
         driver.catch_up_first();
     }
-    let warm = match catch_up_to {
-        Some(_) => warm_journal(base).await,
-        None => None,
-    };
+    // Also with no submission left: the warm copy hands over the keys of
+    // finished tasks, whose submissions were purged (`consume`).
+    let warm = warm_journal(base).await;
     // The start records (a few keys: one per recent turn with attempts
     // still running), read from the bucket whether warm or not.
     let starts = match catch_up_to {
         Some(_) => read_starts(&base.results, &base.seal).await?,
         None => wire::StartIndex::default(),
     };
+    // The schedules (few keys; read whether the stream holds anything or
+    // not): they step once the journal is read.
+    driver.restore_schedules(read_schedules(&base.results, &base.seal).await?);
     // The only writer now: no need to follow its own writes.
     base.warm_paused.send_replace(true);
     let consumer = tokio::spawn(consume(

@@ -1,6 +1,9 @@
 //! The follower's side of the API: [`NodeApi`] serves HTTP on every server, asking the leader (locally or over NATS), and says whether this server is ready.
 
 use super::*;
+use crate::api::{
+    BackfillRange, BackfillReport, CreateScheduleRequest, FireRecord, ScheduleEntry, ScheduleInfo,
+};
 
 /// The server's API whoever leads: the local leader while this server
 /// leads, the leader over NATS while it follows.
@@ -210,4 +213,46 @@ impl Api for NodeApi {
     fn health(&self) -> Health {
         NodeApi::health(self)
     }
+    fn create_schedule(&self, spec: CreateScheduleRequest) -> ApiFuture<'_, ScheduleInfo> {
+        to_leader!(self, create_schedule(spec))
+    }
+    fn list_schedules(&self) -> ApiFuture<'_, Vec<ScheduleEntry>> {
+        to_leader!(self, list_schedules())
+    }
+    fn get_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        to_leader!(self, get_schedule(name))
+    }
+    fn pause_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        to_leader!(self, pause_schedule(name))
+    }
+    fn resume_schedule(&self, name: String) -> ApiFuture<'_, ScheduleInfo> {
+        to_leader!(self, resume_schedule(name))
+    }
+    fn delete_schedule(&self, name: String) -> ApiFuture<'_, ()> {
+        to_leader!(self, delete_schedule(name))
+    }
+    fn trigger_schedule(&self, name: String) -> ApiFuture<'_, FireRecord> {
+        to_leader!(self, trigger_schedule(name))
+    }
+    fn backfill_schedule(
+        &self,
+        name: String,
+        range: BackfillRange,
+    ) -> ApiFuture<'_, BackfillReport> {
+        to_leader!(self, backfill_schedule(name, range))
+    }
 }
+
+/// A schedule call of a [`NodeApi`]: to the local leader while this
+/// server leads, else to the leader over NATS.
+macro_rules! to_leader {
+    ($self:ident, $method:ident($($arg:expr),*)) => {
+        Box::pin(async move {
+            match $self.leader() {
+                Some(l) => Api::$method(&l, $($arg),*).await,
+                None => Api::$method(&$self.inner.remote, $($arg),*).await,
+            }
+        })
+    };
+}
+use to_leader;

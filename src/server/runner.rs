@@ -106,6 +106,9 @@ pub(super) async fn drive(
                 Output::PersistStarts { slot, record } => {
                     turn.records.push(Item::Starts(slot, record).record())
                 }
+                Output::PersistSchedule { name, stored } => {
+                    turn.records.push(Item::Schedule(name, stored).record())
+                }
                 // A discarded duplicate has no result: the purge takes it.
                 Output::Discard { .. } => {}
                 announce => turn.announce.push(announce),

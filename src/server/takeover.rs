@@ -26,11 +26,12 @@ pub(super) async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
         }
     };
     if base.warm.caught_up(upto, warm::CATCH_UP_WAIT).await {
-        let (live, finished) = base.warm.len();
+        let (live, finished, keyed) = base.warm.len();
         tracing::info!(
             upto,
             live,
             finished,
+            keyed,
             "reading the journal from the warm copy"
         );
         Some(base.warm.clone())
@@ -156,10 +157,73 @@ pub(super) async fn read_starts_once(
     seal: &seal::Seal,
 ) -> Result<wire::StartIndex, String> {
     let mut index = wire::StartIndex::default();
+    read_keys(results, "s.>", |key, value| {
+        let Some(slot) = wire::parse_start_key(key) else {
+            return;
+        };
+        let Some(value) = value else {
+            return index.set(slot, None);
+        };
+        match seal.open(key, value) {
+            Err(why) => {
+                seal::log_refused("start record", key, why);
+                index.set(slot, None);
+            }
+            Ok(body) => match wire::decode::<wire::StartRecords>(body) {
+                Ok(records) => index.set(slot, Some(records)),
+                Err(e) => tracing::warn!(slot, error = %e, "unreadable start record ignored"),
+            },
+        }
+    })
+    .await?;
+    Ok(index)
+}
+
+/// Every schedule record (`sched.<name>`) of the results bucket, read
+/// from the stream's leader like the start records; deleted, unsealed and
+/// unreadable ones are left out (and logged).
+pub(super) async fn read_schedules(
+    results: &kv::Store,
+    seal: &seal::Seal,
+) -> Result<Vec<crate::schedule::StoredSchedule>, Error> {
+    let read = read_retrying(|| async {
+        let mut found = Vec::new();
+        read_keys(results, "sched.>", |key, value| {
+            let Some(value) = value else { return };
+            let body = match seal.open(key, value) {
+                Ok(body) => body,
+                Err(why) => return seal::log_refused("schedule record", key, why),
+            };
+            match serde_json::from_slice::<Option<crate::schedule::StoredSchedule>>(body) {
+                Ok(Some(stored)) => found.push(stored),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(key, error = %e, "unreadable schedule record ignored"),
+            }
+        })
+        .await?;
+        Ok(found)
+    })
+    .await
+    .map_err(|e| Error::Nats {
+        context: "reading the schedule records".into(),
+        source: e.into(),
+    })?;
+    tracing::info!(schedules = read.len(), "schedule records read");
+    Ok(read)
+}
+
+/// Hands `each` the last value of every key of the results bucket under
+/// `filter` (`None`: deleted), read from the stream's leader with an
+/// ordered consumer.
+async fn read_keys(
+    results: &kv::Store,
+    filter: &str,
+    mut each: impl FnMut(&str, Option<&[u8]>),
+) -> Result<(), String> {
     let mut consumer = results
         .stream
         .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            filter_subject: format!("{}s.>", results.prefix),
+            filter_subject: format!("{}{filter}", results.prefix),
             deliver_policy: jetstream::consumer::DeliverPolicy::LastPerSubject,
             ..Default::default()
         })
@@ -171,7 +235,7 @@ pub(super) async fn read_starts_once(
         .map_err(|e| e.to_string())?
         .num_pending;
     if pending == 0 {
-        return Ok(index);
+        return Ok(());
     }
     let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
     let mut read = 0u64;
@@ -189,26 +253,11 @@ pub(super) async fn read_starts_once(
             .as_str()
             .strip_prefix(results.prefix.as_str())
             .unwrap_or_default();
-        let Some(slot) = wire::parse_start_key(key) else {
-            continue;
-        };
-        if kv_tombstone(message.headers.as_ref()) {
-            index.set(slot, None);
-        } else {
-            match seal.open(key, &message.payload) {
-                Err(why) => {
-                    seal::log_refused("start record", key, why);
-                    index.set(slot, None);
-                }
-                Ok(body) => match wire::decode::<wire::StartRecords>(body) {
-                    Ok(records) => index.set(slot, Some(records)),
-                    Err(e) => tracing::warn!(slot, error = %e, "unreadable start record ignored"),
-                },
-            }
-        }
+        let tombstone = kv_tombstone(message.headers.as_ref());
+        each(key, (!tombstone).then_some(&message.payload[..]));
         if left == 0 {
             break;
         }
     }
-    Ok(index)
+    Ok(())
 }

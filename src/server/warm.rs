@@ -1,7 +1,9 @@
 //! A standby's warm copy of the journal (issue 8: "the others standing by
 //! with state warm"). Every server, leader or not, watches the results
 //! bucket from its start and keeps the latest record of each unfinished
-//! task, and a mark for each finished one. At takeover the new leader
+//! task, and a mark for each finished one (and, for the newest
+//! [`KEYED_KEPT`] finished tasks that held an idempotency key, that they
+//! did: their keys bind again at takeover). At takeover the new leader
 //! waits until its copy has seen the bucket up to its own takeover write
 //! (the deposed leader's writes all come before it: they are fenced on the
 //! same stream), then reads records from memory instead of one lookup per
@@ -21,6 +23,18 @@ use crate::wire::TaskRecord;
 /// How long a takeover waits for the warm copy to catch up.
 pub(crate) const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 
+/// How many finished keyed tasks the copy remembers (the newest), also
+/// once their submissions are purged: as many as a leader retains
+/// finished tasks (`retain_finished`), so a successor binds the keys its
+/// predecessor still held.
+pub(crate) const KEYED_KEPT: usize = 10_000;
+
+/// A finished keyed task's result is kept whole when its encoded body is
+/// at most this large (so at most [`KEYED_KEPT`] × 4 KiB, 40 MiB, in
+/// all), and handed over at takeover without a lookup; a larger one (a
+/// large output) is kept as its id and read back then.
+pub(crate) const KEPT_RECORD_BYTES: usize = 4096;
+
 /// What the watch has seen.
 #[derive(Default)]
 struct Copy {
@@ -28,6 +42,10 @@ struct Copy {
     live: BTreeMap<u64, TaskRecord>,
     /// Tasks whose record is terminal.
     finished: BTreeSet<u64>,
+    /// The newest [`KEYED_KEPT`] of those whose record names a key; not
+    /// pruned with the submit stream (their results outlive their
+    /// submissions, and so must their keys).
+    keyed: BTreeMap<u64, Option<Box<TaskRecord>>>,
     /// The last bucket revision (stream sequence) applied.
     seen: u64,
 }
@@ -37,8 +55,10 @@ struct Copy {
 pub(crate) enum Known {
     /// No record.
     None,
-    /// Finished: skip it.
-    Finished,
+    /// Finished: nothing to run. The record when it names a key (read
+    /// from the bucket; a warm copy hands its keyed results up front:
+    /// [`WarmJournal::keyed_finished`]).
+    Finished(Option<Box<TaskRecord>>),
     /// Its latest record.
     Live(Box<TaskRecord>),
 }
@@ -48,7 +68,9 @@ impl Known {
     pub(crate) fn of(record: Option<TaskRecord>) -> Known {
         match record {
             None => Known::None,
-            Some(r) if r.state.is_terminal() => Known::Finished,
+            Some(r) if r.state.is_terminal() => {
+                Known::Finished(r.key.is_some().then(|| Box::new(r)))
+            }
             Some(r) => Known::Live(Box::new(r)),
         }
     }
@@ -99,6 +121,13 @@ impl WarmJournal {
                 Ok(record) if record.state.is_terminal() => {
                     copy.live.remove(&seq);
                     copy.finished.insert(seq);
+                    if record.key.is_some() {
+                        let small = body.is_some_and(|b| b.len() <= KEPT_RECORD_BYTES);
+                        copy.keyed.insert(seq, small.then(|| Box::new(record)));
+                        if copy.keyed.len() > KEYED_KEPT {
+                            copy.keyed.pop_first();
+                        }
+                    }
                 }
                 Ok(record) => {
                     copy.live.insert(seq, record);
@@ -112,6 +141,7 @@ impl WarmJournal {
             kv::Operation::Delete | kv::Operation::Purge => {
                 copy.live.remove(&seq);
                 copy.finished.remove(&seq);
+                copy.keyed.remove(&seq);
             }
         }
     }
@@ -120,13 +150,25 @@ impl WarmJournal {
     /// revision seen.
     pub(crate) fn known(&self, seq: u64) -> Known {
         let copy = self.lock();
-        if copy.finished.contains(&seq) {
-            Known::Finished
+        if copy.finished.contains(&seq) || copy.keyed.contains_key(&seq) {
+            Known::Finished(None)
         } else if let Some(record) = copy.live.get(&seq) {
             Known::Live(Box::new(record.clone()))
         } else {
             Known::None
         }
+    }
+
+    /// The finished tasks up to `upto` whose records name a key, oldest
+    /// first (at most [`KEYED_KEPT`]), each with its record when kept
+    /// whole (else a takeover reads it): their keys bind before anything
+    /// else.
+    pub(crate) fn keyed_finished(&self, upto: u64) -> Vec<(u64, Option<Box<TaskRecord>>)> {
+        let copy = self.lock();
+        copy.keyed
+            .range(..=upto)
+            .map(|(seq, record)| (*seq, record.clone()))
+            .collect()
     }
 
     /// The last revision applied.
@@ -140,6 +182,7 @@ impl WarmJournal {
         let mut copy = self.lock();
         copy.live = copy.live.split_off(&first);
         copy.finished = copy.finished.split_off(&first);
+        // `keyed` stays: bounded by count, and read at takeover.
     }
 
     /// Waits until the copy has seen revision `upto`; false after `wait`.
@@ -156,10 +199,10 @@ impl WarmJournal {
         }
     }
 
-    /// How many tasks it holds (live, finished).
-    pub(crate) fn len(&self) -> (usize, usize) {
+    /// How many tasks it holds (live, finished, finished with a key).
+    pub(crate) fn len(&self) -> (usize, usize, usize) {
         let copy = self.lock();
-        (copy.live.len(), copy.finished.len())
+        (copy.live.len(), copy.finished.len(), copy.keyed.len())
     }
 }
 
@@ -261,6 +304,14 @@ mod tests {
             written_at: None,
             schedule: None,
             scheduled_at: None,
+            key: None,
+        }
+    }
+
+    fn keyed(seq: u64, key: &str) -> TaskRecord {
+        TaskRecord {
+            key: Some(key.into()),
+            ..record(seq, TaskState::Succeeded)
         }
     }
 
@@ -274,11 +325,63 @@ mod tests {
         assert_eq!(warm.seen(), 3);
         assert!(matches!(warm.known(1), Known::Live(r) if r.state == TaskState::Running));
         warm.apply(&entry("1", 4, Some(&record(1, TaskState::Succeeded))));
-        assert_eq!(warm.known(1), Known::Finished);
+        assert_eq!(warm.known(1), Known::Finished(None));
         warm.apply(&entry("2", 5, None));
         assert_eq!(warm.known(2), Known::None);
-        assert_eq!(warm.len(), (0, 1));
+        assert_eq!(warm.len(), (0, 1, 0));
         warm.prune_below(2);
         assert_eq!(warm.known(1), Known::None);
+    }
+
+    /// The ids `keyed_finished` names.
+    fn ids(kept: &[(u64, Option<Box<TaskRecord>>)]) -> Vec<u64> {
+        kept.iter().map(|(seq, _)| *seq).collect()
+    }
+
+    #[test]
+    fn finished_keyed_tasks_outlive_the_purge_of_their_submissions_up_to_a_bound() {
+        let warm = WarmJournal::default();
+        warm.apply(&entry("3", 1, Some(&keyed(3, "k3"))));
+        warm.apply(&entry("4", 2, Some(&record(4, TaskState::Succeeded))));
+        let mut big = keyed(5, "k5");
+        big.output = Some(vec![b'x'; KEPT_RECORD_BYTES].into());
+        warm.apply(&entry("5", 3, Some(&big)));
+        assert_eq!(warm.known(3), Known::Finished(None));
+        assert_eq!(
+            warm.keyed_finished(10),
+            vec![(3, Some(Box::new(keyed(3, "k3")))), (5, None)],
+            "a small result kept whole, a large one as its id"
+        );
+        assert_eq!(
+            ids(&warm.keyed_finished(4)),
+            vec![3],
+            "only up to the takeover's last"
+        );
+        // The submit stream purged them all: the keyed ones stay.
+        warm.prune_below(6);
+        assert_eq!(warm.len(), (0, 0, 2));
+        assert_eq!(ids(&warm.keyed_finished(10)), vec![3, 5]);
+        // A deleted record takes its mark along.
+        warm.apply(&entry("3", 4, None));
+        assert_eq!(ids(&warm.keyed_finished(10)), vec![5]);
+        // Bounded: the oldest go first.
+        for seq in 10..10 + KEYED_KEPT as u64 {
+            warm.apply(&entry(&seq.to_string(), seq, Some(&keyed(seq, "k"))));
+        }
+        let kept = warm.keyed_finished(u64::MAX);
+        assert_eq!(kept.len(), KEYED_KEPT);
+        assert_eq!(kept[0].0, 10);
+    }
+
+    #[test]
+    fn a_record_read_cold_hands_over_a_finished_task_only_with_its_key() {
+        assert_eq!(
+            Known::of(Some(record(1, TaskState::Failed))),
+            Known::Finished(None)
+        );
+        assert_eq!(
+            Known::of(Some(keyed(1, "k"))),
+            Known::Finished(Some(Box::new(keyed(1, "k"))))
+        );
     }
 }

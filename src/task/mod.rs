@@ -37,7 +37,7 @@ pub use submit::{
 ///     .attempt_timeout(Duration::from_secs(30));
 /// assert_eq!(task.pool_name(), "inference");
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Task {
     pub(crate) payload: Bytes,
     pub(crate) pool: String,

@@ -227,6 +227,7 @@ mod tests {
             written_at: Some(Millis(written)),
             schedule: None,
             scheduled_at: None,
+            key: None,
         }
     }
 

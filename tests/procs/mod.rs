@@ -15,7 +15,8 @@
 //!
 //! The workers run [`WORKER_SCRIPT`]: the payload is `NAME [hold=KEY]
 //! [fail]`; each attempt appends `NAME TASK_ID ATTEMPT WORKER_ID` to
-//! `runs.log` in the cluster's dir, then waits for the file `KEY` to exist
+//! `runs.log` in the cluster's dir (and, for a task a schedule fired,
+//! `SCHEDULE SCHEDULED_AT TASK_ID ATTEMPT WORKER_ID` to `schedules.log`), then waits for the file `KEY` to exist
 //! ([`Cluster::release`]) if asked, then fails (exit 3) if asked, else
 //! prints `NAME on [GROUP] by WORKER_ID`.
 
@@ -54,6 +55,9 @@ set -- $payload
 name=${1:-unnamed}
 [ $# -gt 0 ] && shift
 echo "$name $CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TEST_WORKER" >> "$TEST_DIR/runs.log"
+if [ -n "$CRONOQ_SCHEDULE" ]; then
+  echo "$CRONOQ_SCHEDULE $CRONOQ_SCHEDULED_AT $CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TEST_WORKER" >> "$TEST_DIR/schedules.log"
+fi
 for option in "$@"; do
   case "$option" in
     hold=*)
@@ -1072,4 +1076,31 @@ pub async fn http_post(url: &str, body: &str) -> (u16, String) {
 #[allow(dead_code)]
 pub async fn http_get(url: &str) -> (u16, String) {
     http_request("GET", url, "").await
+}
+
+/// The snapshot a server answers over its own HTTP API.
+pub async fn snapshot_of(server: &CronoqServer) -> Result<Snapshot, String> {
+    let http = ClientOptions::new()
+        .request_timeout(std::time::Duration::from_secs(2))
+        .http(&server.http_url())
+        .map_err(|e| e.to_string())?;
+    http.snapshot().await.map_err(|e| e.to_string())
+}
+
+/// (leader id, epoch) as `server` reports it.
+pub async fn leader_seen_by(server: &CronoqServer) -> Result<(String, u64), String> {
+    let snap = snapshot_of(server).await?;
+    let leader = snap.leader.ok_or("no leader in the snapshot")?;
+    Ok((leader.id, leader.epoch))
+}
+
+/// Waits until `server` reports itself as leader: (id, epoch).
+pub async fn taken_over_by(server: &CronoqServer) -> (String, u64) {
+    eventually(&format!("{} to take over", server.id()), || async {
+        match leader_seen_by(server).await {
+            Ok((id, e)) if id == server.id() => Ok((id, e)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
 }

@@ -30,6 +30,7 @@ pub(crate) enum Reply {
     Snapshot(Result<Snapshot, WireError>),
     Tasks(Result<wire::TaskList, WireError>),
     Metrics(Result<crate::metrics::MetricsSnapshot, WireError>),
+    Schedule(Result<ScheduleReply, WireError>),
 }
 
 /// A type the driver answers with: how it goes into a [`Reply`] and
@@ -67,6 +68,7 @@ replied! {
     Snapshot => Snapshot,
     wire::TaskList => Tasks,
     crate::metrics::MetricsSnapshot => Metrics,
+    ScheduleReply => Schedule,
 }
 
 /// What the driver keeps per live task beside the ledger's record.
@@ -137,6 +139,23 @@ pub(crate) enum Input {
     /// stored: start-record slots whose entries those writes covered may
     /// be written again.
     Stored(u64),
+    /// A schedule request ([`ScheduleOp`]).
+    Schedule(ScheduleOp, Responder),
+    /// The submit stream's answer to a fire ([`Output::Fire`]): the
+    /// task's sequence (also when the stream found the tick's key already
+    /// published), or why it was not taken.
+    FirePublished {
+        name: String,
+        tick: Millis,
+        kind: crate::schedule::FireKind,
+        result: Result<u64, WireError>,
+    },
+    /// A task an earlier leadership finished, from its result record
+    /// (which names its idempotency key): its key binds to it again.
+    FinishedBefore {
+        seq: u64,
+        record: TaskRecord,
+    },
 }
 
 /// Who registered a worker: its credential and that credential's bounds
@@ -199,6 +218,20 @@ pub(crate) enum Output {
     Discard { seq: u64 },
     /// Hand a result to the local caller waiting on request `id`.
     Reply { id: RequestId, reply: Reply },
+    /// Publish a schedule's fire to the submit stream under the tick's
+    /// key, once the turn is stored; then tell the driver
+    /// ([`Input::FirePublished`]).
+    Fire {
+        name: String,
+        tick: Millis,
+        kind: crate::schedule::FireKind,
+        task: Box<Task>,
+    },
+    /// Store a schedule's record (`sched.<name>`); `None`: it was deleted.
+    PersistSchedule {
+        name: String,
+        stored: Option<Box<crate::schedule::StoredSchedule>>,
+    },
 }
 
 impl std::fmt::Debug for Output {
@@ -214,6 +247,10 @@ impl std::fmt::Debug for Output {
             }
             Output::Discard { seq } => write!(f, "Discard({seq})"),
             Output::Reply { id, reply } => write!(f, "Reply({id}, {reply:?})"),
+            Output::Fire { name, tick, .. } => write!(f, "Fire({name}@{})", tick.0),
+            Output::PersistSchedule { name, stored } => {
+                write!(f, "PersistSchedule({name}, {})", stored.is_some())
+            }
         }
     }
 }
@@ -250,4 +287,9 @@ pub(crate) struct Settings {
     /// (a task's own record is written when the attempt ends) instead of
     /// one record per task.
     pub group_starts: bool,
+    /// The most schedules (`[server] max_schedules`).
+    pub max_schedules: usize,
+    /// Why schedules cannot be created here, if they cannot (credentials
+    /// required and no storage key to attribute fires with).
+    pub schedules_refused: Option<String>,
 }

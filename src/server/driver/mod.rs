@@ -44,9 +44,11 @@ use crate::wire::{
 };
 
 mod io;
+mod schedules;
 mod slots;
 
 pub(crate) use self::io::*;
+pub(crate) use self::schedules::{ScheduleOp, ScheduleReply};
 use self::slots::*;
 
 /// How long past its time to live a lease decided but not yet sent (its
@@ -204,6 +206,8 @@ pub(crate) struct Driver {
     /// ([`Input::Unattributed`]).
     refused_unattributed: BTreeMap<String, u64>,
     refused_sample: std::collections::VecDeque<crate::metrics::RefusedSubmission>,
+    /// The schedules this leader fires (`schedules.rs`).
+    schedules: schedules::Schedules,
 }
 
 fn stale(message: impl Into<String>) -> WireError {
@@ -215,6 +219,7 @@ impl Driver {
         let mut core = Core::with_limits(settings.limits);
         let retain = settings.retain_finished;
         let reattach_until = now.plus(settings.reattach_grace);
+        let max_schedules = settings.max_schedules;
         for (pool, config) in &settings.pools {
             core.handle(
                 now,
@@ -256,6 +261,7 @@ impl Driver {
             deposed: false,
             refused_unattributed: BTreeMap::new(),
             refused_sample: Default::default(),
+            schedules: schedules::Schedules::new(max_schedules),
         }
     }
 
@@ -296,6 +302,8 @@ impl Driver {
         if self.deposed {
             return Vec::new();
         }
+        // First: a run that ended this turn may fire a buffered tick.
+        self.schedule_outputs(self.now);
         self.turn += 1;
         let turn = self.turn;
         let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
@@ -457,10 +465,18 @@ impl Driver {
             .first()
             .map(|(at, _)| at.plus(Millis(1)));
         let refresh = self.refresh_deadlines.first().map(|(at, _)| *at);
-        [self.core.next_wakeup(), reattach, lease, silence, refresh]
-            .into_iter()
-            .flatten()
-            .min()
+        let schedules = self.schedules_wakeup();
+        [
+            self.core.next_wakeup(),
+            reattach,
+            lease,
+            silence,
+            refresh,
+            schedules,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Has `task`'s journal record written again at `at` (replacing an
@@ -675,9 +691,18 @@ impl Driver {
                     refused_sample: self.refused_sample.iter().cloned().collect(),
                     ..Default::default()
                 });
+                metrics.schedules = self.schedule_metrics();
                 self.respond(to, Ok(metrics));
             }
             Input::Stored(turn) => self.slots.stored(turn),
+            Input::Schedule(op, to) => self.schedule_request(now, op, to),
+            Input::FirePublished {
+                name,
+                tick,
+                kind,
+                result,
+            } => self.fire_published(now, name, tick, kind, result),
+            Input::FinishedBefore { seq, record } => self.bind_finished(seq, record),
             Input::LeasesSent(sent) => {
                 let ttl = self.settings.lease_ttl;
                 for (task, attempt) in sent {
@@ -728,6 +753,7 @@ impl Driver {
             }
         }
         self.end_reattach_grace(now);
+        self.step_schedules(now);
         while let Some(&(at, task)) = self.lease_deadlines.first() {
             if at > now {
                 break;

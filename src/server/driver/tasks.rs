@@ -178,28 +178,42 @@ impl Driver {
     }
 
     /// A task an earlier leadership finished whose submission the stream
-    /// still holds (the purge goes below the oldest unfinished task only):
-    /// nothing to run, but its idempotency key stays bound to it, as it was
-    /// under that leadership. Otherwise a duplicate of the key further on in
-    /// the stream — one that leadership discarded, a cancel of it answered
-    /// for this task — would run as a task of its own.
+    /// still holds (the purge goes below the oldest unfinished task only),
+    /// read back with its submission (the simulation's leaders): its key
+    /// is the record's or else the submission's.
     fn finished_before(
         &mut self,
         seq: u64,
         pool: PoolName,
         task: Result<Task, WireError>,
-        record: TaskRecord,
+        mut record: TaskRecord,
     ) {
         self.next_unseen = self.next_unseen.max(seq + 1);
+        if record.key.is_none() {
+            record.key = task.ok().and_then(|t| t.key().map(str::to_string));
+        }
+        record.pool = pool;
+        self.bind_finished(seq, record);
+    }
+
+    /// A task an earlier leadership finished, from its result record
+    /// ([`Input::FinishedBefore`]): nothing to run, but its idempotency key
+    /// stays bound to it, and its outcome retained, as under that
+    /// leadership. Otherwise a later submission with the key — one that
+    /// leadership discarded, one past JetStream's duplicate window, one
+    /// with another `Nats-Msg-Id`, a cancel answered for this task — would
+    /// run as a task of its own. Records come here out of stream order
+    /// (a warm copy hands its keyed results first), so this does not move
+    /// how far the stream was read.
+    pub(super) fn bind_finished(&mut self, seq: u64, record: TaskRecord) {
         let id = TaskId(seq);
-        if self.ledger.knows(id) {
+        if !record.state.is_terminal() || self.ledger.knows(id) {
             return;
         }
-        let key = task.ok().and_then(|t| t.key().map(str::to_string));
         let schedule = record.schedule();
         let outcome = Outcome {
             id,
-            pool,
+            pool: record.pool,
             state: record.state,
             output: record.output,
             error: record.error,
@@ -207,7 +221,8 @@ impl Driver {
             deadline_missed: record.deadline_missed,
             schedule,
         };
-        self.ledger.restore_finished(&outcome, key.as_deref());
+        self.ledger
+            .restore_finished(&outcome, record.key.as_deref());
     }
 
     /// A recovered task waits for attempt `attempts + 1`.
@@ -389,6 +404,9 @@ impl Driver {
         );
         self.forget_refresh(done.id);
         let mut record = TaskRecord::of_outcome(done);
+        // Its key goes with its result: a successor binds it again from
+        // there (`Input::FinishedBefore`), the submission may be purged.
+        record.key = self.ledger.retained_key(done.id).map(str::to_string);
         if record.fit(self.settings.max_record_bytes) {
             tracing::warn!(task_id = %done.id, "the task's result was cut to fit one NATS message");
         }

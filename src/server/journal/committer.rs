@@ -13,11 +13,16 @@ pub(in crate::server) struct Persisted {
 }
 
 /// What one journal record write stores.
+// Task records are nearly every item: boxing them would cost an
+// allocation per record written.
+#[allow(clippy::large_enum_variant)]
 pub(in crate::server) enum Item {
     /// A task's record under its sequence.
     Task(Persisted),
     /// The starts of a turn under a start-record slot (`s.<n>`).
     Starts(u32, wire::StartRecords),
+    /// A schedule's record (`sched.<name>`, JSON); `None`: deleted.
+    Schedule(String, Option<Box<crate::schedule::StoredSchedule>>),
 }
 
 impl Item {
@@ -31,7 +36,7 @@ impl Item {
                 alone: p.dead_letter.is_some(),
                 body: self,
             },
-            Item::Starts(..) => pipeline::Record {
+            Item::Starts(..) | Item::Schedule(..) => pipeline::Record {
                 task: None,
                 terminal: false,
                 alone: false,
@@ -158,7 +163,7 @@ fn start_write(ctx: &Arc<CommitCtx>, write: pipeline::Write<Item>) -> WriteFutur
                     ctx.seal
                         .seal(&p.seq.to_string(), wire::encode(&p.record).into()),
                 )),
-                Item::Starts(..) => None,
+                Item::Starts(..) | Item::Schedule(..) => None,
             })
             .collect();
         return Box::pin(async move { (id, store_batch(&ctx, records).await) });
@@ -174,6 +179,12 @@ fn start_write(ctx: &Arc<CommitCtx>, write: pipeline::Write<Item>) -> WriteFutur
         Item::Starts(slot, starts) => {
             let key = wire::start_key(slot);
             let body = ctx.seal.seal(&key, wire::encode(&starts).into());
+            Box::pin(async move { (id, put_counted(&ctx, &key, &body).await) })
+        }
+        Item::Schedule(name, stored) => {
+            let key = schedule_key(&name);
+            let json = serde_json::to_vec(&stored).expect("a stored schedule serializes");
+            let body = ctx.seal.seal(&key, json.into());
             Box::pin(async move { (id, put_counted(&ctx, &key, &body).await) })
         }
     }
@@ -243,9 +254,26 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
                 ctx.replies.send(id, reply);
                 continue;
             }
-            Output::Persist { .. } | Output::PersistStarts { .. } | Output::Discard { .. } => {
-                continue
+            Output::Fire {
+                name,
+                tick,
+                kind,
+                task,
+            } => {
+                tokio::spawn(publish_fire(
+                    ctx.js.clone(),
+                    ctx.subjects.clone(),
+                    ctx.seal.clone(),
+                    ctx.inputs.clone(),
+                    (name, tick, kind),
+                    task,
+                ));
+                continue;
             }
+            Output::Persist { .. }
+            | Output::PersistStarts { .. }
+            | Output::PersistSchedule { .. }
+            | Output::Discard { .. } => continue,
         };
         let sent = match ctx.guard.sign_to_worker(&subject, &body) {
             Some(headers) => {
@@ -267,6 +295,52 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
     // Full: a later one says as much (slots wait a little longer).
     let _ = ctx.inputs.try_send(Input::Stored(number));
     true
+}
+
+/// The results bucket's key of a schedule's record.
+pub(in crate::server) fn schedule_key(name: &str) -> String {
+    format!("sched.{name}")
+}
+
+/// Publishes a schedule's fire to the submit stream under its tick's key
+/// (`Nats-Msg-Id`): a second publish of the tick (a successor deciding it
+/// again) is answered with the first one's sequence. The answer goes back
+/// to the driver; a full input queue makes it wait, never drop it.
+async fn publish_fire(
+    js: jetstream::Context,
+    subjects: Subjects,
+    seal: seal::Seal,
+    inputs: mpsc::Sender<Input>,
+    (name, tick, kind): (String, Millis, crate::schedule::FireKind),
+    task: Box<Task>,
+) {
+    let result = async {
+        let owner = task.owner.as_deref();
+        let (subject, headers, body) = crate::server::fires::fire_submission(
+            &subjects,
+            &seal,
+            &task,
+            (&name, tick),
+            owner,
+            crate::server::wall_now(),
+        )?;
+        let ack = js
+            .publish_with_headers(subject, headers, body)
+            .await
+            .map_err(|e| unavailable(format!("publishing the fire: {e}")))?
+            .await
+            .map_err(|e| unavailable(format!("fire not acknowledged: {e}")))?;
+        Ok(ack.sequence)
+    }
+    .await;
+    let _ = inputs
+        .send(Input::FirePublished {
+            name,
+            tick,
+            kind,
+            result,
+        })
+        .await;
 }
 
 /// One write under way in the committer: its id, and whether it was

@@ -37,6 +37,15 @@ pub(super) struct Leader {
     cancels: Vec<(u64, Waiting<Ack>)>,
 }
 
+impl Leader {
+    /// An input on its way to the leader, arriving at `at` (lost if the
+    /// leader dies first), like a request.
+    pub(super) fn send_later(&mut self, at: u64, input: Input) {
+        self.sent += 1;
+        self.inbox.push((at, self.sent, input));
+    }
+}
+
 impl World {
     /// A successor takes over: a newer epoch fences the old one out, then
     /// it reads every submission back with its journal record.
@@ -53,6 +62,7 @@ impl World {
         if !self.submissions.is_empty() {
             driver.catch_up_first();
         }
+        driver.restore_schedules(self.stored_schedules());
         let mut starts = StartIndex::default();
         for (slot, (records, at)) in &self.journal.starts {
             if self.now < at + RECORD_TTL {
@@ -196,6 +206,12 @@ impl World {
                     self.counts.duplicates_discarded += 1;
                     self.discarded.insert(seq);
                 }
+                Output::PersistSchedule { name, stored } => turn.records.push(Record {
+                    task: None,
+                    terminal: false,
+                    alone: false,
+                    body: Write::Schedule(name, stored),
+                }),
                 other => turn.announce.push(other),
             }
         }
@@ -285,8 +301,12 @@ impl World {
                         self.send_to_worker(&subject, &body);
                     }
                     Output::Publish { subject, body } => self.send_to_worker(&subject, &body),
+                    fire @ Output::Fire { .. } => {
+                        self.schedule_output(&fire);
+                    }
                     Output::Persist { .. }
                     | Output::PersistStarts { .. }
+                    | Output::PersistSchedule { .. }
                     | Output::Discard { .. } => {}
                 }
             }
@@ -420,6 +440,11 @@ impl World {
                     self.counts.slot_rewrites += 1;
                 }
                 self.journal.starts.insert(slot, (record, self.now));
+            }
+            Write::Schedule(name, stored) => {
+                self.journal
+                    .schedules
+                    .insert(name, (stored.map(|s| *s), self.now));
             }
         }
     }

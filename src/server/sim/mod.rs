@@ -59,6 +59,7 @@ use crate::wire::{StartRecords, TaskRecord};
 use crate::worker::rules::Rules;
 
 mod leader;
+mod schedules;
 mod workers;
 
 use leader::Leader;
@@ -114,6 +115,8 @@ fn settings(group_starts: bool) -> Settings {
         events: crate::server::config::Events::All,
         record_refresh: Millis(RECORD_TTL / 3),
         group_starts: group_starts && std::env::var("SIM_NOGROUP").is_err(),
+        max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
+        schedules_refused: None,
     }
 }
 
@@ -133,6 +136,8 @@ const RECORD_TTL: u64 = 30_000;
 struct Journal {
     records: BTreeMap<u64, (TaskRecord, u64)>,
     starts: BTreeMap<u32, (StartRecords, u64)>,
+    /// Schedule records (`None`: deleted), with when each was written.
+    schedules: BTreeMap<String, (Option<crate::schedule::StoredSchedule>, u64)>,
     /// The newest leader's epoch: older writers are refused.
     fence: u64,
     succeeded: BTreeSet<u64>,
@@ -143,6 +148,7 @@ struct Journal {
 enum Write {
     Record(u64, TaskRecord),
     Starts(u32, StartRecords),
+    Schedule(String, Option<Box<crate::schedule::StoredSchedule>>),
 }
 
 /// How often each fault path was taken (summed over the seeds).
@@ -189,6 +195,13 @@ struct Counts {
     /// Writes that landed as a leader died, and those lost with it.
     landed_at_crash: u64,
     lost_at_crash: u64,
+    /// Seeds with a schedule; its fires, those the stream answered with
+    /// an earlier publish of the tick, and those published again past
+    /// its duplicate window.
+    schedule_seeds: u64,
+    fires: u64,
+    fires_deduplicated: u64,
+    fires_past_window: u64,
 }
 
 impl Counts {
@@ -220,7 +233,11 @@ impl Counts {
             batch_seeds,
             writes_waited,
             landed_at_crash,
-            lost_at_crash
+            lost_at_crash,
+            schedule_seeds,
+            fires,
+            fires_deduplicated,
+            fires_past_window
         );
     }
 }
@@ -261,12 +278,14 @@ struct World {
     /// (task, attempt) → worker, for every attempt ever started.
     started: BTreeMap<(TaskId, u32), String>,
     counts: Counts,
+    sched: schedules::SimSchedule,
 }
 
 impl World {
     fn new(seed: u64) -> World {
         let mut rng = Rng(seed);
         let batches = rng.chance(250);
+        let scheduled = rng.chance(500);
         let limits = Limits {
             max_records: 1 + rng.below(12) as usize,
             max_batches: 1,
@@ -291,8 +310,10 @@ impl World {
             started: BTreeMap::new(),
             counts: Counts {
                 batch_seeds: u64::from(batches),
+                schedule_seeds: u64::from(scheduled),
                 ..Counts::default()
             },
+            sched: schedules::SimSchedule::new(scheduled),
         };
         for _ in 0..3 {
             w.add_worker();
@@ -399,6 +420,7 @@ impl World {
                 self.add_worker();
             }
         }
+        self.schedule_step();
         self.deliver();
         self.commit();
         self.deliver_requests();
@@ -435,8 +457,10 @@ fn run(seed: u64) -> Counts {
     for _ in 0..2_000 {
         world.step();
     }
-    // Faults stop; everything accepted must end.
+    // Faults stop; everything accepted must end (the schedule pauses, so
+    // its fires end too).
     world.faults = false;
+    world.sched.pausing = true;
     let mut steps = 0;
     while !world.all_done() {
         world.step();
@@ -467,6 +491,7 @@ fn run(seed: u64) -> Counts {
         }
     }
     world.check_end();
+    world.check_schedule();
     world.counts
 }
 
@@ -526,6 +551,15 @@ fn failover_simulation() {
             ("a write waiting for room in the pipeline", t.writes_waited),
             ("a write landing as its leader died", t.landed_at_crash),
             ("a write lost with its leader", t.lost_at_crash),
+            ("a schedule", t.schedule_seeds),
+            (
+                "a fire the stream answered with an earlier publish",
+                t.fires_deduplicated,
+            ),
+            (
+                "a fire published again past the stream's window",
+                t.fires_past_window,
+            ),
         ] {
             assert!(n > 0, "no seed exercised {what}");
         }

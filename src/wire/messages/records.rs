@@ -53,6 +53,12 @@ pub struct TaskRecord {
     /// The tick it was fired for, ms since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_at: Option<Millis>,
+    /// The idempotency key the task held (as the leader keeps it: scoped
+    /// to its credential), on a finished task's record only: a successor
+    /// binds it again from here, so a later submission with the key is
+    /// this task, even once the submission itself is purged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl TaskRecord {
@@ -70,6 +76,7 @@ impl TaskRecord {
             written_at: None,
             schedule: o.schedule.as_ref().map(|(name, _)| name.clone()),
             scheduled_at: o.schedule.as_ref().map(|(_, at)| *at),
+            key: None,
         }
     }
 
@@ -87,6 +94,7 @@ impl TaskRecord {
             written_at: None,
             schedule: s.schedule,
             scheduled_at: s.scheduled_at,
+            key: None,
         }
     }
 
@@ -193,6 +201,7 @@ impl TaskRecord {
         256 + self.pool.as_str().len()
             + self.output.as_ref().map_or(0, Bytes::len)
             + self.error.as_ref().map_or(0, String::len)
+            + self.key.as_ref().map_or(0, String::len)
             + attempts
     }
 
@@ -286,6 +295,7 @@ impl TaskRecord {
                 written_at: Some(written_at),
                 schedule: None,
                 scheduled_at: None,
+                key: None,
             }),
             Some(r) => {
                 let last = r.attempts.last();

@@ -31,6 +31,8 @@ fn settings() -> Settings {
         events: crate::server::config::Events::All,
         record_refresh: Millis(8 * 3_600_000),
         group_starts: false,
+        max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
+        schedules_refused: None,
     }
 }
 
@@ -608,6 +610,87 @@ fn a_key_read_back_finished_at_takeover_still_binds_its_duplicates() {
     assert_eq!(d.purge_floor(), 3);
 }
 
+/// Submits a task of pool `p` with idempotency key `key`.
+fn submit_keyed(d: &mut Driver, now: u64, seq: u64, key: &str) {
+    d.handle(
+        Millis(now),
+        Input::Submitted {
+            seq,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p").idempotency_key(key)),
+        },
+    );
+}
+
+/// The real consumer hands a successor a finished task's result record,
+/// not its submission (skipped, or purged long ago): the record names the
+/// key, and the key binds to that task again, outcome and all.
+#[test]
+fn a_finished_result_names_its_key_and_binds_it_in_a_successor() {
+    let mut a = driver();
+    register(&mut a, "w", "", 1);
+    submit_keyed(&mut a, 1, 1, "k");
+    submit(&mut a, 1, 2, ""); // unkeyed
+    let lease = leases(&mut a).remove(0).1;
+    let ok = |out: &str| AttemptResult::Succeeded {
+        output: Bytes::from(out.to_string()),
+    };
+    report(&mut a, 2, "w", lease.task_id, 1, 7, ok("first")).unwrap();
+    let mut outputs = a.take_outputs();
+    let lease = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::Lease { body, .. } => Some(wire::decode::<Lease>(body).unwrap()),
+            _ => None,
+        })
+        .unwrap();
+    report(&mut a, 3, "w", lease.task_id, 1, 7, ok("")).unwrap();
+    outputs.extend(a.take_outputs());
+    let finished: Vec<(u64, TaskRecord)> = outputs
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Persist { seq, record, .. } if record.state.is_terminal() => {
+                Some((seq, record))
+            }
+            _ => None,
+        })
+        .collect();
+    let keys: Vec<_> = finished.iter().map(|(s, r)| (*s, r.key.clone())).collect();
+    assert_eq!(keys, vec![(1, Some("k".to_string())), (2, None)]);
+
+    let mut b = driver();
+    b.catch_up_first();
+    let (_, record) = finished[0].clone();
+    b.handle(Millis(10), Input::FinishedBefore { seq: 1, record });
+    // Out of stream order: how far the stream was read does not move.
+    assert_eq!((b.purge_floor(), b.consumed_below()), (1, 1));
+    submit_keyed(&mut b, 11, 5, "k");
+    b.handle(Millis(11), Input::CaughtUp);
+    register(&mut b, "w", "", 1);
+    let outputs = b.take_outputs();
+    assert!(
+        !outputs.iter().any(|o| matches!(o, Output::Lease { .. })),
+        "{outputs:?}"
+    );
+    assert!(outputs
+        .iter()
+        .any(|o| matches!(o, Output::Discard { seq: 5 })));
+    let status = b.status(TaskId(5)).unwrap();
+    assert_eq!((status.id, status.state), (TaskId(1), TaskState::Succeeded));
+    assert_eq!(status.output.as_deref(), Some("first"));
+    // A live record, or one already known, binds nothing.
+    let mut live = journaled(6, 1, "w", true);
+    live.key = Some("j".into());
+    b.handle(
+        Millis(12),
+        Input::FinishedBefore {
+            seq: 6,
+            record: live,
+        },
+    );
+    assert!(b.status(TaskId(6)).is_none());
+}
+
 #[test]
 fn purge_floor_stays_below_every_unfinished_task() {
     let mut d = driver();
@@ -654,6 +737,7 @@ fn journaled(seq: u64, attempt: u32, worker: &str, open: bool) -> TaskRecord {
         written_at: None,
         schedule: None,
         scheduled_at: None,
+        key: None,
     }
 }
 
@@ -1756,3 +1840,5 @@ fn replies_reach_their_callers_and_closing_answers_the_rest() {
     let (_, mut later) = replies.open::<Ack>();
     assert!(later.try_recv().is_err());
 }
+
+mod schedules;

@@ -1,0 +1,210 @@
+//! Schedules in the simulation (issue 23): in half the seeds a client
+//! creates a schedule firing every second (its creation retried until a
+//! leader answers it), and the world carries out the leader's fires as
+//! the committer does — published to the submit stream under the tick's
+//! key as `Nats-Msg-Id`, the stream answering a key it saw within its
+//! duplicate window with the first sequence, the answer travelling back
+//! to the leader (lost if it dies first). The real driver does the rest:
+//! its book, the records it stores, what a successor reads back.
+//!
+//! Checked at the end: **every tick fired exactly once** — each tick from
+//! the first after the schedule's creation to the last one the final
+//! leader fired has one submission of its own (a second publish of a key
+//! past the stream's window is a duplicate, which the driver must
+//! discard: the end check of every submission holds it to that), and no
+//! tick outside the cadence fired.
+
+use super::*;
+use crate::schedule::{FireKind, StoredSchedule};
+use crate::server::driver::{Output, ScheduleOp, ScheduleReply};
+use crate::server::Waiting;
+
+/// The schedule's name and interval.
+pub(super) const NAME: &str = "beat";
+const EVERY: u64 = 1_000;
+/// How long the stream remembers a `Nats-Msg-Id` (120 s in `process.rs`;
+/// here shorter than some elections, so both sides of it are taken).
+const DEDUPE_WINDOW: u64 = 1_000;
+
+/// What the world knows of the schedule.
+#[derive(Default)]
+pub(super) struct SimSchedule {
+    /// This seed has one.
+    pub(super) planned: bool,
+    /// Its creation was answered (by this instant: the reply's `created_at`).
+    created_at: Option<u64>,
+    /// A creation on its way.
+    creating: Option<Waiting<ScheduleReply>>,
+    /// The stream's duplicate window: key → (sequence, stored at).
+    msg_ids: BTreeMap<String, (u64, u64)>,
+    /// A pause asked for at the end (faults off): no more fires.
+    pub(super) pausing: bool,
+}
+
+impl SimSchedule {
+    /// A seed's schedule: `planned` or not.
+    pub(super) fn new(planned: bool) -> SimSchedule {
+        SimSchedule {
+            planned,
+            ..SimSchedule::default()
+        }
+    }
+}
+
+impl World {
+    /// Creates the schedule once a leader answers; pauses it at the end.
+    pub(super) fn schedule_step(&mut self) {
+        if !self.sched.planned || self.leader.is_none() {
+            return;
+        }
+        if self.sched.pausing {
+            if self.sched.created_at.is_some() {
+                let leader = self.leader.as_mut().expect("leads");
+                let (to, _) = leader.replies.open::<ScheduleReply>();
+                let op = ScheduleOp::Pause(NAME.into(), true);
+                leader
+                    .driver
+                    .handle(Millis(self.now), Input::Schedule(op, to));
+            }
+            return;
+        }
+        if self.sched.created_at.is_some() {
+            return;
+        }
+        if let Some(waiting) = &mut self.sched.creating {
+            match waiting.try_recv() {
+                Ok(Ok(ScheduleReply::Info(info))) => {
+                    self.sched.created_at = Some(info.created_at.0);
+                    self.sched.creating = None;
+                }
+                // Created by an earlier try whose answer was lost.
+                Ok(Err(e)) if e.code == crate::core::ErrorCode::ALREADY_EXISTS => {
+                    let created = self
+                        .journal
+                        .schedules
+                        .get(NAME)
+                        .and_then(|(s, _)| s.clone());
+                    let created = created.expect("it exists: its record is stored");
+                    self.sched.created_at = Some(created.created_at.0);
+                    self.sched.creating = None;
+                }
+                Ok(other) => {
+                    assert!(
+                        matches!(&other, Err(e) if e.code == crate::core::ErrorCode::UNAVAILABLE),
+                        "creating the schedule: {other:?}"
+                    );
+                    self.sched.creating = None;
+                }
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+                // Its leader died: ask again.
+                Err(_) => self.sched.creating = None,
+            }
+            return;
+        }
+        let spec = serde_json::from_value(serde_json::json!({
+            "name": NAME, "every": format!("{EVERY}ms"), "catchup_window": "1h",
+            "task": {"pool": POOL, "payload": "tick"}
+        }))
+        .expect("a valid schedule");
+        let op = ScheduleOp::Create {
+            spec: Box::new(spec),
+            owner: None,
+        };
+        self.sched.creating = self.request(|to| Input::Schedule(op, to));
+    }
+
+    /// The committer's part: publishes a fire under its key; the stream's
+    /// answer goes back to the leader like a request (lost with it).
+    pub(super) fn publish_fire(&mut self, name: String, tick: Millis, kind: FireKind, task: Task) {
+        let key = task.key().expect("a fire has its tick's key").to_string();
+        let seq = match self.sched.msg_ids.get(&key) {
+            Some((seq, at)) if self.now < at + DEDUPE_WINDOW => {
+                self.counts.fires_deduplicated += 1;
+                *seq
+            }
+            earlier => {
+                let duplicate_of = earlier.map(|(seq, _)| *seq);
+                if duplicate_of.is_some() {
+                    self.counts.fires_past_window += 1;
+                }
+                self.submissions.push(Submission {
+                    task,
+                    duplicate_of,
+                    cancel_asked: false,
+                    cancel_acked: false,
+                });
+                let seq = self.submissions.len() as u64;
+                self.sched.msg_ids.insert(key, (seq, self.now));
+                seq
+            }
+        };
+        self.counts.fires += 1;
+        let Some(leader) = &mut self.leader else {
+            return;
+        };
+        let at = self.now + self.rng.below(60);
+        let input = Input::FirePublished {
+            name,
+            tick,
+            kind,
+            result: Ok(seq),
+        };
+        leader.send_later(at, input);
+    }
+
+    /// The schedules a successor reads back: records written within the
+    /// bucket's max age.
+    pub(super) fn stored_schedules(&self) -> Vec<StoredSchedule> {
+        self.journal
+            .schedules
+            .values()
+            .filter(|(_, at)| self.now < at + RECORD_TTL)
+            .filter_map(|(s, _)| s.clone())
+            .collect()
+    }
+
+    /// Every tick from the first after creation to the last fired has one
+    /// submission of its own; none fired off the cadence.
+    pub(super) fn check_schedule(&self) {
+        let Some(created_at) = self.sched.created_at else {
+            return;
+        };
+        let mut ticks: BTreeMap<u64, u64> = BTreeMap::new();
+        for (i, s) in self.submissions.iter().enumerate() {
+            let Some((name, tick)) = &s.task.schedule else {
+                continue;
+            };
+            assert_eq!(name, NAME);
+            if s.duplicate_of.is_none() {
+                let seq = i as u64 + 1;
+                if let Some(first) = ticks.insert(tick.0, seq) {
+                    panic!("tick {} fired as tasks {first} and {seq}", tick.0);
+                }
+            }
+        }
+        let first = (created_at / EVERY + 1) * EVERY;
+        let Some(&last) = ticks.keys().next_back() else {
+            return;
+        };
+        let expected: Vec<u64> = (first..=last).step_by(EVERY as usize).collect();
+        let fired: Vec<u64> = ticks.keys().copied().collect();
+        assert_eq!(fired, expected, "ticks missing or off the cadence");
+    }
+
+    /// A leader's schedule output, as the committer carries it out:
+    /// `true` if `output` was one.
+    pub(super) fn schedule_output(&mut self, output: &Output) -> bool {
+        match output {
+            Output::Fire {
+                name,
+                tick,
+                kind,
+                task,
+            } => {
+                self.publish_fire(name.clone(), *tick, *kind, (**task).clone());
+                true
+            }
+            _ => false,
+        }
+    }
+}
