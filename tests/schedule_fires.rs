@@ -27,7 +27,7 @@ use cronoq::server::fires::fire_submission;
 use cronoq::server::seal::Seal;
 use cronoq::wire;
 use cronoq::Task;
-use procs::{command, cronoq_binary, Proc};
+use procs::{command, cronoq_binary, eventually, Proc};
 
 use auth_kit::*;
 
@@ -246,4 +246,46 @@ async fn an_embedded_fire_carries_its_schedule_to_the_executor_and_the_status() 
     assert_eq!(outcome.schedule, None);
     let status = sched.task(plain.id()).unwrap();
     assert_eq!((status.schedule, status.scheduled_at), (None, None));
+}
+
+/// End to end with credentials and a storage key: a schedule a submitter
+/// creates over HTTP fires on the leader, sealed, and the guard takes it:
+/// it runs on a real worker with the schedule in its env and status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "with credentials, HTTP calls the caller's client::Client, whose Api serves no schedules yet"]
+async fn a_schedule_created_with_credentials_fires_sealed_and_runs() {
+    let s = setup().await;
+    let _worker = env_worker(&s);
+    s.worker_registered("env").await;
+    let creator = cronoq::client::ClientOptions::new()
+        .token(SUB_A)
+        .request_timeout(std::time::Duration::from_secs(5))
+        .http(&s._server.http_url())
+        .expect("an HTTP client");
+    let spec: cronoq::schedule::ScheduleSpec = serde_json::from_value(serde_json::json!({
+        "name": "e2e", "every": "1s",
+        "task": { "labels": { "gpu": "a100" }, "payload": "tick" },
+    }))
+    .unwrap();
+    creator.create_schedule(spec).await.expect("created");
+    let id = eventually("the first fire's task", || async {
+        let info = creator
+            .get_schedule("e2e".into())
+            .await
+            .map_err(|e| e.to_string())?;
+        info.history
+            .iter()
+            .find_map(|r| r.task)
+            .ok_or_else(|| format!("{:?}", info.history))
+    })
+    .await;
+    let done = s
+        .until(id, "succeeded", |t| t.state == TaskState::Succeeded)
+        .await;
+    let at = done.scheduled_at.expect("a fired task has its tick");
+    assert_eq!(done.schedule.as_deref(), Some("e2e"));
+    assert_eq!(
+        done.output.as_deref(),
+        Some(format!("tick|e2e|{}", cronoq::task::rfc3339_utc(at)).as_str())
+    );
 }
