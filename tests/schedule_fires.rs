@@ -270,7 +270,7 @@ async fn a_schedule_created_with_credentials_fires_sealed_and_runs() {
     creator.create_schedule(spec).await.expect("created");
     let id = eventually("the first fire's task", || async {
         let info = creator
-            .get_schedule("e2e".into())
+            .get_schedule("e2e")
             .await
             .map_err(|e| e.to_string())?;
         info.history
