@@ -15,6 +15,10 @@
 //! while the pool has no slots, then the slots open and tokio tasks run
 //! attempt after attempt; the clock starts when the slots open.
 //!
+//! Beside each rate it prints the process's CPU time per task (all
+//! threads, `CLOCK_PROCESS_CPUTIME_ID`, over the same window): on a shared
+//! machine other tenants' load moves the rates, much less the CPU per task.
+//!
 //! Not a timed test: it prints figures and PASS/FAIL and never fails.
 //! `cargo bench --bench embedded_throughput`; `CRONOQ_BENCH_TASKS=100000`
 //! for a quick run, `CRONOQ_BENCH_ROUNDS` for more or fewer rounds,
@@ -39,9 +43,63 @@ const TARGET_RATIO: f64 = 0.9;
 /// The queued path against the baseline (issue 22: 0.7).
 const QUEUED_TARGET_RATIO: f64 = 0.7;
 
-async fn baseline(n: usize) -> Duration {
+/// A measured window: wall time and the whole process's CPU time.
+#[derive(Clone, Copy)]
+struct Window {
+    wall: Duration,
+    cpu: Duration,
+}
+
+impl Window {
+    fn rate(&self, n: usize) -> f64 {
+        n as f64 / self.wall.as_secs_f64()
+    }
+
+    /// CPU µs per task.
+    fn cpu_us(&self, n: usize) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / n as f64
+    }
+}
+
+/// A stopwatch over wall time and the process's CPU time (every thread).
+struct Watch {
+    wall: Instant,
+    cpu: Duration,
+}
+
+impl Watch {
+    fn start() -> Watch {
+        Watch {
+            cpu: process_cpu(),
+            wall: Instant::now(),
+        }
+    }
+
+    fn stop(&self) -> Window {
+        Window {
+            wall: self.wall.elapsed(),
+            cpu: process_cpu().saturating_sub(self.cpu),
+        }
+    }
+}
+
+/// CPU time of the whole process so far (zero where there is no such clock).
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+async fn baseline(n: usize) -> Window {
     let permits = Arc::new(Semaphore::new(GROUPS * SLOTS_PER_GROUP as usize));
-    let start = Instant::now();
+    let start = Watch::start();
     let mut handles = Vec::with_capacity(n);
     for _ in 0..n {
         let permits = permits.clone();
@@ -52,7 +110,7 @@ async fn baseline(n: usize) -> Duration {
     for handle in handles {
         handle.await.expect("no-op task");
     }
-    start.elapsed()
+    start.stop()
 }
 
 /// One task per shape: unlabeled, or requiring group `i`'s label.
@@ -69,15 +127,15 @@ fn templates() -> (Vec<Labels>, Vec<Task>) {
     (groups, tasks)
 }
 
-async fn cronoq(n: usize) -> Duration {
+async fn cronoq(n: usize) -> Window {
     run_cronoq(n, false).await
 }
 
-async fn cronoq_queued(n: usize) -> Duration {
+async fn cronoq_queued(n: usize) -> Window {
     run_cronoq(n, true).await
 }
 
-async fn run_cronoq(n: usize, queued: bool) -> Duration {
+async fn run_cronoq(n: usize, queued: bool) -> Window {
     let sched = Scheduler::new();
     let (groups, tasks) = templates();
     let slots = if queued { 0 } else { SLOTS_PER_GROUP };
@@ -89,7 +147,7 @@ async fn run_cronoq(n: usize, queued: bool) -> Duration {
     sched
         .executor("bench", |_, _| async { Ok(Bytes::new()) })
         .expect("executor accepted");
-    let mut start = Instant::now();
+    let mut start = Watch::start();
     let mut handles = Vec::with_capacity(n);
     for i in 0..n {
         // 1 in 10 unlabeled, the rest round robin over the groups.
@@ -101,10 +159,10 @@ async fn run_cronoq(n: usize, queued: bool) -> Duration {
         handles.push(sched.submit(task.clone()).await.expect("submit accepted"));
     }
     if std::env::var("CRONOQ_BENCH_PHASES").is_ok() {
-        eprintln!("submitted in {:?}", start.elapsed());
+        eprintln!("submitted in {:?}", start.stop().wall);
     }
     if queued {
-        start = Instant::now();
+        start = Watch::start();
         for labels in groups {
             sched
                 .set_group_capacity("bench", labels, SLOTS_PER_GROUP)
@@ -115,7 +173,7 @@ async fn run_cronoq(n: usize, queued: bool) -> Duration {
         let outcome = handle.wait().await.expect("task finished");
         debug_assert!(outcome.is_success());
     }
-    start.elapsed()
+    start.stop()
 }
 
 /// The same shape on the bare core, one thread, no executors: submit every
@@ -185,7 +243,7 @@ fn profile_one(side: &str, n: usize, rounds: usize) {
     }
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     for _ in 0..rounds {
-        let d = match side {
+        let w = match side {
             "cronoq" => rt.block_on(cronoq(n)),
             "queued" => rt.block_on(cronoq_queued(n)),
             "baseline" => rt.block_on(baseline(n)),
@@ -193,7 +251,11 @@ fn profile_one(side: &str, n: usize, rounds: usize) {
                 panic!("CRONOQ_BENCH_ONLY={other:?}: expected cronoq, queued, baseline or core")
             }
         };
-        println!("{side}: {:.0} tasks/s", n as f64 / d.as_secs_f64());
+        println!(
+            "{side}: {:.0} tasks/s, {:.2} µs CPU per task",
+            w.rate(n),
+            w.cpu_us(n)
+        );
     }
 }
 
@@ -215,11 +277,12 @@ fn main() {
     rt.block_on(baseline(n / 10 + 1));
     rt.block_on(cronoq(n / 10 + 1));
 
-    let rate = |d: Duration| n as f64 / d.as_secs_f64();
     let mut base_rates = Vec::with_capacity(rounds);
     let mut cronoq_rates = Vec::with_capacity(rounds);
     let mut ratios = Vec::with_capacity(rounds);
     let mut queued_rates = Vec::with_capacity(rounds);
+    let mut queued_ratios = Vec::with_capacity(rounds);
+    let mut cpu = [(); 3].map(|_| Vec::with_capacity(rounds));
     println!();
     println!("embedded_throughput: {n} no-op tasks, end to end (submit all, then wait for all)");
     println!(
@@ -231,9 +294,10 @@ fn main() {
     );
     println!("  runtime   tokio multi-thread, {workers} workers");
     for round in 1..=rounds {
-        let b = rate(rt.block_on(baseline(n)));
-        let c = rate(rt.block_on(cronoq(n)));
-        let q = rate(rt.block_on(cronoq_queued(n)));
+        let wb = rt.block_on(baseline(n));
+        let wc = rt.block_on(cronoq(n));
+        let wq = rt.block_on(cronoq_queued(n));
+        let (b, c, q) = (wb.rate(n), wc.rate(n), wq.rate(n));
         println!(
             "  round {round}   baseline {:>10.0} tasks/s   cronoq {:>10.0} tasks/s   ratio {:.3}   queued {:>10.0} tasks/s ({:.3})",
             b,
@@ -242,7 +306,17 @@ fn main() {
             q,
             q / b
         );
+        println!(
+            "            CPU per task: baseline {:.2} µs, cronoq {:.2} µs, queued {:.2} µs",
+            wb.cpu_us(n),
+            wc.cpu_us(n),
+            wq.cpu_us(n)
+        );
+        for (all, w) in cpu.iter_mut().zip([wb, wc, wq]) {
+            all.push(w.cpu_us(n));
+        }
         queued_rates.push(q);
+        queued_ratios.push(q / b);
         base_rates.push(b);
         cronoq_rates.push(c);
         ratios.push(c / b);
@@ -260,6 +334,10 @@ fn main() {
         "  ratio     cronoq / baseline = {ratio:.3} (median of per-round ratios {:.3})",
         median(&mut ratios)
     );
+    let [cpu_b, cpu_c, cpu_q] = cpu.map(|mut all| median(&mut all));
+    println!(
+        "  CPU       per task (medians): baseline {cpu_b:.2} µs, cronoq {cpu_c:.2} µs, queued {cpu_q:.2} µs"
+    );
     let q = median(&mut queued_rates);
     let queued_verdict = if q / b >= QUEUED_TARGET_RATIO {
         "PASS"
@@ -267,8 +345,9 @@ fn main() {
         "FAIL"
     };
     println!(
-        "  queued    all submitted before slots open: {q:.0} tasks/s, {:.3} x baseline",
-        q / b
+        "  queued    all submitted before slots open: {q:.0} tasks/s, {:.3} x baseline (median of per-round ratios {:.3})",
+        q / b,
+        median(&mut queued_ratios)
     );
     println!("  target    ratio >= {TARGET_RATIO}: {verdict}");
     println!("  target    queued ratio >= {QUEUED_TARGET_RATIO}: {queued_verdict}");

@@ -18,6 +18,7 @@ use crate::task::{Task, TaskStatus};
 use crate::wire::WireError;
 
 mod schedules;
+mod schema;
 mod submit;
 pub use schedules::{
     BackfillRange, BackfillReport, BackfillRequest, CreateScheduleRequest, FireKind, FireRecord,

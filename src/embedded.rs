@@ -594,34 +594,34 @@ impl Inner {
     fn carry_out(&self, st: &mut State, now: Millis) -> Work {
         let mut jobs = Batch::Empty;
         let mut outcomes = Batch::Empty;
-        let actions = std::mem::take(&mut st.actions);
-        for action in actions.iter() {
+        let mut actions = std::mem::take(&mut st.actions);
+        for action in actions.drain(..) {
             match action {
                 Action::Start {
                     task,
                     attempt,
                     group,
                 } => {
-                    let pool = st.core.group_pool(*group).clone();
-                    let labels = st.core.group_labels(*group).clone();
+                    let pool = st.core.group_pool(group).clone();
+                    let labels = st.core.group_labels(group).clone();
                     let Some(executor) = st.executors.get(&pool).cloned() else {
                         continue;
                     };
                     let entry = st
                         .ledger
-                        .started(*task, *attempt, labels.clone(), None, None, now)
+                        .started(task, attempt, labels.clone(), None, None, now)
                         .expect("started task has an entry");
                     let (abort, registration) = AbortHandle::new_pair();
                     let run = entry.run_extra();
-                    run.abort = Some((*attempt, abort));
+                    run.abort = Some((attempt, abort));
                     let traceparent = run.traceparent.clone();
                     let schedule = entry.schedule().cloned();
                     tracing::debug!(task_id = %task, attempt, pool = %pool, group = %labels, "attempt started");
                     jobs.push(Job {
                         executor,
                         ctx: TaskContext {
-                            task_id: *task,
-                            attempt: *attempt,
+                            task_id: task,
+                            attempt,
                             pool,
                             group: labels,
                             traceparent,
@@ -638,12 +638,12 @@ impl Inner {
                     ..
                 } => {
                     tracing::debug!(task_id = %task, attempt, ?reason, "attempt revoked");
-                    if *reason == RevokeReason::Timeout {
-                        st.ledger.timed_out(*task, *attempt);
+                    if reason == RevokeReason::Timeout {
+                        st.ledger.timed_out(task, attempt);
                     }
-                    let run = st.ledger.get_mut(*task).map(|e| e.run_extra());
+                    let run = st.ledger.get_mut(task).map(|e| e.run_extra());
                     if let Some((a, handle)) = run.and_then(|r| r.abort.as_ref()) {
-                        if a == attempt {
+                        if *a == attempt {
                             handle.abort();
                         }
                     }
@@ -660,16 +660,14 @@ impl Inner {
                 } => {
                     // A running task cancelled: its attempt is being aborted
                     // and will not report back; the ledger closes it.
-                    let Some(done) =
-                        st.ledger
-                            .finish(*task, pool.clone(), *state, *deadline_missed, now)
+                    let Some(done) = st.ledger.finish(task, pool, state, deadline_missed, now)
                     else {
                         continue;
                     };
                     tracing::debug!(task_id = %task, state = %state, "task finished");
-                    if !st.scheduled.is_empty() && st.scheduled.remove(task) {
+                    if !st.scheduled.is_empty() && st.scheduled.remove(&task) {
                         if let Some(tx) = &st.sched_ended {
-                            let _ = tx.send((*task, *state));
+                            let _ = tx.send((task, state));
                         }
                     }
                     outcomes.push((done.outcome, done.extra, done.run_extra.more_waiters));

@@ -738,7 +738,144 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
         ]),
     );
     add("Snapshot", each(snapshots()));
+    schedule_samples(&mut add, replies);
     all
+}
+
+/// The schedule verbs' bodies and replies (issue 23): every optional
+/// field set by some sample.
+fn schedule_samples(add: &mut impl FnMut(&str, Vec<Value>), replies: fn(&[Value]) -> Vec<Value>) {
+    use cronoq::api::{BackfillReport, FireKind, FireRecord, MissedTicks, ScheduleCounters};
+    use cronoq::api::{ScheduleEntry, ScheduleInfo};
+    use cronoq::schedule::{MissReason, ScheduleSpec, ScheduleState};
+    use cronoq::wire::{BackfillSchedule, CreateSchedule, ListSchedules, ScheduleName};
+    fn value<T: Serialize>(t: T) -> Value {
+        serde_json::to_value(t).unwrap()
+    }
+    let specs: Vec<ScheduleSpec> = [
+        json!({"name": "nightly", "cron": "30 2 * * *", "tz": "Europe/Berlin",
+               "overlap": "buffer_one", "catchup_window": "10m", "jitter": "30s", "paused": true,
+               "task": {"pool": "reports", "labels": {"gpu": "a100"}, "priority": 3,
+                        "payload": "build", "max_attempts": 2, "attempt_timeout": "20m",
+                        "deadline": "1h"}}),
+        json!({"name": "beat", "every": "1m"}),
+    ]
+    .into_iter()
+    .map(|j| serde_json::from_value(j).unwrap())
+    .collect();
+    let fires = vec![
+        FireRecord {
+            tick: Millis(1_764_000_000_000),
+            fired_at: Millis(1_764_000_000_010),
+            kind: FireKind::Backfill,
+            task: Some(TaskId(7)),
+            outcome: Some(TaskState::Succeeded),
+            error: None,
+        },
+        FireRecord {
+            tick: Millis(1_764_000_060_000),
+            fired_at: Millis(1_764_000_060_010),
+            kind: FireKind::Trigger,
+            task: None,
+            outcome: None,
+            error: Some("pool reports is full [RESOURCE_EXHAUSTED]".into()),
+        },
+    ];
+    let counters = ScheduleCounters {
+        fires: 2,
+        skipped: 1,
+        missed: 3,
+    };
+    let infos: Vec<Value> = specs
+        .iter()
+        .map(|spec| {
+            value(ScheduleInfo {
+                spec: spec.clone(),
+                state: ScheduleState {
+                    decided_through: Millis(1_764_000_060_000),
+                    last_fired: Some(Millis(1_764_000_060_000)),
+                    active: Some(Millis(1_764_000_060_000)),
+                    buffered: Some(Millis(1_764_000_120_000)),
+                },
+                paused: spec.paused,
+                owner: spec.paused.then(|| "token:OPS".into()),
+                created_at: Millis(1_764_000_000_000),
+                next_fires: vec![Millis(1_764_000_120_000); 5],
+                history: fires.clone(),
+                skipped: vec![Millis(1_764_000_030_000)],
+                missed: vec![MissedTicks {
+                    first: Millis(1_763_000_000_000),
+                    until: Millis(1_763_000_180_000),
+                    reason: MissReason::TooLate,
+                    ticks: 3,
+                }],
+                counters,
+            })
+        })
+        .collect();
+    let entry = |spec: &ScheduleSpec, last: Option<FireRecord>| ScheduleEntry {
+        name: spec.name.clone(),
+        cron: spec.cron.clone(),
+        every: spec.every.clone(),
+        tz: spec.tz.clone(),
+        overlap: spec.overlap,
+        pool: "default".into(),
+        paused: spec.paused,
+        owner: last.as_ref().map(|_| "token:OPS".into()),
+        next_fire: last.as_ref().map(|_| Millis(1_764_000_120_000)),
+        last,
+        counters,
+    };
+    let lists = vec![
+        value(cronoq::wire::ScheduleList {
+            schedules: vec![
+                entry(&specs[0], Some(fires[0].clone())),
+                entry(&specs[1], Some(fires[1].clone())),
+                entry(&specs[1], None),
+            ],
+            more: true,
+        }),
+        value(cronoq::wire::ScheduleList::<ScheduleEntry> {
+            schedules: Vec::new(),
+            more: false,
+        }),
+    ];
+    let reports = vec![value(BackfillReport {
+        fired: fires.clone(),
+        skipped: vec![Millis(1_764_000_030_000)],
+    })];
+    add(
+        "CreateSchedule",
+        specs
+            .iter()
+            .cloned()
+            .map(CreateSchedule::new)
+            .map(value)
+            .collect(),
+    );
+    add(
+        "ListSchedules",
+        vec![
+            value(ListSchedules::after(None)),
+            value(ListSchedules::after(Some("beat".into()))),
+        ],
+    );
+    add("ScheduleName", vec![value(ScheduleName::new("nightly"))]);
+    add(
+        "BackfillSchedule",
+        vec![value(BackfillSchedule::new(
+            "nightly",
+            Millis(1_764_000_000_000),
+            Millis(1_764_003_600_000),
+        ))],
+    );
+    add("Reply_ScheduleInfo", replies(&infos));
+    add("Reply_ScheduleList", replies(&lists));
+    add(
+        "Reply_FireRecord",
+        replies(&fires.into_iter().map(value).collect::<Vec<_>>()),
+    );
+    add("Reply_BackfillReport", replies(&reports));
 }
 
 /// `schema` where every object schema with properties refuses others, so
@@ -969,10 +1106,23 @@ fn asyncapi_names_every_subject() {
             .replace("{task_id}", "42")
     };
     let documented: BTreeSet<String> = addresses(&yaml).iter().map(|a| fill(a)).collect();
-    let mut expected: BTreeSet<String> = ["cancel", "task", "snapshot", "tasks"]
-        .iter()
-        .map(|verb| subjects.api(verb))
-        .collect();
+    let mut expected: BTreeSet<String> = [
+        "cancel",
+        "task",
+        "snapshot",
+        "tasks",
+        "schedule_create",
+        "schedule_list",
+        "schedule_get",
+        "schedule_pause",
+        "schedule_resume",
+        "schedule_delete",
+        "schedule_trigger",
+        "schedule_backfill",
+    ]
+    .iter()
+    .map(|verb| subjects.api(verb))
+    .collect();
     for verb in [
         "challenge",
         "register",

@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 import pytest
 
 import cronoq
-from conftest import Proc, cronoq_binary, eventually, free_port
+from conftest import TOKENS, Proc, cronoq_binary, eventually, free_port
 
 BAD: List[Dict[str, Any]] = [
     dict(cron="61 * * * *"),
@@ -202,3 +202,49 @@ async def test_a_client_manages_schedules_over_http(tmp_path):
         assert await client.list_schedules() == []
     finally:
         proc.stop()
+
+
+async def test_a_client_manages_schedules_over_nats(cluster):
+    """``Client`` over NATS against a real ``cronoq server``: the calls reach
+    the leader's ``P.api.schedule_*`` verbs; its refusals keep their
+    classes. No worker runs: a fired task stays queued."""
+    client = cronoq.Client(cluster.nats_url, request_timeout=10)
+    info = await client.schedule("hourly", every="1h", payload=b"report", priority=2)
+    assert (info.name, info.every, len(info.next_fires)) == ("hourly", "1h", 5)
+    with pytest.raises(cronoq.AlreadyExists):
+        await client.schedule("hourly", cron="@daily")
+    with pytest.raises(cronoq.InvalidArgument, match="never fires"):
+        await client.schedule("feb30", cron="0 0 30 2 *")
+    with pytest.raises(cronoq.NotFound):
+        await client.get_schedule("nope")
+    assert [e.name for e in await client.list_schedules()] == ["hourly"]
+    assert (await client.get_schedule("hourly")).next_fires == info.next_fires
+    assert (await client.pause_schedule("hourly")).paused
+    assert not (await client.resume_schedule("hourly")).paused
+    fire = await client.trigger_schedule("hourly")
+    assert fire.kind == "trigger" and fire.task
+    status = await eventually("the fired task to be known", lambda: client.get(fire.task))
+    assert status.state == "queued"
+    await client.delete_schedule("hourly")
+    assert await client.list_schedules() == []
+
+
+async def test_credentials_decide_schedules_over_nats_and_http(auth_cluster):
+    """With ``[auth] required`` and no storage key, over NATS and over HTTP
+    (which calls the leader over NATS as the caller's token): a reader
+    lists but may not create (:class:`cronoq.PermissionDenied`), no token
+    is :class:`cronoq.Unauthenticated`, and even an admin's create is
+    refused (:class:`cronoq.FailedPrecondition`: the leader could not
+    attribute the fires)."""
+    for url in [auth_cluster.nats_url, auth_cluster.http_url]:
+        reader = cronoq.Client(url, token=TOKENS["CRONOQ_PY_READER"], request_timeout=10)
+        admin = cronoq.Client(url, token=TOKENS["CRONOQ_PY_ADMIN"], request_timeout=10)
+        anonymous = cronoq.Client(url, request_timeout=10)
+        assert await reader.list_schedules() == [], url
+        with pytest.raises(cronoq.PermissionDenied):
+            await reader.schedule("r", every="1h")
+        with pytest.raises(cronoq.Unauthenticated):
+            await anonymous.list_schedules()
+        with pytest.raises(cronoq.FailedPrecondition, match="storage"):
+            await admin.schedule("a", every="1h")
+        assert await admin.list_schedules() == [], url

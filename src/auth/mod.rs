@@ -237,6 +237,13 @@ impl Principal {
         pool.map_or(Ok(()), |p| self.in_pool(p))
     }
 
+    /// May it create, change or delete a schedule (whose tasks go to
+    /// `pool`)? (admin, or a submitter allowed the pool)
+    pub fn may_schedule(&self, pool: Option<&PoolName>) -> Result<(), WireError> {
+        self.role_in(&[Role::Submitter, Role::Admin], "manage schedules")?;
+        pool.map_or(Ok(()), |p| self.in_pool(p))
+    }
+
     /// May its role cancel tasks at all? (submitter, admin)
     pub fn may_cancel_some(&self) -> Result<(), WireError> {
         self.role_in(&[Role::Submitter, Role::Admin], "cancel tasks")

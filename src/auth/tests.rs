@@ -288,10 +288,18 @@ fn roles_pools_and_labels_decide() {
     assert!(read.may_submit(&inference).is_err());
     assert!(read.may_cancel(&inference, Some("token:READ")).is_err());
     assert!(sub.may_register(&inference, &Labels::new()).is_err());
+    sub.may_schedule(Some(&inference)).unwrap();
+    sub.may_schedule(None).unwrap();
+    for (who, p) in [(&sub, &batch), (&read, &inference), (&gpu, &inference)] {
+        let e = who.may_schedule(Some(p)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::PERMISSION_DENIED, "{} {p}", who.name);
+    }
     assert_ne!(sub.scoped_key("k"), read.scoped_key("k"));
     let anon = Principal::anonymous();
     anon.may_register(&batch, &labels("gpu=anything")).unwrap();
     anon.may_cancel(&batch, None).unwrap();
+    anon.may_schedule(Some(&batch)).unwrap();
+    assert!(read.may_schedule(None).is_err());
     assert_eq!(anon.scoped_key("k"), "k");
 }
 

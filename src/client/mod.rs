@@ -8,7 +8,8 @@
 //! task is durable before the client hears its id. `Nats-Msg-Id` carries
 //! the idempotency key: a resubmission within the stream's duplicate window
 //! is answered with the first message's sequence, the same id. Lookups,
-//! cancels and snapshots are requests on `P.api.*` that the leader answers.
+//! cancels, snapshots and schedules (`schedules.rs`) are requests on
+//! `P.api.*` that the leader answers.
 //!
 //! Inputs are validated before anything is sent: a refused task publishes
 //! nothing. Every error has a stable code ([`Error::code`]); "nobody is
@@ -59,6 +60,7 @@ use crate::wire::{self, Subjects, WireError};
 mod confirm;
 mod http_client;
 mod options;
+mod schedules;
 
 pub use confirm::CONFIRM_FOR;
 use confirm::{just_accepted, refusal_of, status_of_event, Pace};
@@ -600,6 +602,45 @@ impl Api for Client {
 
     fn recent_tasks(&self, limit: usize) -> ApiFuture<'_, Vec<TaskStatus>> {
         Box::pin(async move { Ok(Client::recent_tasks(self, limit).await?) })
+    }
+
+    fn create_schedule(
+        &self,
+        spec: crate::api::CreateScheduleRequest,
+    ) -> ApiFuture<'_, crate::api::ScheduleInfo> {
+        Box::pin(async move { Ok(Client::create_schedule(self, spec).await?) })
+    }
+
+    fn list_schedules(&self) -> ApiFuture<'_, Vec<crate::api::ScheduleEntry>> {
+        Box::pin(async move { Ok(Client::list_schedules(self).await?) })
+    }
+
+    fn get_schedule(&self, name: String) -> ApiFuture<'_, crate::api::ScheduleInfo> {
+        Box::pin(async move { Ok(Client::get_schedule(self, &name).await?) })
+    }
+
+    fn pause_schedule(&self, name: String) -> ApiFuture<'_, crate::api::ScheduleInfo> {
+        Box::pin(async move { Ok(Client::pause_schedule(self, &name).await?) })
+    }
+
+    fn resume_schedule(&self, name: String) -> ApiFuture<'_, crate::api::ScheduleInfo> {
+        Box::pin(async move { Ok(Client::resume_schedule(self, &name).await?) })
+    }
+
+    fn delete_schedule(&self, name: String) -> ApiFuture<'_, ()> {
+        Box::pin(async move { Ok(Client::delete_schedule(self, &name).await?) })
+    }
+
+    fn trigger_schedule(&self, name: String) -> ApiFuture<'_, crate::api::FireRecord> {
+        Box::pin(async move { Ok(Client::trigger_schedule(self, &name).await?) })
+    }
+
+    fn backfill_schedule(
+        &self,
+        name: String,
+        range: crate::api::BackfillRange,
+    ) -> ApiFuture<'_, crate::api::BackfillReport> {
+        Box::pin(async move { Ok(Client::backfill_schedule(self, &name, range).await?) })
     }
 
     fn health(&self) -> Health {

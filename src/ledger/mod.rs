@@ -265,7 +265,14 @@ pub(crate) struct Ledger<X, R> {
     /// The pool of the last submission and its metrics slot (a pool's
     /// slot never changes): most submissions skip the lookup.
     last_slot: Option<(PoolName, u32)>,
+    /// Emptied run records of finished tasks, reused by the next starts:
+    /// no malloc/free per task under the shell's lock, and a record still
+    /// in cache instead of a fresh one.
+    spare_runs: Vec<Box<Run<R>>>,
 }
+
+/// How many emptied run records a ledger keeps for reuse.
+const SPARE_RUNS: usize = 256;
 
 impl<X, R: Default> Ledger<X, R> {
     /// A ledger that keeps the outcomes of the last `retain` finished tasks.
@@ -281,6 +288,7 @@ impl<X, R: Default> Ledger<X, R> {
             retain,
             metrics: Metrics::default(),
             last_slot: None,
+            spare_runs: Vec::new(),
         }
     }
 
@@ -429,6 +437,9 @@ impl<X, R: Default> Ledger<X, R> {
         now: Millis,
     ) -> Option<&mut Entry<X, R>> {
         let entry = self.live.get_mut(id)?;
+        if entry.run.is_none() {
+            entry.run = self.spare_runs.pop();
+        }
         let m = self.metrics.at(entry.metrics_slot);
         m.started += 1;
         if attempt > 1 {
@@ -437,8 +448,11 @@ impl<X, R: Default> Ledger<X, R> {
             m.queue_wait.observe(elapsed(entry.submitted_at, now));
         }
         let run = entry.run();
-        // Most tasks make one attempt: no room for four.
-        run.attempts.reserve_exact(1);
+        if run.attempts.capacity() == 0 {
+            // Most tasks make one attempt: no room for four (and the direct
+            // allocation, not the general growth path).
+            run.attempts = Vec::with_capacity(1);
+        }
         run.attempts.push(AttemptRecord {
             attempt,
             group,
@@ -531,7 +545,16 @@ impl<X, R: Default> Ledger<X, R> {
         if let Some(n) = m.finished_mut(state) {
             *n += 1;
         }
-        let mut run = entry.run.map(|b| *b).unwrap_or_default();
+        let mut run = match entry.run {
+            Some(mut boxed) => {
+                let run = std::mem::take(&mut *boxed);
+                if self.spare_runs.len() < SPARE_RUNS {
+                    self.spare_runs.push(boxed);
+                }
+                run
+            }
+            None => Run::default(),
+        };
         for record in run.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
             m.run.observe(elapsed(record.started_at, now));
             record.ended_at = Some(now);
@@ -607,7 +630,13 @@ impl<X, R: Default> Ledger<X, R> {
             }
             return;
         }
-        if let Some(older) = self.finished.remove(id) {
+        // A lookup first: removing an id that is not there (every finish
+        // from the core) costs a good deal more than finding it absent.
+        let older = match self.finished.get(id) {
+            Some(_) => self.finished.remove(id),
+            None => None,
+        };
+        if let Some(older) = older {
             // Recorded twice (never from the core): the newer record
             // stands, the older leaves the ring.
             self.retained -= 1;

@@ -257,3 +257,42 @@ fn a_refused_submission_counts_once_and_dead_lettered() {
         ("p", 1, 1, 1)
     );
 }
+
+#[test]
+fn a_task_recorded_twice_is_retained_once_with_its_newer_outcome() {
+    let mut l = ledger(2);
+    let earlier = Outcome {
+        id: TaskId(1),
+        pool: PoolName::default(),
+        state: TaskState::Failed,
+        output: None,
+        error: Some("earlier".into()),
+        attempts: Vec::new(),
+        deadline_missed: false,
+    };
+    l.restore_finished(&earlier, None);
+    // The same id live again (never from the core) and finished: the newer
+    // record stands and the older one no longer counts toward the bound.
+    accept(&mut l, 1, None, 0);
+    l.started(TaskId(1), 1, Labels::new(), None, None, Millis(1));
+    finish(&mut l, 1, TaskState::Succeeded);
+    assert_eq!(
+        l.outcome(TaskId(1)).expect("kept").state,
+        TaskState::Succeeded
+    );
+    accept(&mut l, 2, None, 0);
+    finish(&mut l, 2, TaskState::Cancelled);
+    assert!(l.is_finished(TaskId(1)) && l.is_finished(TaskId(2)));
+    // A run record emptied at a finish is reused, with nothing of its task.
+    accept(&mut l, 3, Some("k3"), 0);
+    l.started(TaskId(3), 1, Labels::new(), None, None, Millis(1));
+    let done = finish(&mut l, 3, TaskState::Succeeded);
+    assert_eq!(done.attempts.len(), 1);
+    assert!(!l.is_finished(TaskId(1)), "evicted: the bound is 2");
+    accept(&mut l, 4, None, 0);
+    l.started(TaskId(4), 1, Labels::new(), None, None, Millis(2));
+    let done = finish(&mut l, 4, TaskState::Succeeded);
+    assert_eq!(done.attempts.len(), 1);
+    assert_eq!(done.attempts[0].started_at, Millis(2));
+    assert_eq!(l.by_key("k3"), Some(TaskId(3)));
+}

@@ -1,4 +1,4 @@
-//! Requests on `P.w.<id>.<verb>` (workers) and `P.api.<verb>` (clients): decoded, checked by the guard, and handed to the driver or answered.
+//! Requests on `P.w.<id>.<verb>` (workers) and `P.api.<verb>` (clients): decoded, checked by the guard, and handed to the driver or answered; schedules on `P.api.schedule_<op>` (issue 23).
 
 use super::*;
 
@@ -254,9 +254,212 @@ pub(super) fn client_request(
             });
             Ok(None)
         }
+        schedule if schedule.starts_with("schedule_") => {
+            schedule_request(client, api, msg, caller, schedule)?;
+            Ok(None)
+        }
         other => Err(WireError::new(
             ErrorCode::NOT_FOUND,
             format!("unknown api verb {other:?}"),
         )),
+    }
+}
+
+/// A schedule request on `P.api.schedule_<op>` (issue 23), answered by
+/// the [`LeaderApi`] once the driver has stored what it changed. Bodies
+/// are MessagePack like every request (`wire::CreateSchedule`,
+/// `wire::ListSchedules`, `wire::ScheduleName`, `wire::BackfillSchedule`);
+/// a malformed one is `INVALID_ARGUMENT` before anything is asked.
+///
+/// Credentials (auth on): readers, submitters and admins list (only the
+/// schedules of their pools) and get (a schedule of their pools);
+/// creating, pausing, resuming, deleting, triggering and backfilling need
+/// `admin` or a `submitter` allowed the schedule's pool — for a create
+/// the spec's `task.pool` (default `default`), otherwise the existing
+/// schedule's, looked up first. The creator's credential owns the
+/// schedule's tasks. A refusal changes nothing.
+fn schedule_request(
+    client: &async_nats::Client,
+    api: &LeaderApi,
+    msg: &async_nats::Message,
+    caller: Principal,
+    verb: &str,
+) -> Result<(), WireError> {
+    let body = &msg.payload;
+    let api = api.clone();
+    let restricted = caller != Principal::anonymous();
+    match verb {
+        "schedule_create" => {
+            let c: wire::CreateSchedule = wire::decode_request(body)?;
+            let pool = c.spec.validate()?.template.pool;
+            caller.may_schedule(Some(&pool))?;
+            let owner = restricted.then(|| caller.name.clone());
+            answer_later(client, msg, async move {
+                api.create_schedule_as(c.spec, owner).await
+            });
+        }
+        "schedule_list" => {
+            let l: wire::ListSchedules = wire::decode_request(body)?;
+            caller.may_read(None)?;
+            let budget = client
+                .server_info()
+                .max_payload
+                .saturating_sub(LIST_REPLY_MARGIN);
+            answer_later(client, msg, async move {
+                let mut list = api.list_schedules().await?;
+                list.retain(|e| {
+                    l.after.as_ref().map_or(true, |after| e.name > *after)
+                        && (!restricted
+                            || PoolName::new(&e.pool).is_ok_and(|p| caller.sees_pool(&p)))
+                });
+                Ok(schedule_page(list, budget))
+            });
+        }
+        "schedule_backfill" => {
+            let b: wire::BackfillSchedule = wire::decode_request(body)?;
+            crate::schedule::check_schedule_name(&b.name)?;
+            let range = crate::api::BackfillRange::new(b.from, b.to)?;
+            caller.may_schedule(None)?;
+            answer_later(client, msg, async move {
+                if restricted {
+                    may_change(&api, &caller, &b.name).await?;
+                }
+                api.backfill_schedule(b.name, range).await
+            });
+        }
+        "schedule_get" | "schedule_pause" | "schedule_resume" | "schedule_delete"
+        | "schedule_trigger" => {
+            let n: wire::ScheduleName = wire::decode_request(body)?;
+            crate::schedule::check_schedule_name(&n.name)?;
+            let name = n.name;
+            match verb {
+                "schedule_get" => {
+                    caller.may_read(None)?;
+                    answer_later(client, msg, async move {
+                        let info = api.get_schedule(name).await?;
+                        caller.may_read(Some(&pool_of(&info.spec)?))?;
+                        Ok(info)
+                    });
+                }
+                "schedule_pause" | "schedule_resume" => {
+                    caller.may_schedule(None)?;
+                    let paused = verb == "schedule_pause";
+                    answer_later(client, msg, async move {
+                        if restricted {
+                            may_change(&api, &caller, &name).await?;
+                        }
+                        api.pause_schedule(name, paused).await
+                    });
+                }
+                "schedule_delete" => {
+                    caller.may_schedule(None)?;
+                    answer_later(client, msg, async move {
+                        if restricted {
+                            may_change(&api, &caller, &name).await?;
+                        }
+                        api.delete_schedule(name)
+                            .await
+                            .map(|()| wire::Ack::default())
+                    });
+                }
+                _ => {
+                    // schedule_trigger
+                    caller.may_schedule(None)?;
+                    answer_later(client, msg, async move {
+                        if restricted {
+                            may_change(&api, &caller, &name).await?;
+                        }
+                        api.trigger_schedule(name).await
+                    });
+                }
+            }
+        }
+        other => {
+            return Err(WireError::new(
+                ErrorCode::NOT_FOUND,
+                format!("unknown api verb {other:?}"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// What a schedule list reply leaves free of NATS' `max_payload`: the
+/// reply envelope, and room for the size estimate to be off.
+const LIST_REPLY_MARGIN: usize = 1024;
+
+/// The pool of a schedule's tasks (default `default`).
+fn pool_of(spec: &crate::schedule::ScheduleSpec) -> Result<PoolName, WireError> {
+    Ok(PoolName::new(
+        spec.task.pool.as_deref().unwrap_or(PoolName::DEFAULT),
+    )?)
+}
+
+/// May `caller` change the schedule `name`? Looked up first: it decides
+/// by the schedule's pool (`NOT_FOUND` if there is none). A schedule
+/// deleted and made again in another pool between the look-up and the
+/// change is the one window this leaves.
+async fn may_change(api: &LeaderApi, caller: &Principal, name: &str) -> Result<(), WireError> {
+    let info = api.get_schedule(name.to_string()).await?;
+    caller.may_schedule(Some(&pool_of(&info.spec)?))
+}
+
+/// The first schedules of `list` whose reply fits in `budget` bytes; `more`
+/// if some were left out.
+fn schedule_page(
+    mut list: Vec<crate::api::ScheduleEntry>,
+    budget: usize,
+) -> wire::ScheduleList<crate::api::ScheduleEntry> {
+    let mut used = 0;
+    let fit = list
+        .iter()
+        .take_while(|e| {
+            used += wire::encode(e).len();
+            used <= budget
+        })
+        .count()
+        // Always at least one, so a list pages forward whatever the budget.
+        .max(1)
+        .min(list.len());
+    let more = fit < list.len();
+    list.truncate(fit);
+    wire::ScheduleList {
+        schedules: list,
+        more,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ScheduleEntry;
+    use crate::schedule::{Book, ScheduleSpec};
+
+    fn entries(n: usize) -> Vec<ScheduleEntry> {
+        let mut book = Book::new(n);
+        for i in 0..n {
+            let spec: ScheduleSpec = serde_json::from_value(
+                serde_json::json!({"name": format!("s{i:03}"), "every": "1m"}),
+            )
+            .unwrap();
+            book.create(spec, None, Millis(0)).unwrap();
+        }
+        book.iter().map(|(_, e)| ScheduleEntry::of(e)).collect()
+    }
+
+    #[test]
+    fn a_schedule_list_is_cut_into_pages_that_fit_and_move_forward() {
+        let list = entries(50);
+        let one = wire::encode(&list[0]).len();
+        let whole = schedule_page(list.clone(), usize::MAX);
+        assert_eq!((whole.schedules.len(), whole.more), (50, false));
+        let page = schedule_page(list.clone(), 10 * one + one / 2);
+        assert_eq!((page.schedules.len(), page.more), (10, true));
+        assert!(wire::encode(&page).len() <= 10 * one + LIST_REPLY_MARGIN);
+        // However small the budget, one schedule a page.
+        let tiny = schedule_page(list, 1);
+        assert_eq!((tiny.schedules.len(), tiny.more), (1, true));
+        let empty = schedule_page(Vec::new(), 1);
+        assert_eq!((empty.schedules.len(), empty.more), (0, false));
     }
 }

@@ -24,6 +24,8 @@ pub use login::{check_inbox_prefix, LoadedLogin, NatsLogin};
 pub use messages::*;
 pub use subjects::*;
 
+pub(crate) use schema::mirrored_schema;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 

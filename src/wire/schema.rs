@@ -17,6 +17,10 @@ use crate::core::{
     Millis, PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason,
     WorkerInfo,
 };
+use crate::schedule::{
+    FireKind, FireRecord, MissReason, MissedTicks, Overlap, ScheduleCounters, ScheduleSpec,
+    ScheduleState, TaskTemplate,
+};
 use crate::task::{AttemptRecord, TaskStatus};
 
 macro_rules! plain_schema {
@@ -92,19 +96,20 @@ impl JsonSchema for Backoff {
 }
 
 /// `impl JsonSchema for $ty` that names the schema `$name` and takes its
-/// body from the mirror struct `$mirror`.
+/// body from the mirror struct `$mirror` (also used by `api/schema.rs`).
 macro_rules! mirrored_schema {
     ($ty:ty, $mirror:ty, $name:literal) => {
-        impl JsonSchema for $ty {
-            fn schema_name() -> Cow<'static, str> {
-                Cow::Borrowed($name)
+        impl ::schemars::JsonSchema for $ty {
+            fn schema_name() -> ::std::borrow::Cow<'static, str> {
+                ::std::borrow::Cow::Borrowed($name)
             }
-            fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-                <$mirror>::json_schema(generator)
+            fn json_schema(generator: &mut ::schemars::SchemaGenerator) -> ::schemars::Schema {
+                <$mirror as ::schemars::JsonSchema>::json_schema(generator)
             }
         }
     };
 }
+pub(crate) use mirrored_schema;
 
 // The mirrors: same field names, types and serde attributes as the real
 // structs (nested types are the real ones, so each mirror copies only its
@@ -337,4 +342,151 @@ struct AttemptRecordSchema {
     /// The error, for a failed attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+}
+
+// Schedules (issue 23): the spec a client sends on `P.api.schedule_create`
+// and the history types of the replies. The API's own answer types
+// (`ScheduleInfo`, `ScheduleEntry`, `BackfillReport`) sit above the wire:
+// their mirrors are in `api/schema.rs`.
+
+plain_schema!(Overlap, "Overlap", {
+    "type": "string",
+    "description": "what a tick does while the schedule's previous run is queued or running",
+    "enum": ["allow", "skip", "buffer_one", "cancel_previous"]
+});
+plain_schema!(FireKind, "FireKind", {
+    "type": "string", "description": "how a run was started", "enum": ["tick", "trigger", "backfill"]
+});
+plain_schema!(MissReason, "MissReason", {
+    "type": "string", "description": "why ticks passed without a run", "enum": ["too_late", "paused"]
+});
+
+mirrored_schema!(TaskTemplate, TaskTemplateSchema, "TaskTemplate");
+/// The task each tick submits; durations as text (`30s`, `5m`).
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct TaskTemplateSchema {
+    /// The pool (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pool: Option<String>,
+    /// Labels the running group must carry.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    labels: Labels,
+    /// Higher runs first.
+    #[serde(default)]
+    priority: i32,
+    /// The payload: MessagePack bin (text in JSON when sent).
+    #[serde(default)]
+    payload: Vec<u8>,
+    /// Attempts in all (default: the pool's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_attempts: Option<u32>,
+    /// Longest run of one attempt (`30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attempt_timeout: Option<String>,
+    /// Urgency deadline, counted from the tick (`10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    deadline: Option<String>,
+}
+
+mirrored_schema!(ScheduleSpec, ScheduleSpecSchema, "ScheduleSpec");
+/// A schedule as users give it (`POST /v1/schedules`): exactly one of
+/// `cron` and `every`.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ScheduleSpecSchema {
+    /// Unique name: 1–64 of `A-Z a-z 0-9 _ -`.
+    name: String,
+    /// A cron expression: 5 fields, 6 with seconds first, or `@daily` & co.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cron: Option<String>,
+    /// An interval (`30s`, `5m`): at least 1s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    every: Option<String>,
+    /// The IANA zone `cron` is read in (default `UTC`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tz: Option<String>,
+    /// The overlap policy (default `allow`).
+    #[serde(default)]
+    overlap: Overlap,
+    /// How old a missed tick may be and still fire (default `1m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    catchup_window: Option<String>,
+    /// The most a fire may be delayed after its tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    jitter: Option<String>,
+    /// A paused schedule fires nothing.
+    #[serde(default)]
+    paused: bool,
+    /// The task each tick submits.
+    #[serde(default)]
+    task: TaskTemplate,
+}
+
+mirrored_schema!(ScheduleState, ScheduleStateSchema, "ScheduleState");
+/// A schedule's firing state.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct ScheduleStateSchema {
+    /// Every tick at or before this instant has been decided.
+    decided_through: Millis,
+    /// The last tick fired.
+    last_fired: Option<Millis>,
+    /// The tick of the run queued or running.
+    active: Option<Millis>,
+    /// A tick waiting behind the active run (`buffer_one`).
+    buffered: Option<Millis>,
+}
+
+mirrored_schema!(FireRecord, FireRecordSchema, "FireRecord");
+/// One run a schedule started: its tick, its task and how it ended.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct FireRecordSchema {
+    /// The scheduled instant (for a trigger: when it was asked).
+    tick: Millis,
+    /// When the fire was decided.
+    fired_at: Millis,
+    /// How it was started.
+    #[serde(default)]
+    kind: FireKind,
+    /// The task, once accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    task: Option<TaskId>,
+    /// The task's final state, once it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome: Option<TaskState>,
+    /// Why the submission was refused, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+mirrored_schema!(MissedTicks, MissedTicksSchema, "MissedTicks");
+/// A range of ticks passed over without a run: `first..until`.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct MissedTicksSchema {
+    /// The first tick passed over.
+    first: Millis,
+    /// Ticks before this instant were passed over.
+    until: Millis,
+    /// Why.
+    reason: MissReason,
+    /// How many ticks (counted up to a bound).
+    ticks: u64,
+}
+
+mirrored_schema!(ScheduleCounters, ScheduleCountersSchema, "ScheduleCounters");
+/// Per-schedule counters since it was created.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct ScheduleCountersSchema {
+    /// Runs started.
+    fires: u64,
+    /// Ticks skipped by the overlap policy.
+    skipped: u64,
+    /// Ticks missed.
+    missed: u64,
 }

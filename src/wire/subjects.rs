@@ -15,6 +15,12 @@
 //! | `P.api.task` | client → leader (request) | [`super::GetTask`] → `TaskStatus` |
 //! | `P.api.snapshot` | client → leader (request) | [`super::GetSnapshot`] → `Snapshot` |
 //! | `P.api.tasks` | client → leader (request) | [`super::ListTasks`] → [`super::TaskList`] |
+//! | `P.api.schedule_create` | client → leader (request) | [`super::CreateSchedule`] → `ScheduleInfo` |
+//! | `P.api.schedule_list` | client → leader (request) | [`super::ListSchedules`] → [`super::ScheduleList`] |
+//! | `P.api.schedule_get`, `_pause`, `_resume` | client → leader (request) | [`super::ScheduleName`] → `ScheduleInfo` |
+//! | `P.api.schedule_delete` | client → leader (request) | [`super::ScheduleName`] → [`super::Ack`] |
+//! | `P.api.schedule_trigger` | client → leader (request) | [`super::ScheduleName`] → `FireRecord` |
+//! | `P.api.schedule_backfill` | client → leader (request) | [`super::BackfillSchedule`] → `BackfillReport` |
 //! | `P.worker.<id>.lease` | leader → worker | [`super::Lease`] |
 //! | `P.worker.<id>.leases` | leader → worker | [`super::Leases`] |
 //! | `P.worker.<id>.revoke` | leader → worker | [`super::Revoke`] |

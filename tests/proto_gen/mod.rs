@@ -20,15 +20,19 @@ use schemars::generate::SchemaSettings;
 use schemars::JsonSchema;
 use serde_json::{json, Map, Value};
 
+use cronoq::api::{BackfillReport, FireRecord, ScheduleEntry, ScheduleInfo};
 use cronoq::core::{ErrorCode, Snapshot};
 use cronoq::task::TaskStatus;
 use cronoq::wire::{
-    Ack, AttemptReport, AttemptReports, AttemptReportsReply, Cancel, Challenge, ChallengeReply,
-    Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply, Lease, Leases, ListTasks,
-    Register, RegisterReply, Renew, RenewReply, Reply, Revoke, SessionGrant, StartRecords,
-    Subjects, Submit, TaskEvent, TaskList, TaskRecord, WireError, PROTOCOL_VERSION,
-    SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
+    Ack, AttemptReport, AttemptReports, AttemptReportsReply, BackfillSchedule, Cancel, Challenge,
+    ChallengeReply, CreateSchedule, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply,
+    Lease, Leases, ListSchedules, ListTasks, Register, RegisterReply, Renew, RenewReply, Reply,
+    Revoke, ScheduleName, SessionGrant, StartRecords, Subjects, Submit, TaskEvent, TaskList,
+    TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
+
+/// The reply body of `P.api.schedule_list`: a page of list lines.
+type ScheduleList = cronoq::wire::ScheduleList<ScheduleEntry>;
 
 /// Where the generated files live, relative to the crate root.
 pub const DIR: &str = "proto-schemas";
@@ -102,6 +106,13 @@ fn bodies() -> Vec<Body> {
         body!(GetTask, "request on `P.api.task`"),
         body!(GetSnapshot, "request on `P.api.snapshot`"),
         body!(ListTasks, "request on `P.api.tasks`"),
+        body!(CreateSchedule, "request on `P.api.schedule_create`"),
+        body!(ListSchedules, "request on `P.api.schedule_list`"),
+        body!(
+            ScheduleName,
+            "request on `P.api.schedule_get`, `.schedule_pause`, `.schedule_resume`, `.schedule_delete`, `.schedule_trigger`"
+        ),
+        body!(BackfillSchedule, "request on `P.api.schedule_backfill`"),
         body!(Lease, "leader → `P.worker.<worker_id>.lease`; one of `Leases`"),
         body!(Leases, "leader → `P.worker.<worker_id>.leases`"),
         body!(Revoke, "leader → `P.worker.<worker_id>.revoke`"),
@@ -115,13 +126,20 @@ fn bodies() -> Vec<Body> {
         reply!(HeartbeatReply, "reply to `P.w.<worker_id>.heartbeat`"),
         reply!(
             Ack,
-            "reply to `P.w.<worker_id>.deregister`, `P.w.<worker_id>.outcome`, `P.api.cancel`, and to any request the leader cannot decode or refuses"
+            "reply to `P.w.<worker_id>.deregister`, `P.w.<worker_id>.outcome`, `P.api.cancel`, `P.api.schedule_delete`, and to any request the leader cannot decode or refuses"
         ),
         reply!(RenewReply, "reply to `P.w.<worker_id>.renew`"),
         reply!(AttemptReportsReply, "reply to `P.w.<worker_id>.outcomes`"),
         reply!(TaskStatus, "reply to `P.api.task`"),
         reply!(Snapshot, "reply to `P.api.snapshot`"),
         reply!(TaskList, "reply to `P.api.tasks`"),
+        reply!(
+            ScheduleInfo,
+            "reply to `P.api.schedule_create`, `.schedule_get`, `.schedule_pause`, `.schedule_resume`"
+        ),
+        reply!(ScheduleList, "reply to `P.api.schedule_list`"),
+        reply!(FireRecord, "reply to `P.api.schedule_trigger`"),
+        reply!(BackfillReport, "reply to `P.api.schedule_backfill`"),
         body!(TaskStatus, "`GET /v1/tasks/{id}` (JSON)"),
         body!(
             TaskRecord,
@@ -202,7 +220,19 @@ struct Request {
     description: &'static str,
 }
 
-const REQUESTS: [Request; 11] = [
+/// What every schedule verb's description ends with.
+macro_rules! schedule_rules {
+    ($text:literal) => {
+        concat!(
+            $text,
+            " A malformed body, a bad name or spec is `INVALID_ARGUMENT`; a refusal changes \
+             nothing. Auth on: readers list and get (schedules of their pools); creating and \
+             changing need `admin` or a `submitter` allowed the schedule's pool."
+        )
+    };
+}
+
+const REQUESTS: [Request; 19] = [
     Request {
         verb: "challenge",
         operation: "challenge",
@@ -330,6 +360,91 @@ const REQUESTS: [Request; 11] = [
         description: "Live and recently finished tasks the leader holds, highest id first, at \
             most `limit` (1 to 500, else `INVALID_ARGUMENT`); each without its output and with \
             errors cut to 200 characters. The list is cut to fit one NATS message.",
+    },
+    Request {
+        verb: "schedule_create",
+        operation: "createSchedule",
+        request: "CreateSchedule",
+        reply: "Reply_ScheduleInfo",
+        tag: "client",
+        summary: "A client creates a schedule (issue 23).",
+        description: schedule_rules!(
+            "Answered once the schedule is stored. `ALREADY_EXISTS` for a taken name, \
+             `RESOURCE_EXHAUSTED` past `max_schedules`; auth on without a storage key, \
+             `FAILED_PRECONDITION`. The caller's credential owns the schedule's tasks."
+        ),
+    },
+    Request {
+        verb: "schedule_list",
+        operation: "listSchedules",
+        request: "ListSchedules",
+        reply: "Reply_ScheduleList",
+        tag: "client",
+        summary: "A client lists the schedules, one page at a time.",
+        description: schedule_rules!(
+            "By name, after `after`, as many as fit in one NATS message; `more` says to ask \
+             again after the last name."
+        ),
+    },
+    Request {
+        verb: "schedule_get",
+        operation: "getSchedule",
+        request: "ScheduleName",
+        reply: "Reply_ScheduleInfo",
+        tag: "client",
+        summary: "A client asks for one schedule: spec, state, next 5 fires, recent runs.",
+        description: schedule_rules!("`NOT_FOUND` for an unknown name."),
+    },
+    Request {
+        verb: "schedule_pause",
+        operation: "pauseSchedule",
+        request: "ScheduleName",
+        reply: "Reply_ScheduleInfo",
+        tag: "client",
+        summary: "A client pauses a schedule: its ticks pass without runs.",
+        description: schedule_rules!("`NOT_FOUND` for an unknown name."),
+    },
+    Request {
+        verb: "schedule_resume",
+        operation: "resumeSchedule",
+        request: "ScheduleName",
+        reply: "Reply_ScheduleInfo",
+        tag: "client",
+        summary: "A client resumes a schedule; ticks passed while paused do not fire.",
+        description: schedule_rules!("`NOT_FOUND` for an unknown name."),
+    },
+    Request {
+        verb: "schedule_delete",
+        operation: "deleteSchedule",
+        request: "ScheduleName",
+        reply: "Reply_Ack",
+        tag: "client",
+        summary: "A client deletes a schedule; runs already started go on.",
+        description: schedule_rules!("`NOT_FOUND` for an unknown name."),
+    },
+    Request {
+        verb: "schedule_trigger",
+        operation: "triggerSchedule",
+        request: "ScheduleName",
+        reply: "Reply_FireRecord",
+        tag: "client",
+        summary: "A client starts one run of a schedule now, outside the tick sequence.",
+        description: schedule_rules!(
+            "Answered once the run's task is in the submit stream. `NOT_FOUND` for an \
+             unknown name."
+        ),
+    },
+    Request {
+        verb: "schedule_backfill",
+        operation: "backfillSchedule",
+        request: "BackfillSchedule",
+        reply: "Reply_BackfillReport",
+        tag: "client",
+        summary: "A client fires each tick of a schedule in `from..=to`, by its overlap policy.",
+        description: schedule_rules!(
+            "At most 1,000 ticks, `to` not in the future; a range that runs backwards is \
+             `INVALID_ARGUMENT`. Answered once the runs' tasks are in the submit stream."
+        ),
     },
 ];
 

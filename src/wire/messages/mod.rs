@@ -1,7 +1,7 @@
 //! Message bodies. Each is a MessagePack map with the protocol version `v`.
 //! Here: errors and replies, submissions and the client API's requests;
 //! the worker protocol is in `worker.rs`, what the leader stores in
-//! `records.rs`.
+//! `records.rs`, the schedule requests in `schedules.rs`.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -13,9 +13,11 @@ use crate::core::{Backoff, ErrorCode, Labels, Millis, PoolName, TaskId, TaskStat
 use crate::task::Task;
 
 mod records;
+mod schedules;
 mod worker;
 
 pub use records::*;
+pub use schedules::*;
 pub use worker::*;
 
 fn v() -> u16 {
