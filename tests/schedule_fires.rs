@@ -252,7 +252,6 @@ async fn an_embedded_fire_carries_its_schedule_to_the_executor_and_the_status() 
 /// creates over HTTP fires on the leader, sealed, and the guard takes it:
 /// it runs on a real worker with the schedule in its env and status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "with credentials, HTTP calls the caller's client::Client, whose Api serves no schedules yet"]
 async fn a_schedule_created_with_credentials_fires_sealed_and_runs() {
     let s = setup().await;
     let _worker = env_worker(&s);
