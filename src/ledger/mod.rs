@@ -350,8 +350,12 @@ impl<X, R: Default> Ledger<X, R> {
     }
 
     /// Marks a task just accepted as fired by a schedule (name, tick).
+    /// No lookup when `schedule` is `None` (every ordinary submission).
     pub fn set_schedule(&mut self, id: TaskId, schedule: Option<(String, Millis)>) {
-        if let (Some(schedule), Some(entry)) = (schedule, self.live.get_mut(id)) {
+        let Some(schedule) = schedule else {
+            return;
+        };
+        if let Some(entry) = self.live.get_mut(id) {
             entry.run().schedule = Some(Box::new(schedule));
         }
     }
