@@ -103,17 +103,6 @@ fn sealed_fire(s: &Setup, seal: &Seal, payload: &str, labels: &str) -> (String, 
     .unwrap()
 }
 
-async fn publish(s: &Setup, (subject, headers, body): (String, HeaderMap, Bytes)) -> TaskId {
-    let js = async_nats::jetstream::new(s.client.clone());
-    let ack = js
-        .publish_with_headers(subject, headers, body)
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    TaskId(ack.sequence)
-}
-
 /// A submission with schedule fields in its body, signed by a real
 /// submitter credential as a client signs, and no fire seal.
 fn signed_forgery(s: &Setup, cred: &Credential, payload: &str) -> (String, HeaderMap, Bytes) {
@@ -144,17 +133,21 @@ async fn only_fires_sealed_by_the_leader_run_and_they_carry_their_schedule() {
     // order: once the genuine one ran, each was decided).
     // A real submitter's signed submission with schedule fields: refused,
     // recorded against it (its proof names it).
-    let signed = publish(&s, signed_forgery(&s, &sub_a, "signed-forgery")).await;
+    let signed = s
+        .publish(signed_forgery(&s, &sub_a, "signed-forgery"))
+        .await;
     // Sealed under another key, and a genuine seal with its owner changed:
     // nobody verifies on them, so they are dropped, not recorded.
     let other = Seal::from_secret(&format!("{}-other", KEY_ENV.1)).unwrap();
-    let other_key = publish(&s, sealed_fire(&s, &other, "other-key", "gpu=a100")).await;
+    let other_key = s
+        .publish(sealed_fire(&s, &other, "other-key", "gpu=a100"))
+        .await;
     let mut changed = sealed_fire(&s, &seal, "owner-changed", "gpu=a100");
     changed.1.insert("Cronoq-Fire-Owner", "token:T_ADMIN");
-    let owner_changed = publish(&s, changed).await;
+    let owner_changed = s.publish(changed).await;
 
     // (b) A sealed fire runs on the worker, which sees the schedule.
-    let fired = publish(&s, sealed_fire(&s, &seal, "fired", "gpu=a100")).await;
+    let fired = s.publish(sealed_fire(&s, &seal, "fired", "gpu=a100")).await;
     let done = s
         .until(fired, "succeeded", |t| t.state == TaskState::Succeeded)
         .await;
@@ -183,7 +176,9 @@ async fn only_fires_sealed_by_the_leader_run_and_they_carry_their_schedule() {
 
     // The owner is the sealed credential: it may cancel the fire's task,
     // another submitter may not. (Nobody has gpu=h100: it waits.)
-    let waiting = publish(&s, sealed_fire(&s, &seal, "waiting", "gpu=h100")).await;
+    let waiting = s
+        .publish(sealed_fire(&s, &seal, "waiting", "gpu=h100"))
+        .await;
     let queued = s
         .until(waiting, "queued", |t| t.state == TaskState::Queued)
         .await;

@@ -258,6 +258,15 @@ impl Setup {
             headers.insert("Nats-Msg-Id", msg_id.as_str());
             cred.sign_message(&nonce, &subject, &mut headers, &body);
         }
+        self.publish((subject, headers, body)).await
+    }
+
+    /// Publishes a submission to the stream as it is; the stream's
+    /// sequence (the task id).
+    pub async fn publish(
+        &self,
+        (subject, headers, body): (String, HeaderMap, bytes::Bytes),
+    ) -> TaskId {
         let js = async_nats::jetstream::new(self.client.clone());
         let ack = js
             .publish_with_headers(subject, headers, body)
