@@ -22,7 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use cronoq::auth::{client_nonce, Credential};
-use cronoq::core::{ErrorCode, Millis, TaskId, TaskState};
+use cronoq::core::{ErrorCode, Millis, TaskState};
 use cronoq::server::fires::fire_submission;
 use cronoq::server::seal::Seal;
 use cronoq::wire;
