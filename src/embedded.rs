@@ -434,6 +434,7 @@ impl Scheduler {
             let (tx, rx) = oneshot::channel();
             st.ledger
                 .accept(id, &pool, task.payload.clone(), task.key(), Some(tx), now);
+            st.ledger.set_schedule(id, task.schedule.clone());
             if task.schedule.is_some() && st.sched_ended.is_some() {
                 st.scheduled.insert(id);
             }
@@ -614,6 +615,7 @@ impl Inner {
                     let run = entry.run_extra();
                     run.abort = Some((attempt, abort));
                     let traceparent = run.traceparent.clone();
+                    let schedule = entry.schedule().cloned();
                     tracing::debug!(task_id = %task, attempt, pool = %pool, group = %labels, "attempt started");
                     jobs.push(Job {
                         executor,
@@ -623,6 +625,7 @@ impl Inner {
                             pool,
                             group: labels,
                             traceparent,
+                            schedule,
                         },
                         payload: entry.payload.clone(),
                         registration,

@@ -319,6 +319,8 @@ async fn spoofed_worker_messages_are_refused_and_change_nothing() {
         ttl: Millis(60_000),
         epoch: 1,
         traceparent: None,
+        schedule: None,
+        scheduled_at: None,
     };
     attacker
         .publish(s.subjects.lease("victim"), wire::encode(&lease).into())

@@ -84,6 +84,8 @@ fn queued(id: TaskId) -> TaskStatus {
         output_base64: None,
         error: None,
         deadline_missed: false,
+        schedule: None,
+        scheduled_at: None,
     }
 }
 

@@ -257,6 +257,8 @@ fn status(id: TaskId, state: TaskState) -> TaskStatus {
         output_base64,
         error: None,
         deadline_missed: false,
+        schedule: None,
+        scheduled_at: None,
     }
 }
 

@@ -474,6 +474,8 @@ proptest! {
             attempt_timeout: ms(5),
             idempotency_key: key,
             traceparent,
+            schedule: None,
+            scheduled_at: None,
         };
         let subjects = Subjects::new("cronoq").unwrap();
         let mut headers = async_nats::HeaderMap::new();

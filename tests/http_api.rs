@@ -792,6 +792,8 @@ impl Api for Stub {
                 output_base64: None,
                 error: None,
                 deadline_missed: false,
+                schedule: None,
+                scheduled_at: None,
             })
         })
     }

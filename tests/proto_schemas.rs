@@ -186,8 +186,17 @@ fn submits() -> Vec<Submit> {
         attempt_timeout: Some(Millis(60_000)),
         idempotency_key: Some("order-1234".into()),
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        schedule: None,
+        scheduled_at: None,
     };
-    vec![full, Submit::from_task(&Task::new("resize 42.png"))]
+    // A schedule's fire, as the leader publishes it (sealed in headers).
+    let fire = Submit {
+        idempotency_key: Some("schedule:nightly:1796443200000".into()),
+        schedule: Some("nightly".into()),
+        scheduled_at: Some(Millis(1_796_443_200_000)),
+        ..Submit::from_task(&Task::new("nightly report"))
+    };
+    vec![full, Submit::from_task(&Task::new("resize 42.png")), fire]
 }
 
 fn registers() -> Vec<Register> {
@@ -296,6 +305,8 @@ fn lease() -> Lease {
         ttl: Millis(10_000),
         epoch: 7,
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+        schedule: Some("nightly".into()),
+        scheduled_at: Some(Millis(1_796_443_200_000)),
     }
 }
 
@@ -477,6 +488,8 @@ fn task_statuses() -> Vec<TaskStatus> {
         output_base64,
         error: Some("disk full".into()),
         deadline_missed: true,
+        schedule: Some("nightly".into()),
+        scheduled_at: Some(Millis(1_796_443_200_000)),
     };
     let mut statuses = vec![full];
     for reason in [
@@ -495,6 +508,8 @@ fn task_statuses() -> Vec<TaskStatus> {
             output_base64: None,
             error: None,
             deadline_missed: false,
+            schedule: None,
+            scheduled_at: None,
         });
     }
     statuses

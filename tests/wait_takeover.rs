@@ -160,6 +160,8 @@ async fn given_http_the_wait_goes_over_http() {
         output_base64: None,
         error: None,
         deadline_missed: false,
+        schedule: None,
+        scheduled_at: None,
     };
     let (http, mut requests) = http_stand_in(done).await;
     let (child, id) = start_waiting(&["--nats", &nats, "--http", &http, "--wait", "x"]).await;

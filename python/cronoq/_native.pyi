@@ -93,6 +93,12 @@ class TaskStatus:
     def group(self) -> Optional[Dict[str, str]]: ...
     @property
     def deadline_missed(self) -> bool: ...
+    @property
+    def schedule(self) -> Optional[str]:
+        """The schedule that fired it, if one did."""
+    @property
+    def scheduled_at(self) -> Optional[datetime]:
+        """The tick it was fired for (UTC), if a schedule fired it."""
 
 class NativeSnapshot:
     def json(self) -> str: ...

@@ -515,6 +515,22 @@ impl TaskStatus {
         self.inner.deadline_missed
     }
 
+    /// The schedule that fired it (`None`: none did).
+    #[getter]
+    fn schedule(&self) -> Option<&str> {
+        self.inner.schedule.as_deref()
+    }
+
+    /// The tick it was fired for, a `datetime` like `Attempt.started_at`
+    /// (`None`: no schedule).
+    #[getter]
+    fn scheduled_at<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDateTime>>> {
+        self.inner
+            .scheduled_at
+            .map(|t| datetime_of(py, t))
+            .transpose()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "TaskStatus(id={}, state={:?}, reason={:?})",

@@ -652,6 +652,8 @@ mod tests {
             output_base64: None,
             error: None,
             deadline_missed: false,
+            schedule: None,
+            scheduled_at: None,
         }
     }
 

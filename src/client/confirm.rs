@@ -167,5 +167,7 @@ pub(super) fn status_of_event(event: &wire::TaskEvent) -> TaskStatus {
         output_base64: None,
         error: None,
         deadline_missed: false,
+        schedule: None,
+        scheduled_at: None,
     }
 }

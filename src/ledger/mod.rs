@@ -73,6 +73,9 @@ struct Run<R> {
     key: Option<String>,
     /// Other ids that stand for this task (resubmissions with its key).
     aliases: Vec<TaskId>,
+    /// The schedule that fired it and its tick (boxed: most tasks have
+    /// none).
+    schedule: Option<Box<(String, Millis)>>,
     /// The shell's own data, once the task runs.
     extra: R,
 }
@@ -85,6 +88,11 @@ impl<X, R: Default> Entry<X, R> {
     /// The shell's data kept once the task runs (allocated on first use).
     pub fn run_extra(&mut self) -> &mut R {
         &mut self.run().extra
+    }
+
+    /// The schedule that fired it and its tick, if one did.
+    pub fn schedule(&self) -> Option<&(String, Millis)> {
+        self.run.as_ref()?.schedule.as_deref()
     }
 }
 
@@ -124,11 +132,16 @@ enum DoneAttempts {
         ended_at: Option<Millis>,
         outcome: Option<&'static str>,
     },
-    Other(Vec<AttemptRecord>),
+    /// Anything else, and every task a schedule fired (with its schedule
+    /// and tick: no room taken in the usual entry).
+    Other(Vec<AttemptRecord>, Option<Box<(String, Millis)>>),
 }
 
 impl DoneAttempts {
-    fn of(attempts: &[AttemptRecord]) -> DoneAttempts {
+    fn of(attempts: &[AttemptRecord], schedule: Option<&(String, Millis)>) -> DoneAttempts {
+        if let Some(s) = schedule {
+            return DoneAttempts::Other(attempts.to_vec(), Some(Box::new(s.clone())));
+        }
         if let [a] = attempts {
             let outcome = match &a.outcome {
                 None => Some(None),
@@ -146,7 +159,14 @@ impl DoneAttempts {
                 };
             }
         }
-        DoneAttempts::Other(attempts.to_vec())
+        DoneAttempts::Other(attempts.to_vec(), None)
+    }
+
+    fn schedule(&self) -> Option<(String, Millis)> {
+        match self {
+            DoneAttempts::Other(_, Some(s)) => Some((**s).clone()),
+            _ => None,
+        }
     }
 
     fn to_vec(&self) -> Vec<AttemptRecord> {
@@ -168,7 +188,7 @@ impl DoneAttempts {
                 outcome: outcome.map(std::borrow::Cow::Borrowed),
                 error: None,
             }],
-            DoneAttempts::Other(all) => all.clone(),
+            DoneAttempts::Other(all, _) => all.clone(),
         }
     }
 }
@@ -181,7 +201,7 @@ impl Done {
             state: outcome.state,
             output: outcome.output.clone(),
             error: outcome.error.clone(),
-            attempts: DoneAttempts::of(&outcome.attempts),
+            attempts: DoneAttempts::of(&outcome.attempts, outcome.schedule.as_ref()),
             deadline_missed: outcome.deadline_missed,
         }
     }
@@ -197,6 +217,7 @@ impl Done {
             error: self.error.clone(),
             attempts: self.attempts.to_vec(),
             deadline_missed: self.deadline_missed,
+            schedule: self.attempts.schedule(),
         }
     }
 }
@@ -326,6 +347,17 @@ impl<X, R: Default> Ledger<X, R> {
             entry.run().key = Some(key.to_string());
         }
         self.live.insert(id, entry);
+    }
+
+    /// Marks a task just accepted as fired by a schedule (name, tick).
+    /// No lookup when `schedule` is `None` (every ordinary submission).
+    pub fn set_schedule(&mut self, id: TaskId, schedule: Option<(String, Millis)>) {
+        let Some(schedule) = schedule else {
+            return;
+        };
+        if let Some(entry) = self.live.get_mut(id) {
+            entry.run().schedule = Some(Box::new(schedule));
+        }
     }
 
     /// Takes back an [`accept`](Ledger::accept) the core then refused.
@@ -544,6 +576,7 @@ impl<X, R: Default> Ledger<X, R> {
             error: run.error,
             attempts: run.attempts,
             deadline_missed,
+            schedule: run.schedule.map(|s| *s),
         };
         self.retire(&outcome, run.key, run.aliases);
         Some(Finished {
@@ -668,6 +701,7 @@ impl<X, R: Default> Ledger<X, R> {
                     view,
                     run.map(|r| r.attempts.clone()).unwrap_or_default(),
                     run.and_then(|r| r.error.clone()),
+                    run.and_then(|r| r.schedule.as_deref()),
                 ))
             }
         }

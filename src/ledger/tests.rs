@@ -247,6 +247,7 @@ fn a_refused_submission_counts_once_and_dead_lettered() {
             error: Some("refused".into()),
             attempts: Vec::new(),
             deadline_missed: false,
+            schedule: None,
         },
         None,
     );
@@ -268,6 +269,7 @@ fn a_task_recorded_twice_is_retained_once_with_its_newer_outcome() {
         error: Some("earlier".into()),
         attempts: Vec::new(),
         deadline_missed: false,
+        schedule: None,
     };
     l.restore_finished(&earlier, None);
     // The same id live again (never from the core) and finished: the newer

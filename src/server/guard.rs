@@ -12,6 +12,8 @@ use std::time::SystemTime;
 use async_nats::HeaderMap;
 
 use super::driver::Registrant;
+use super::fires::{self, Claim};
+use super::seal::Seal;
 use crate::auth::{Authenticator, Challenges, Nonces, Principal, Sessions};
 use crate::core::{ErrorCode, Millis, PoolName};
 use crate::task::Task;
@@ -26,6 +28,9 @@ pub(crate) struct Guard {
     nonces: Mutex<Nonces>,
     sessions: Mutex<Sessions>,
     subjects: Subjects,
+    /// The servers' storage key: verifies the leader's schedule fires
+    /// ([`super::fires`]).
+    seal: Seal,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -42,7 +47,15 @@ impl Guard {
             nonces: Mutex::new(Nonces::default()),
             sessions: Mutex::new(Sessions::new(hold)),
             subjects,
+            seal: Seal::none(),
         }
+    }
+
+    /// The gate with the servers' storage key, so sealed schedule fires
+    /// are taken.
+    pub(crate) fn with_seal(mut self, seal: Seal) -> Guard {
+        self.seal = seal;
+        self
     }
 
     /// Whether credentials are checked.
@@ -52,7 +65,10 @@ impl Guard {
 
     /// A submission as the stream stored it (at `stored`): verified, the
     /// pool allowed, its owner set and its idempotency key scoped to the
-    /// owner.
+    /// owner. A schedule fire sealed by the leader is taken as it is, its
+    /// owner the sealed one; anything else that claims to be a fire is
+    /// refused `PERMISSION_DENIED` unless nothing could verify it (no
+    /// storage key, auth off).
     pub(crate) fn submission(
         &self,
         subject: &str,
@@ -62,6 +78,25 @@ impl Guard {
         pool: &PoolName,
         mut task: Task,
     ) -> Result<Task, WireError> {
+        match fires::claim(
+            &self.seal,
+            subject,
+            headers,
+            body,
+            task.schedule.as_ref(),
+            stored,
+        ) {
+            Claim::None => {}
+            Claim::Sealed { owner } => {
+                task.owner = owner;
+                return Ok(task);
+            }
+            Claim::Unverified if self.seal.is_set() || self.required() => {
+                return Err(fires::unverified_fire());
+            }
+            // Nothing can be verified: kept as sent.
+            Claim::Unverified => return Ok(task),
+        }
         if !self.required() {
             return Ok(task);
         }
@@ -91,6 +126,24 @@ impl Guard {
         body: &[u8],
         stored: Millis,
     ) -> Option<String> {
+        if headers.is_some_and(|h| h.get(fires::FIRE_SEAL_HEADER).is_some()) {
+            // A fire (rare): its owner is the sealed one, if it verifies.
+            let schedule = wire::decode::<wire::Submit>(body)
+                .ok()
+                .and_then(|s| wire::schedule_fields(s.schedule, s.scheduled_at).ok())?;
+            let claim = fires::claim(
+                &self.seal,
+                subject,
+                headers,
+                body,
+                schedule.as_ref(),
+                stored,
+            );
+            return match claim {
+                Claim::Sealed { owner } => owner,
+                Claim::None | Claim::Unverified => None,
+            };
+        }
         self.auth
             .caller(subject, headers, body, stored)
             .ok()

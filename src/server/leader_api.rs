@@ -248,6 +248,8 @@ impl LeaderApi {
                 output_base64: None,
                 error: None,
                 deadline_missed: false,
+                schedule: None,
+                scheduled_at: None,
             });
         }
         Err(WireError::new(

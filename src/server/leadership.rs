@@ -88,11 +88,10 @@ pub(super) async fn lead(
     let pending: Pending = Arc::default();
     let (floor_tx, floor_rx) = watch::channel(1u64);
     let (lost_tx, lost_rx) = watch::channel(None);
-    let guard = Arc::new(Guard::new(
-        base.auth.clone(),
-        base.subjects.clone(),
-        worker_timeout,
-    ));
+    let guard = Arc::new(
+        Guard::new(base.auth.clone(), base.subjects.clone(), worker_timeout)
+            .with_seal(base.seal.clone()),
+    );
     let api = LeaderApi {
         inner: Arc::new(LeaderInner {
             client: base.client.clone(),

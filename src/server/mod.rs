@@ -48,6 +48,7 @@
 //! | `warm.rs` | a standby's warm copy of the journal |
 //! | `requests.rs` | worker and client requests over NATS |
 //! | `guard.rs` | credentials, nonces and sessions of one leadership |
+//! | `fires.rs` | schedule fires the leader publishes, sealed; telling them from forgeries |
 //! | `runner.rs` | the driver's loop |
 //! | `driver/` | the driver: the leader's state beside the core, I/O-free |
 //! | `journal/` | the committer and its pure pipeline, fenced writes, atomic batches, dead letters, purge |
@@ -60,6 +61,7 @@ mod connect;
 mod consumer;
 pub(crate) mod driver;
 pub mod election;
+pub mod fires;
 mod guard;
 mod journal;
 mod leader_api;

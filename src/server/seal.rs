@@ -30,7 +30,7 @@ use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use crate::core::ErrorCode;
+use crate::core::{ErrorCode, Millis};
 use crate::wire::WireError;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -222,6 +222,66 @@ impl Seal {
     }
 }
 
+/// What the seal of a schedule fire the leader publishes covers: the
+/// subject, `Nats-Msg-Id`, the owner it names, the schedule and tick,
+/// when it was sealed and the body.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Fire<'a> {
+    pub(crate) subject: &'a str,
+    pub(crate) msg_id: &'a str,
+    pub(crate) owner: Option<&'a str>,
+    pub(crate) schedule: Option<(&'a str, Millis)>,
+    pub(crate) sealed_at: Millis,
+    pub(crate) body: &'a [u8],
+}
+
+impl Seal {
+    /// The MAC of a fire: its own domain tag (never a stored value's), each
+    /// field length-prefixed, an absent field told from an empty one.
+    fn fire_mac(key: &[u8; 32], fire: &Fire<'_>) -> [u8; MAC_LEN] {
+        let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+        mac.update(b"cronoq-fire-v1\n");
+        let mut field = |bytes: Option<&[u8]>| match bytes {
+            None => mac.update(&[0]),
+            Some(b) => {
+                mac.update(&[1]);
+                mac.update(&(b.len() as u64).to_be_bytes());
+                mac.update(b);
+            }
+        };
+        field(Some(fire.subject.as_bytes()));
+        field(Some(fire.msg_id.as_bytes()));
+        field(fire.owner.map(str::as_bytes));
+        field(fire.schedule.map(|(name, _)| name.as_bytes()));
+        field(
+            fire.schedule
+                .map(|(_, at)| at.0.to_be_bytes())
+                .as_ref()
+                .map(|b| &b[..]),
+        );
+        field(Some(&fire.sealed_at.0.to_be_bytes()));
+        field(Some(fire.body));
+        mac.finalize().into_bytes().into()
+    }
+
+    /// The seal of a fire (hex), `None` without a storage key.
+    pub(crate) fn fire_seal(&self, fire: &Fire<'_>) -> Option<String> {
+        let mac = Seal::fire_mac(self.key.as_ref()?, fire);
+        Some(mac.iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// Whether `seal` is this key's seal of `fire` (constant-time);
+    /// never without a storage key.
+    pub(crate) fn fire_ok(&self, seal: &str, fire: &Fire<'_>) -> bool {
+        self.fire_seal(fire).is_some_and(|expected| {
+            bool::from(subtle::ConstantTimeEq::ct_eq(
+                seal.as_bytes(),
+                expected.as_bytes(),
+            ))
+        })
+    }
+}
+
 /// Logs a refused value (`what`: which kind of record).
 pub(crate) fn log_refused(what: &str, kv_key: &str, why: Refused) {
     tracing::warn!(key = kv_key, why = %why, "{what} ignored: {why}");
@@ -265,6 +325,76 @@ mod tests {
         assert!(!seal.leader_ok(s.as_deref(), "s1", "i", 99_999_999, false, "h"));
         assert!(!seal.leader_ok(None, "s1", "i", 5, false, "h"));
         assert!(Seal::none().leader_ok(None, "evil", "", 1, false, ""));
+    }
+
+    /// A fire's seal covers every field the leader takes from it: change
+    /// any, or seal under another key, and it no longer verifies.
+    #[test]
+    fn a_fire_seal_covers_every_field() {
+        let seal = Seal::from_secret(SECRET).unwrap();
+        let other = Seal::from_secret(&format!("{SECRET}x")).unwrap();
+        let fire = Fire {
+            subject: "cronoq.submit.default",
+            msg_id: "schedule:nightly:1000",
+            owner: Some("token:OPS"),
+            schedule: Some(("nightly", Millis(1000))),
+            sealed_at: Millis(5000),
+            body: b"\x81body",
+        };
+        let good = seal.fire_seal(&fire).unwrap();
+        assert!(seal.fire_ok(&good, &fire));
+        assert!(!other.fire_ok(&good, &fire), "another key");
+        assert!(!seal.fire_ok(&other.fire_seal(&fire).unwrap(), &fire));
+        assert!(
+            !Seal::none().fire_ok(&good, &fire),
+            "no key: nothing verifies"
+        );
+        assert_eq!(Seal::none().fire_seal(&fire), None);
+        let tampered = [
+            Fire {
+                subject: "cronoq.submit.gpu",
+                ..fire
+            },
+            Fire {
+                msg_id: "schedule:nightly:2000",
+                ..fire
+            },
+            Fire {
+                owner: Some("token:EVIL"),
+                ..fire
+            },
+            Fire {
+                owner: None,
+                ..fire
+            },
+            Fire {
+                schedule: Some(("other", Millis(1000))),
+                ..fire
+            },
+            Fire {
+                schedule: Some(("nightly", Millis(2000))),
+                ..fire
+            },
+            Fire {
+                schedule: None,
+                ..fire
+            },
+            Fire {
+                sealed_at: Millis(5001),
+                ..fire
+            },
+            Fire {
+                body: b"\x81bodz",
+                ..fire
+            },
+        ];
+        for (i, t) in tampered.iter().enumerate() {
+            assert!(!seal.fire_ok(&good, t), "tampered field {i} verified");
+        }
+        assert!(!seal.fire_ok("", &fire));
+        assert!(!seal.fire_ok(&good[..63], &fire));
+        // Not a stored value's MAC: the domains differ.
+        assert_ne!(good, seal.leader_seal("s1", "i", 5, false, "h").unwrap(),);
     }
 
     #[test]

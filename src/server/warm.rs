@@ -302,6 +302,8 @@ mod tests {
             error: None,
             deadline_missed: false,
             written_at: None,
+            schedule: None,
+            scheduled_at: None,
             key: None,
         }
     }

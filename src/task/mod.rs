@@ -357,6 +357,10 @@ pub struct TaskContext {
     pub group: Labels,
     /// The W3C `traceparent` the task was submitted with, if any.
     pub traceparent: Option<String>,
+    /// The schedule that fired the task and the tick it fired for, if one
+    /// did (a worker's command sees them as `CRONOQ_SCHEDULE` and
+    /// `CRONOQ_SCHEDULED_AT`).
+    pub schedule: Option<(String, Millis)>,
 }
 
 /// What an executor returns when an attempt fails.
@@ -487,6 +491,8 @@ pub struct Outcome {
     pub attempts: Vec<AttemptRecord>,
     /// It finished after its deadline.
     pub deadline_missed: bool,
+    /// The schedule that fired it and the tick it fired for, if one did.
+    pub schedule: Option<(String, Millis)>,
 }
 
 impl Outcome {
@@ -525,6 +531,67 @@ pub struct TaskStatus {
     pub error: Option<String>,
     /// It finished after its deadline.
     pub deadline_missed: bool,
+    /// The schedule that fired it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// The tick it was fired for (RFC 3339 UTC in JSON, e.g.
+    /// `2026-12-05T04:00:00Z`; ms since the epoch are read too).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "rfc3339_millis"
+    )]
+    pub scheduled_at: Option<Millis>,
+}
+
+/// An instant as RFC 3339 UTC text (`2026-12-05T04:00:00Z`, milliseconds
+/// shown only when not zero), as `CRONOQ_SCHEDULED_AT` and `TaskStatus`
+/// show a tick.
+///
+/// ```
+/// use cronoq::{core::Millis, task::rfc3339_utc};
+/// assert_eq!(rfc3339_utc(Millis(1_796_443_200_000)), "2026-12-05T04:00:00Z");
+/// assert_eq!(rfc3339_utc(Millis(1_796_443_200_250)), "2026-12-05T04:00:00.250Z");
+/// ```
+pub fn rfc3339_utc(at: Millis) -> String {
+    let t = UNIX_EPOCH + at.to_duration();
+    if at.0 % 1000 == 0 {
+        humantime::format_rfc3339_seconds(t).to_string()
+    } else {
+        humantime::format_rfc3339_millis(t).to_string()
+    }
+}
+
+/// Serde for an optional instant written as RFC 3339 UTC text and read
+/// from that text or from ms since the epoch.
+mod rfc3339_millis {
+    use super::{rfc3339_utc, Millis, UNIX_EPOCH};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(at: &Option<Millis>, s: S) -> Result<S::Ok, S::Error> {
+        match at {
+            Some(at) => s.serialize_str(&rfc3339_utc(*at)),
+            None => s.serialize_none(),
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Text(String),
+        Millis(u64),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Millis>, D::Error> {
+        match Option::<Either>::deserialize(d)? {
+            None => Ok(None),
+            Some(Either::Millis(ms)) => Ok(Some(Millis(ms))),
+            Some(Either::Text(text)) => super::parse_rfc3339(&text)
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| Some(Millis::from_duration(d)))
+                .ok_or_else(|| serde::de::Error::custom(format!("not an RFC 3339 time: {text}"))),
+        }
+    }
 }
 
 /// The `output` and `output_base64` fields of a [`TaskStatus`] for `output`.
@@ -555,6 +622,7 @@ impl TaskStatus {
     /// let status = TaskStatus {
     ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Succeeded, reason: None,
     ///     attempts: vec![], output, output_base64, error: None, deadline_missed: false,
+    ///     schedule: None, scheduled_at: None,
     /// };
     /// assert_eq!(status.output_bytes().unwrap(), vec![0u8, 255]);
     /// ```
@@ -595,6 +663,7 @@ impl TaskStatus {
     ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Failed, reason: None,
     ///     attempts: vec![], output: Some("big".into()), output_base64: Some("Ymln".into()),
     ///     error: Some("x".repeat(10_000)), deadline_missed: false,
+    ///     schedule: None, scheduled_at: None,
     /// };
     /// let short = status.summary();
     /// assert!(short.output.is_none() && short.output_base64.is_none());
@@ -663,6 +732,8 @@ impl TaskStatus {
             output_base64,
             error: o.error.clone(),
             deadline_missed: o.deadline_missed,
+            schedule: o.schedule.as_ref().map(|(name, _)| name.clone()),
+            scheduled_at: o.schedule.as_ref().map(|(_, at)| *at),
         }
     }
 
@@ -671,6 +742,7 @@ impl TaskStatus {
         view: crate::core::TaskView,
         attempts: Vec<AttemptRecord>,
         error: Option<String>,
+        schedule: Option<&(String, Millis)>,
     ) -> TaskStatus {
         TaskStatus {
             id: view.id,
@@ -682,6 +754,8 @@ impl TaskStatus {
             output_base64: None,
             error,
             deadline_missed: false,
+            schedule: schedule.map(|(name, _)| name.clone()),
+            scheduled_at: schedule.map(|(_, at)| *at),
         }
     }
 }

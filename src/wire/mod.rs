@@ -227,8 +227,25 @@ mod tests {
             error: None,
             deadline_missed: false,
             written_at: Some(Millis(written)),
+            schedule: None,
+            scheduled_at: None,
             key: None,
         }
+    }
+
+    /// A MessagePack submission `body` to pool `p`, decoded as the
+    /// consumer decodes it.
+    fn decode_with(body: Vec<u8>) -> Result<crate::task::Task, WireError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
+        decode_submission(
+            &Subjects::default(),
+            "cronoq.submit.p",
+            Some(&headers),
+            body.into(),
+            std::time::SystemTime::UNIX_EPOCH,
+        )
+        .1
     }
 
     fn start(n: u32) -> StartRecord {
@@ -377,24 +394,109 @@ mod tests {
         assert_eq!(garbage.code, ErrorCode::INVALID_ARGUMENT);
     }
 
+    /// `schedule` and `scheduled_at` travel in the submission, the lease,
+    /// the journal record and the status, absent when not set (so what
+    /// older builds wrote still decodes and what they read is unchanged).
+    #[test]
+    fn schedule_fields_round_trip_and_old_messages_still_decode() {
+        let at = Millis(1_796_443_200_000);
+        // Submission.
+        let fired = crate::task::Task::new("x").scheduled("nightly", at);
+        let task = decode_with(encode(&Submit::from_task(&fired))).unwrap();
+        assert_eq!(
+            (task.schedule_name(), task.scheduled_at()),
+            (Some("nightly"), Some(at))
+        );
+        let plain = Submit::from_task(&crate::task::Task::new("x"));
+        assert_eq!(plain.schedule, None);
+        let task = decode_with(encode(&plain)).unwrap();
+        assert_eq!(task.schedule_name(), None);
+        // What an older build sends is exactly the plain encoding: no key.
+        assert!(!encode(&plain).windows(8).any(|w| w == b"schedule"));
+        // Half given, or a bad name: refused.
+        for (schedule, scheduled_at) in [
+            (Some("nightly".to_string()), None),
+            (None, Some(at)),
+            (Some("bad name!".to_string()), Some(at)),
+        ] {
+            let e = decode_with(encode(&Submit {
+                schedule,
+                scheduled_at,
+                ..plain.clone()
+            }))
+            .unwrap_err();
+            assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT, "{}", e.message);
+        }
+
+        // Lease: with the fields, and as an older leader sent it.
+        #[derive(serde::Serialize)]
+        struct OldLease {
+            v: u16,
+            task_id: TaskId,
+            attempt: u32,
+            pool: crate::core::PoolName,
+            group: crate::core::Labels,
+            payload: bytes::Bytes,
+            ttl: Millis,
+            epoch: u64,
+        }
+        let old = OldLease {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId(3),
+            attempt: 1,
+            pool: crate::core::PoolName::default(),
+            group: crate::core::Labels::new(),
+            payload: bytes::Bytes::from_static(b"p"),
+            ttl: Millis(1000),
+            epoch: 2,
+        };
+        let lease: Lease = decode(&encode(&old)).unwrap();
+        assert_eq!(
+            (lease.schedule.as_deref(), lease.scheduled_at),
+            (None, None)
+        );
+        let with = Lease {
+            schedule: Some("nightly".into()),
+            scheduled_at: Some(at),
+            ..lease.clone()
+        };
+        assert_eq!(decode::<Lease>(&encode(&with)).unwrap(), with);
+        assert_eq!(
+            encode(&lease).len(),
+            encode(&old).len(),
+            "nothing added when absent"
+        );
+
+        // Journal record and status.
+        let mut r = record(vec![attempt(1, true)], 5);
+        assert_eq!(decode::<TaskRecord>(&encode(&r)).unwrap().schedule(), None);
+        r.schedule = Some("nightly".into());
+        r.scheduled_at = Some(at);
+        let back = TaskRecord::decode(&encode(&r)).unwrap();
+        assert_eq!(back.schedule(), Some(("nightly".to_string(), at)));
+        let status = back.into_status();
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["schedule"], "nightly");
+        assert_eq!(json["scheduled_at"], "2026-12-05T04:00:00Z");
+        let again: crate::task::TaskStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(again, status);
+        let msgpack: crate::task::TaskStatus = decode(&encode(&status)).unwrap();
+        assert_eq!(msgpack, status);
+        // Milliseconds are read too; absent fields stay out of the JSON.
+        let mut json = serde_json::to_value(&status).unwrap();
+        json["scheduled_at"] = serde_json::json!(at.0);
+        let from_ms: crate::task::TaskStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(from_ms.scheduled_at, Some(at));
+        let plain = record(vec![], 5).into_status();
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(!json.contains("schedule"), "{json}");
+    }
+
     /// Issue 7 finding 8: a MessagePack submission gets the same checks as
     /// every other path: protocol version, unknown fields, a tolerance
     /// without a start.
     #[test]
     fn msgpack_submissions_are_checked_like_every_other_path() {
-        let subjects = Subjects::default();
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
-        let decode_with = |body: Vec<u8>| {
-            decode_submission(
-                &subjects,
-                "cronoq.submit.p",
-                Some(&headers),
-                body.into(),
-                std::time::SystemTime::UNIX_EPOCH,
-            )
-            .1
-        };
         let good = Submit::from_task(&crate::task::Task::new("x"));
         assert!(decode_with(encode(&good)).is_ok());
         for v in [0, PROTOCOL_VERSION + 1] {

@@ -303,7 +303,23 @@ struct TaskStatusSchema {
     error: Option<String>,
     /// It finished after its deadline.
     deadline_missed: bool,
+    /// The schedule that fired it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    schedule: Option<String>,
+    /// The tick it was fired for: RFC 3339 UTC text (e.g.
+    /// `2026-12-05T04:00:00Z`); readers also take ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Rfc3339>")]
+    scheduled_at: Option<Millis>,
 }
+
+plain_schema!(Rfc3339, "Rfc3339", {
+    "type": "string", "format": "date-time",
+    "description": "an instant as RFC 3339 UTC text"
+});
+/// An instant as RFC 3339 text (schema only).
+#[allow(dead_code)]
+struct Rfc3339;
 
 mirrored_schema!(AttemptRecord, AttemptRecordSchema, "AttemptRecord");
 /// How one attempt went.

@@ -2,9 +2,11 @@
 //! `cronoq worker … -- CMD`: payload on stdin, stdout is the output, exit 0
 //! is success, anything else a retryable failure carrying the tail of
 //! stderr. The attempt is described in `CRONOQ_TASK_ID`, `CRONOQ_ATTEMPT`,
-//! `CRONOQ_POOL` and `CRONOQ_GROUP`; `TRACEPARENT` is the task's W3C trace
-//! context when it was submitted with one (and unset otherwise, even if
-//! the worker's own environment has it).
+//! `CRONOQ_POOL` and `CRONOQ_GROUP`; for a task a schedule fired,
+//! `CRONOQ_SCHEDULE` and `CRONOQ_SCHEDULED_AT` (the tick, RFC 3339 UTC).
+//! `TRACEPARENT` is the task's W3C trace context when it was submitted
+//! with one. Each of these is unset when the task has none, even if the
+//! worker's own environment has it.
 //!
 //! On Unix the command runs in a process group of its own: a Ctrl-C in the
 //! worker's terminal does not reach it (the worker drains instead), and an
@@ -58,6 +60,7 @@ fn die_with_parent(cmd: &mut tokio::process::Command) {
 ///     pool: PoolName::new("default").unwrap(),
 ///     group: Labels::new(),
 ///     traceparent: None,
+///     schedule: None,
 /// };
 /// # #[cfg(unix)] {
 /// let command = ["tr".to_string(), "a-z".to_string(), "A-Z".to_string()];
@@ -93,6 +96,15 @@ pub async fn run_command(
     {
         Some(tp) => cmd.env("TRACEPARENT", tp),
         None => cmd.env_remove("TRACEPARENT"),
+    };
+    // Never inherited: a command sees a schedule only when its task has one.
+    match &ctx.schedule {
+        Some((name, at)) => cmd
+            .env("CRONOQ_SCHEDULE", name)
+            .env("CRONOQ_SCHEDULED_AT", crate::task::rfc3339_utc(*at)),
+        None => cmd
+            .env_remove("CRONOQ_SCHEDULE")
+            .env_remove("CRONOQ_SCHEDULED_AT"),
     };
     #[cfg(unix)]
     cmd.process_group(0);
@@ -243,6 +255,7 @@ mod tests {
             pool: PoolName::new("inference").unwrap(),
             group: Labels::from([("zone", "eu"), ("gpu", "a100")]),
             traceparent: None,
+            schedule: None,
         }
     }
 
@@ -310,6 +323,18 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(out, "[]");
+    }
+
+    #[tokio::test]
+    async fn the_schedule_is_in_env_only_when_a_schedule_fired_the_task() {
+        let script =
+            sh(r#"printf '%s|%s' "${CRONOQ_SCHEDULE-unset}" "${CRONOQ_SCHEDULED_AT-unset}""#);
+        let mut fired = ctx();
+        fired.schedule = Some(("nightly".into(), crate::core::Millis(1_796_443_200_000)));
+        let out = run_command(&script, &fired, Bytes::new()).await.unwrap();
+        assert_eq!(out, "nightly|2026-12-05T04:00:00Z");
+        let out = run_command(&script, &ctx(), Bytes::new()).await.unwrap();
+        assert_eq!(out, "unset|unset");
     }
 
     #[tokio::test]

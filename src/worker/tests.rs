@@ -246,6 +246,8 @@ fn lease(task: u64, attempt: u32, epoch: u64, payload: &str) -> Lease {
         ttl: Millis(150),
         epoch,
         traceparent: None,
+        schedule: None,
+        scheduled_at: None,
     }
 }
 

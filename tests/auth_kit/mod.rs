@@ -111,6 +111,12 @@ impl Setup {
 
     /// Like [`Setup::start`], with the server config changed by `edit`.
     pub async fn start_with(edit: impl Fn(String) -> String) -> Setup {
+        Setup::start_with_env(edit, &[]).await
+    }
+
+    /// Like [`Setup::start_with`], the server's environment extended by
+    /// `env` (a storage key, say).
+    pub async fn start_with_env(edit: impl Fn(String) -> String, env: &[(&str, &str)]) -> Setup {
         let nats = NatsServer::start();
         let dir = tempfile::Builder::new()
             .prefix("cronoq-auth-")
@@ -121,7 +127,7 @@ impl Setup {
             &nats,
             dir.path(),
             &edit(config(&nkey.public_key())),
-            &SERVER_ENV,
+            &[&SERVER_ENV[..], env].concat(),
             true,
         )
         .await;
@@ -252,6 +258,15 @@ impl Setup {
             headers.insert("Nats-Msg-Id", msg_id.as_str());
             cred.sign_message(&nonce, &subject, &mut headers, &body);
         }
+        self.publish((subject, headers, body)).await
+    }
+
+    /// Publishes a submission to the stream as it is; the stream's
+    /// sequence (the task id).
+    pub async fn publish(
+        &self,
+        (subject, headers, body): (String, HeaderMap, bytes::Bytes),
+    ) -> TaskId {
         let js = async_nats::jetstream::new(self.client.clone());
         let ack = js
             .publish_with_headers(subject, headers, body)

@@ -19,6 +19,7 @@ impl Driver {
         if self.ledger.knows(id) {
             return; // a redelivery after a consumer restart
         }
+        let schedule = task.as_ref().ok().and_then(|t| t.schedule.clone());
         let spec = task.and_then(|t| {
             let payload = t.payload().clone();
             let key = t.key().map(str::to_string);
@@ -52,6 +53,7 @@ impl Driver {
         // Known before the core answers: a Start it returns reads the payload.
         self.ledger
             .accept(id, &spec_pool, payload, key.as_deref(), extra, now);
+        self.ledger.set_schedule(id, schedule);
         if let Err(e) = self.apply(now, Event::Submitted(spec)) {
             // A limit or a time too far ahead: refused like a malformed
             // submission (recorded failed, dead-lettered), never left queued.
@@ -123,6 +125,7 @@ impl Driver {
             },
             now,
         );
+        self.ledger.set_schedule(id, task.schedule.clone());
         // Written again a period after it was written (at once if that
         // has passed: leaders that crashed one after another, or nobody
         // leading for a while); a record of an older build (no time)
@@ -207,6 +210,7 @@ impl Driver {
         if !record.state.is_terminal() || self.ledger.knows(id) {
             return;
         }
+        let schedule = record.schedule();
         let outcome = Outcome {
             id,
             pool: record.pool,
@@ -215,6 +219,7 @@ impl Driver {
             error: record.error,
             attempts: record.attempts,
             deadline_missed: record.deadline_missed,
+            schedule,
         };
         self.ledger
             .restore_finished(&outcome, record.key.as_deref());
@@ -324,6 +329,7 @@ impl Driver {
             error: Some(format!("submission refused: {} [{}]", e.message, e.code)),
             attempts: Vec::new(),
             deadline_missed: false,
+            schedule: None,
         };
         self.ledger.record_outcome(&outcome, None);
         self.record_finished(now, &outcome, Some(e));
@@ -450,6 +456,7 @@ impl Driver {
                 };
                 let payload = entry.payload.clone();
                 let traceparent = entry.extra.traceparent.clone();
+                let schedule = entry.schedule().cloned().unzip();
                 self.dirty.insert(task);
                 let lease = Lease {
                     v: PROTOCOL_VERSION,
@@ -461,6 +468,8 @@ impl Driver {
                     ttl: self.settings.lease_ttl,
                     epoch: self.epoch,
                     traceparent,
+                    schedule: schedule.0,
+                    scheduled_at: schedule.1,
                 };
                 self.update_worker(now, &worker_id, |w| {
                     w.running.insert((task, attempt));

@@ -14,6 +14,9 @@ pub(in crate::server) struct Persisted {
 }
 
 /// What one journal record write stores.
+// Task records are nearly every item: boxing them would cost an
+// allocation per record written.
+#[allow(clippy::large_enum_variant)]
 pub(in crate::server) enum Item {
     /// A task's record under its sequence.
     Task(Persisted),
@@ -391,8 +394,15 @@ async fn publish_fire(
     task: Box<Task>,
 ) {
     let result = async {
-        let _ = &seal;
-        let (subject, headers, body) = wire::submission(&subjects, &task)?;
+        let owner = task.owner.as_deref();
+        let (subject, headers, body) = crate::server::fires::fire_submission(
+            &subjects,
+            &seal,
+            &task,
+            (&name, tick),
+            owner,
+            crate::server::wall_now(),
+        )?;
         let ack = js
             .publish_with_headers(subject, headers, body)
             .await

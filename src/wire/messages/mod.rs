@@ -100,6 +100,14 @@ pub struct Submit {
     /// the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The schedule that fired it (only the leader fires schedules: with
+    /// auth on the submission must carry the leader's fire seal). Absent
+    /// when not fired by one; with `scheduled_at` or not at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// The tick it was fired for, ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<Millis>,
 }
 
 fn millis_of(t: std::time::SystemTime) -> Millis {
@@ -126,6 +134,8 @@ impl Submit {
             attempt_timeout: task.attempt_timeout.map(Millis::from_duration),
             idempotency_key: task.idempotency_key.clone(),
             traceparent: task.traceparent.clone(),
+            schedule: task.schedule.as_ref().map(|(name, _)| name.clone()),
+            scheduled_at: task.schedule.as_ref().map(|(_, at)| *at),
         }
     }
 
@@ -141,7 +151,8 @@ impl Submit {
                 .checked_add(Duration::from_millis(m.0))
                 .unwrap_or(UNIX_EPOCH + Duration::from_secs(i32::MAX as u64 * 1000))
         };
-        crate::task::SubmitOptions {
+        let schedule = schedule_fields(self.schedule, self.scheduled_at)?;
+        let mut task = crate::task::SubmitOptions {
             payload: self.payload,
             pool: Some(pool.as_str().to_string()),
             labels: self.labels,
@@ -158,7 +169,27 @@ impl Submit {
             idempotency_key: self.idempotency_key,
             traceparent: self.traceparent,
         }
-        .into_task()
+        .into_task()?;
+        task.schedule = schedule;
+        Ok(task)
+    }
+}
+
+/// The schedule fields of a message, checked: both or neither, a valid
+/// schedule name.
+pub(crate) fn schedule_fields(
+    schedule: Option<String>,
+    scheduled_at: Option<Millis>,
+) -> Result<Option<(String, Millis)>, crate::core::Rejection> {
+    match (schedule, scheduled_at) {
+        (None, None) => Ok(None),
+        (Some(name), Some(at)) => {
+            crate::schedule::check_schedule_name(&name)?;
+            Ok(Some((name, at)))
+        }
+        _ => Err(crate::core::Rejection::InvalidArgument(
+            "schedule and scheduled_at go together: give both or neither".into(),
+        )),
     }
 }
 

@@ -47,6 +47,12 @@ pub struct TaskRecord {
     /// expires it, knowing how old it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_at: Option<Millis>,
+    /// The schedule that fired the task, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// The tick it was fired for, ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<Millis>,
     /// The idempotency key the task held (as the leader keeps it: scoped
     /// to its credential), on a finished task's record only: a successor
     /// binds it again from here, so a later submission with the key is
@@ -68,6 +74,8 @@ impl TaskRecord {
             error: o.error.clone(),
             deadline_missed: o.deadline_missed,
             written_at: None,
+            schedule: o.schedule.as_ref().map(|(name, _)| name.clone()),
+            scheduled_at: o.schedule.as_ref().map(|(_, at)| *at),
             key: None,
         }
     }
@@ -84,6 +92,8 @@ impl TaskRecord {
             error: s.error,
             deadline_missed: s.deadline_missed,
             written_at: None,
+            schedule: s.schedule,
+            scheduled_at: s.scheduled_at,
             key: None,
         }
     }
@@ -101,7 +111,14 @@ impl TaskRecord {
             output_base64,
             error: self.error,
             deadline_missed: self.deadline_missed,
+            schedule: self.schedule,
+            scheduled_at: self.scheduled_at,
         }
+    }
+
+    /// The schedule that fired the task and its tick, if one did.
+    pub fn schedule(&self) -> Option<(String, Millis)> {
+        self.schedule.clone().zip(self.scheduled_at)
     }
 
     /// Decodes a value of the results bucket (also a `TaskStatus`, as
@@ -276,6 +293,8 @@ impl TaskRecord {
                 error: None,
                 deadline_missed: false,
                 written_at: Some(written_at),
+                schedule: None,
+                scheduled_at: None,
                 key: None,
             }),
             Some(r) => {

@@ -200,6 +200,13 @@ pub struct Lease {
     /// leaders send none; older workers ignore it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The schedule that fired the task, if one did (older leaders send
+    /// none; older workers ignore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// The tick it was fired for, ms since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<Millis>,
 }
 
 /// Keep my lease (request on `P.w.<worker_id>.renew`).

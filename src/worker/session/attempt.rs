@@ -32,6 +32,7 @@ impl Attempt {
             pool: lease.pool.clone(),
             group: lease.group.clone(),
             traceparent: lease.traceparent.clone(),
+            schedule: lease.schedule.clone().zip(lease.scheduled_at),
         };
         let handler = self.handler.clone();
         let payload = lease.payload.clone();

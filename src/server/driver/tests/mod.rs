@@ -735,6 +735,8 @@ fn journaled(seq: u64, attempt: u32, worker: &str, open: bool) -> TaskRecord {
         error: None,
         deadline_missed: false,
         written_at: None,
+        schedule: None,
+        scheduled_at: None,
         key: None,
     }
 }
