@@ -387,7 +387,6 @@ async fn without_a_storage_key_the_leader_refuses_to_create_schedules() {
 /// (`server/journal/committer.rs` `publish_fire` sends them unsigned, so
 /// the consumer drops them: the task is `NOT_FOUND`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the leader does not attribute its fires yet (committer publish_fire)"]
 async fn a_fire_with_credentials_on_is_taken_as_its_owners_task() {
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
