@@ -524,6 +524,13 @@ fn status_text(s: &TaskStatus) -> String {
     if s.deadline_missed {
         out.push_str("  deadline missed");
     }
+    if let (Some(name), Some(at)) = (&s.schedule, s.scheduled_at) {
+        let _ = write!(
+            out,
+            "  schedule {name} tick {}",
+            crate::task::rfc3339_utc(at)
+        );
+    }
     out.push('\n');
     for a in &s.attempts {
         let group = if a.group.is_empty() {
@@ -850,6 +857,20 @@ mod tests {
         assert_eq!(
             super::super::error_code(&e),
             Some(crate::core::ErrorCode::INVALID_ARGUMENT)
+        );
+    }
+
+    #[test]
+    fn a_task_a_schedule_fired_names_its_schedule_and_tick() {
+        let status: TaskStatus = serde_json::from_value(serde_json::json!({
+            "id": 4, "pool": "default", "state": "queued", "attempts": [],
+            "deadline_missed": false,
+            "schedule": "poll", "scheduled_at": "2026-12-05T05:47:58Z"
+        }))
+        .unwrap();
+        assert_eq!(
+            status_text(&status),
+            "task 4  pool default  state queued  schedule poll tick 2026-12-05T05:47:58Z\n"
         );
     }
 }
