@@ -85,6 +85,23 @@ impl Family<'_> {
         self.sample_text(name, labels, &value.to_string());
     }
 
+    /// A histogram's `_bucket`, `_sum` and `_count` samples.
+    fn histogram(
+        &mut self,
+        (bucket, sum, count): (&str, &str, &str),
+        les: &[String],
+        labels: &[(&str, &str)],
+        h: &crate::metrics::Histogram,
+    ) {
+        for (le, n) in les.iter().zip(h.cumulative()) {
+            let mut with_le = labels.to_vec();
+            with_le.push(("le", le));
+            self.sample(bucket, &with_le, n);
+        }
+        self.sample_text(sum, labels, &format!("{}", h.sum_ms as f64 / 1000.0));
+        self.sample(count, labels, h.count);
+    }
+
     fn sample_text(&mut self, name: &str, labels: &[(&str, &str)], value: &str) {
         self.out.push_str(name);
         if !labels.is_empty() {
@@ -444,17 +461,11 @@ pub fn counters_text(m: &crate::metrics::MetricsSnapshot) -> String {
             format!("{name}_count"),
         );
         for p in &m.pools {
-            let h = hist(p);
-            for (le, n) in les.iter().zip(h.cumulative()) {
-                family.sample(&bucket, &[("pool", &p.pool), ("le", le)], n);
-            }
-            family.sample_text(
-                &sum,
-                &[("pool", &p.pool)],
-                &format!("{}", h.sum_ms as f64 / 1000.0),
-            );
-            family.sample(&count, &[("pool", &p.pool)], h.count);
+            family.histogram((&bucket, &sum, &count), &les, &[("pool", &p.pool)], hist(p));
         }
+    }
+    if let Some(sched) = &m.schedules {
+        schedules_text(&mut out, sched, &les);
     }
     if let Some(s) = &m.server {
         Family::start(
@@ -492,5 +503,103 @@ pub fn counters_text(m: &crate::metrics::MetricsSnapshot) -> String {
     out
 }
 
+/// The most schedules named in one scrape (by name); the others are
+/// summed under `schedule="_other"`.
+pub const MAX_METRIC_SCHEDULES: usize = 1_000;
+
+/// Per-schedule counters (label `schedule`) and the fire lag histogram.
+fn schedules_text(out: &mut String, m: &crate::metrics::ScheduleMetrics, les: &[String]) {
+    use crate::metrics::ScheduleFigures;
+    let mut named: Vec<&ScheduleFigures> = m.schedules.iter().collect();
+    named.sort_by(|a, b| a.schedule.cmp(&b.schedule));
+    let rest = named.split_off(named.len().min(MAX_METRIC_SCHEDULES));
+    let other = (!rest.is_empty()).then(|| {
+        rest.iter().fold(
+            ScheduleFigures {
+                schedule: "_other".into(),
+                ..ScheduleFigures::default()
+            },
+            |mut sum, f| {
+                sum.fires += f.fires;
+                sum.skipped += f.skipped;
+                sum.missed += f.missed;
+                sum
+            },
+        )
+    });
+    type Count = fn(&ScheduleFigures) -> u64;
+    let counters: [(&str, &str, Count); 3] = [
+        (
+            "cronoq_schedule_fires_total",
+            "Runs a schedule started (ticks, triggers, backfills).",
+            |f| f.fires,
+        ),
+        (
+            "cronoq_schedule_ticks_skipped_total",
+            "Ticks a schedule's overlap policy skipped.",
+            |f| f.skipped,
+        ),
+        (
+            "cronoq_schedule_ticks_missed_total",
+            "Ticks a schedule missed (older than its catch-up window, or paused).",
+            |f| f.missed,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let mut family = Family::start(out, name, "counter", help);
+        for f in named.iter().copied().chain(other.as_ref()) {
+            family.sample(name, &[("schedule", &f.schedule)], value(f));
+        }
+    }
+    let name = "cronoq_schedule_fire_lag_seconds";
+    Family::start(
+        out,
+        name,
+        "histogram",
+        "Time from a schedule's tick to its task accepted.",
+    )
+    .histogram(
+        (
+            "cronoq_schedule_fire_lag_seconds_bucket",
+            "cronoq_schedule_fire_lag_seconds_sum",
+            "cronoq_schedule_fire_lag_seconds_count",
+        ),
+        les,
+        &[],
+        &m.fire_lag,
+    );
+}
+
 /// The most series per label set (per family) one scrape carries.
 pub const MAX_LABEL_SET_SERIES: usize = 1_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{MetricsSnapshot, ScheduleFigures, ScheduleMetrics};
+
+    #[test]
+    fn schedules_are_counted_by_name_up_to_a_bound_and_their_fire_lag_is_a_histogram() {
+        let mut m = ScheduleMetrics::default();
+        for i in 0..MAX_METRIC_SCHEDULES + 2 {
+            m.schedules.push(ScheduleFigures {
+                schedule: format!("s{i:05}"),
+                fires: 2,
+                skipped: 1,
+                missed: 0,
+            });
+        }
+        m.fire_lag.observe(crate::core::Millis(40));
+        let text = counters_text(&MetricsSnapshot {
+            pools: Vec::new(),
+            server: None,
+            schedules: Some(m),
+        });
+        assert!(text.contains(r#"cronoq_schedule_fires_total{schedule="s00000"} 2"#));
+        assert!(text.contains(r#"cronoq_schedule_ticks_skipped_total{schedule="s00999"} 1"#));
+        assert!(!text.contains(r#"schedule="s01000""#), "past the bound");
+        assert!(text.contains(r#"cronoq_schedule_fires_total{schedule="_other"} 4"#));
+        assert!(text.contains(r#"cronoq_schedule_fire_lag_seconds_bucket{le="0.05"} 1"#));
+        assert!(text.contains("cronoq_schedule_fire_lag_seconds_count 1"));
+    }
+}
