@@ -493,6 +493,12 @@ impl Driver {
         self.schedules.dirty = waiting;
     }
 
+    /// One schedule as the book holds it (the simulation's end check).
+    #[cfg(test)]
+    pub(crate) fn schedule_entry(&self, name: &str) -> Option<&crate::schedule::Entry> {
+        self.schedules.book.get(name)
+    }
+
     /// The schedule figures for `/metrics`.
     pub(super) fn schedule_metrics(&self) -> Option<crate::metrics::ScheduleMetrics> {
         (!self.schedules.book.is_empty()).then(|| self.schedules.book.metrics())

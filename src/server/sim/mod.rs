@@ -202,6 +202,9 @@ struct Counts {
     fires: u64,
     fires_deduplicated: u64,
     fires_past_window: u64,
+    /// Clock jumps, and schedule seeds that ended with missed ticks.
+    clock_jumps: u64,
+    missed_tick_seeds: u64,
 }
 
 impl Counts {
@@ -237,7 +240,9 @@ impl Counts {
             schedule_seeds,
             fires,
             fires_deduplicated,
-            fires_past_window
+            fires_past_window,
+            clock_jumps,
+            missed_tick_seeds
         );
     }
 }
@@ -286,6 +291,7 @@ impl World {
         let mut rng = Rng(seed);
         let batches = rng.chance(250);
         let scheduled = rng.chance(500);
+        let short_window = rng.chance(500);
         let limits = Limits {
             max_records: 1 + rng.below(12) as usize,
             max_batches: 1,
@@ -313,7 +319,7 @@ impl World {
                 schedule_seeds: u64::from(scheduled),
                 ..Counts::default()
             },
-            sched: schedules::SimSchedule::new(scheduled),
+            sched: schedules::SimSchedule::new(scheduled, short_window),
         };
         for _ in 0..3 {
             w.add_worker();
@@ -386,6 +392,12 @@ impl World {
 
     fn step(&mut self) {
         self.now += 5 + self.rng.below(40);
+        if self.faults && self.sched.planned && self.rng.chance(2) {
+            // The clock jumps (an NTP step, a stalled VM): every process
+            // sees it at once.
+            self.now += 1_500 + self.rng.below(3_000);
+            self.counts.clock_jumps += 1;
+        }
         if let Some(leader) = &mut self.leader {
             // A renewal at every step (stored: it leads).
             leader.renewed = self.now;
@@ -491,6 +503,10 @@ fn run(seed: u64) -> Counts {
         }
     }
     world.check_end();
+    // The schedule is judged by a leader's book: wait for one.
+    while world.sched.planned && world.leader.is_none() {
+        world.step();
+    }
     world.check_schedule();
     world.counts
 }
@@ -559,6 +575,11 @@ fn failover_simulation() {
             (
                 "a fire published again past the stream's window",
                 t.fires_past_window,
+            ),
+            ("a clock jump", t.clock_jumps),
+            (
+                "a schedule that ended with missed ticks",
+                t.missed_tick_seeds,
             ),
         ] {
             assert!(n > 0, "no seed exercised {what}");
