@@ -1,8 +1,8 @@
 //! Schedules on `cronoq server`s (issue 23), real processes throughout:
 //! a one-second schedule fires each tick exactly once through two `kill -9`s
 //! of the leader (checked from the workers' own logs: `CRONOQ_SCHEDULE` and
-//! `CRONOQ_SCHEDULED_AT` of every attempt), and the overlap policies hold
-//! against runs on real workers.
+//! `CRONOQ_SCHEDULED_AT` of every attempt), and the overlap policies
+//! (skip, buffer_one, cancel_previous) hold against runs on real workers.
 //!
 //! No test sleeps to wait for something: every wait polls with a deadline.
 
@@ -177,6 +177,49 @@ async fn overlap_policies_hold_against_runs_on_real_workers() {
     c.release("skip-go");
     let status = c.finished(cronoq::core::TaskId(first)).await;
     assert_eq!(status.state, TaskState::Succeeded);
+
+    // buffer_one: the first run holds, one tick waits behind it, the
+    // others are skipped; released, the buffered tick runs.
+    api.create_schedule(spec(serde_json::json!({
+        "name": "buffer", "every": "1s", "overlap": "buffer_one",
+        "task": {"payload": hold("buffer", "buffer-go")}
+    })))
+    .await
+    .unwrap();
+    eventually(
+        "buffer's first run and two ticks skipped behind the buffered one",
+        || async {
+            let info = api
+                .get_schedule("buffer")
+                .await
+                .map_err(|e| e.to_string())?;
+            let runs = c.runs().into_iter().filter(|r| r.name == "buffer").count();
+            if runs == 1 && info.state.buffered.is_some() && info.counters.skipped >= 2 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{runs} runs, {:?}, {:?}",
+                    info.state, info.counters
+                ))
+            }
+        },
+    )
+    .await;
+    api.pause_schedule("buffer").await.unwrap();
+    c.release("buffer-go");
+    eventually("the buffered tick to run once the first ended", || async {
+        let runs: Vec<_> = c
+            .runs()
+            .into_iter()
+            .filter(|r| r.name == "buffer")
+            .collect();
+        if runs.len() == 2 && runs[0].task != runs[1].task {
+            Ok(())
+        } else {
+            Err(format!("{runs:?}"))
+        }
+    })
+    .await;
 
     // cancel_previous: each tick cancels the run before it.
     api.create_schedule(spec(serde_json::json!({
