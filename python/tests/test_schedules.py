@@ -225,6 +225,10 @@ async def test_a_client_manages_schedules_over_nats(cluster):
     assert fire.kind == "trigger" and fire.task
     status = await eventually("the fired task to be known", lambda: client.get(fire.task))
     assert status.state == "queued"
+    # The task names the schedule that fired it and the tick (a trigger's
+    # tick is the instant it was asked).
+    assert status.schedule == "hourly"
+    assert status.scheduled_at is not None
     await client.delete_schedule("hourly")
     assert await client.list_schedules() == []
 
