@@ -638,7 +638,8 @@ async fn malformed_labels_are_refused_and_nothing_is_submitted() {
 
 /// The README's first command: `cronoq dev` runs a task where its labels
 /// say, and on SIGTERM stops its workers before its server, so both
-/// workers' deregistrations are answered and it exits cleanly.
+/// workers' deregistrations are answered and it exits cleanly, its
+/// nats-server with it.
 #[tokio::test]
 async fn cronoq_dev_runs_tasks_and_stops_workers_before_its_server() {
     let mut dev = CronoqDev::start().await;
@@ -656,8 +657,21 @@ async fn cronoq_dev_runs_tasks_and_stops_workers_before_its_server() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(out.stdout.contains("ran on dev-gpu"), "{out:?}");
 
+    let pid = dev.pid().expect("dev runs");
     let (status, log) = dev.stop();
     assert!(status.is_some_and(|s| s.success()), "{status:?}\n{log}");
+    // Its nats-server went with it, although `nats-server` on PATH may be
+    // a wrapper (a pyenv shim) whose child is the real server.
+    #[cfg(target_os = "linux")]
+    eventually("dev's nats-server to stop", || async move {
+        let left = procs::processes_with(&format!("cronoq-dev-{pid}"));
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("still running: {left:?}"))
+        }
+    })
+    .await;
     let line_of = |needle: &dyn Fn(&str) -> bool| log.lines().position(needle);
     let server_down = line_of(&|l| l.contains("shutting down")).expect("server shut down");
     for worker in ["dev-cpu", "dev-gpu"] {

@@ -123,7 +123,8 @@ async fn with_nats(args: DevArgs) -> anyhow::Result<ExitCode> {
         free_port()?
     };
     let store = tempfile_dir()?;
-    let mut nats = tokio::process::Command::new("nats-server")
+    let mut command = tokio::process::Command::new("nats-server");
+    command
         .args([
             "-js",
             "-a",
@@ -135,9 +136,16 @@ async fn with_nats(args: DevArgs) -> anyhow::Result<ExitCode> {
         .arg(&store)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting nats-server")?;
+        .kill_on_drop(true);
+    // Its own process group, killed whole when dev stops: `nats-server` on
+    // PATH is often a wrapper (a pyenv shim, a pip console script) whose
+    // child is the real server, which killing the wrapper would orphan.
+    #[cfg(unix)]
+    command.process_group(0);
+    #[cfg(target_os = "linux")]
+    crate::worker::command::die_with_parent(&mut command);
+    let mut nats = command.spawn().context("starting nats-server")?;
+    let nats_group = crate::worker::command::GroupGuard::new(nats.id());
     let url = format!("nats://127.0.0.1:{port}");
     // Wait until it accepts connections (or died).
     let started = tokio::time::Instant::now();
@@ -234,6 +242,7 @@ async fn with_nats(args: DevArgs) -> anyhow::Result<ExitCode> {
     }
     let _ = stop_server_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    drop(nats_group);
     let _ = nats.kill().await;
     let _ = std::fs::remove_dir_all(&store);
     eprintln!("stopped");

@@ -29,7 +29,7 @@ pub const STDERR_TAIL_BYTES: usize = 2048;
 /// spawned the child: tokio spawns from a runtime worker thread, which
 /// lives as long as the worker's runtime.
 #[cfg(target_os = "linux")]
-fn die_with_parent(cmd: &mut tokio::process::Command) {
+pub(crate) fn die_with_parent(cmd: &mut tokio::process::Command) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls (prctl, getppid) between fork
     // and exec, and no allocation.
@@ -211,14 +211,17 @@ async fn read_tail(
 
 /// Kills the command's process group when dropped before the command was
 /// reaped (the attempt was aborted), so that children of the command go
-/// too; `kill_on_drop` alone reaches only the command itself.
-struct GroupGuard {
+/// too; `kill_on_drop` alone reaches only the command itself. (`cronoq
+/// dev` holds one for its nats-server, which may be a wrapper — a pyenv
+/// shim, a pip console script — whose child is the real server.)
+pub(crate) struct GroupGuard {
     #[cfg_attr(not(unix), allow(dead_code))]
     pgid: Option<u32>,
 }
 
 impl GroupGuard {
-    fn new(pid: Option<u32>) -> GroupGuard {
+    /// A guard for the group `pid` leads (spawned with `process_group(0)`).
+    pub(crate) fn new(pid: Option<u32>) -> GroupGuard {
         GroupGuard { pgid: pid }
     }
 

@@ -30,7 +30,7 @@
 //!   code except `INVALID_ARGUMENT`, `UNAUTHENTICATED` and
 //!   `PERMISSION_DENIED`, which end the worker.
 
-mod command;
+pub(crate) mod command;
 mod identity;
 pub(crate) mod rules;
 mod session;

@@ -1025,6 +1025,11 @@ impl CronoqDev {
         &self.http
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
     /// SIGTERM, and waits for the exit; returns it with the whole log.
     pub fn stop(&mut self) -> (Option<ExitStatus>, String) {
         let status = self.proc.stop(DEADLINE);
@@ -1103,4 +1108,19 @@ pub async fn taken_over_by(server: &CronoqServer) -> (String, u64) {
         }
     })
     .await
+}
+
+/// The processes whose command line contains `needle` (from /proc).
+#[cfg(target_os = "linux")]
+pub fn processes_with(needle: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .filter(|cmd| cmd.contains(needle))
+        .collect()
 }
