@@ -157,17 +157,5 @@ where
 /// cannot be asked): events carry no output or error text, so neither has
 /// one.
 pub(super) fn status_of_event(event: &wire::TaskEvent) -> TaskStatus {
-    TaskStatus {
-        id: event.task_id,
-        pool: event.pool.clone(),
-        state: event.state,
-        reason: None,
-        attempts: Vec::new(),
-        output: None,
-        output_base64: None,
-        error: None,
-        deadline_missed: false,
-        schedule: None,
-        scheduled_at: None,
-    }
+    TaskStatus::bare(event.task_id, event.pool.clone(), event.state)
 }

@@ -238,19 +238,7 @@ impl LeaderApi {
         // finished submissions once the tasks before it end.
         let dropped = id.0 < self.inner.consumed_below.load(Ordering::Relaxed);
         if let Some(pool) = self.accepted(id).await?.filter(|_| !dropped) {
-            return Ok(TaskStatus {
-                id,
-                pool,
-                state: TaskState::Queued,
-                reason: None,
-                attempts: Vec::new(),
-                output: None,
-                output_base64: None,
-                error: None,
-                deadline_missed: false,
-                schedule: None,
-                scheduled_at: None,
-            });
+            return Ok(TaskStatus::bare(id, pool, TaskState::Queued));
         }
         Err(WireError::new(
             ErrorCode::NOT_FOUND,

@@ -737,6 +737,24 @@ impl TaskStatus {
         }
     }
 
+    /// A status known only by its task, pool and state: nothing ran that
+    /// it can tell of (no attempts, output, error or schedule).
+    pub(crate) fn bare(id: TaskId, pool: PoolName, state: TaskState) -> TaskStatus {
+        TaskStatus {
+            id,
+            pool,
+            state,
+            reason: None,
+            attempts: Vec::new(),
+            output: None,
+            output_base64: None,
+            error: None,
+            deadline_missed: false,
+            schedule: None,
+            scheduled_at: None,
+        }
+    }
+
     /// The status of a task the core still holds.
     pub(crate) fn live(
         view: crate::core::TaskView,

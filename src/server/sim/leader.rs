@@ -301,9 +301,13 @@ impl World {
                         self.send_to_worker(&subject, &body);
                     }
                     Output::Publish { subject, body } => self.send_to_worker(&subject, &body),
-                    fire @ Output::Fire { .. } => {
-                        self.schedule_output(&fire);
-                    }
+                    // The committer's part: published under its tick's key.
+                    Output::Fire {
+                        name,
+                        tick,
+                        kind,
+                        task,
+                    } => self.publish_fire(name, tick, kind, *task),
                     Output::Persist { .. }
                     | Output::PersistStarts { .. }
                     | Output::PersistSchedule { .. }

@@ -21,7 +21,7 @@
 
 use super::*;
 use crate::schedule::{FireKind, StoredSchedule};
-use crate::server::driver::{Output, ScheduleOp, ScheduleReply};
+use crate::server::driver::{ScheduleOp, ScheduleReply};
 use crate::server::Waiting;
 
 /// The schedule's name and interval.
@@ -223,23 +223,6 @@ impl World {
         }
         if missed > 0 {
             self.counts.missed_tick_seeds += 1;
-        }
-    }
-
-    /// A leader's schedule output, as the committer carries it out:
-    /// `true` if `output` was one.
-    pub(super) fn schedule_output(&mut self, output: &Output) -> bool {
-        match output {
-            Output::Fire {
-                name,
-                tick,
-                kind,
-                task,
-            } => {
-                self.publish_fire(name.clone(), *tick, *kind, (**task).clone());
-                true
-            }
-            _ => false,
         }
     }
 }
