@@ -626,9 +626,11 @@ fn per_task_medians(rs: &[Round]) -> String {
     let per = |x: u64, r: &Round| x as f64 / r.n as f64;
     let us = |d: Duration, r: &Round| d.as_secs_f64() * 1e6 / r.n as f64;
     format!(
-        "msgs/task in {:.2} out {:.2}, js api/task {:.2}, cpu/task bench {:.1} µs nats-server {:.1} µs ({:.1} µs both)",
+        "msgs/task in {:.2} out {:.2} ({:.0} / {:.0} bytes), js api/task {:.2}, cpu/task bench {:.1} µs nats-server {:.1} µs ({:.1} µs both)",
         med(&|r| per(r.usage.in_msgs, r)),
         med(&|r| per(r.usage.out_msgs, r)),
+        med(&|r| per(r.usage.in_bytes, r)),
+        med(&|r| per(r.usage.out_bytes, r)),
         med(&|r| per(r.usage.js_api, r)),
         med(&|r| us(r.usage.self_cpu, r)),
         med(&|r| us(r.usage.nats_cpu, r)),

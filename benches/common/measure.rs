@@ -116,6 +116,8 @@ pub fn proc_cpu(path: &str) -> Duration {
 pub struct Usage {
     pub in_msgs: u64,
     pub out_msgs: u64,
+    pub in_bytes: u64,
+    pub out_bytes: u64,
     pub js_api: u64,
     pub nats_cpu: Duration,
     pub self_cpu: Duration,
@@ -126,6 +128,8 @@ impl Usage {
         Usage {
             in_msgs: self.in_msgs - before.in_msgs,
             out_msgs: self.out_msgs - before.out_msgs,
+            in_bytes: self.in_bytes - before.in_bytes,
+            out_bytes: self.out_bytes - before.out_bytes,
             js_api: self.js_api - before.js_api,
             nats_cpu: self.nats_cpu.saturating_sub(before.nats_cpu),
             self_cpu: self.self_cpu.saturating_sub(before.self_cpu),
@@ -135,9 +139,11 @@ impl Usage {
     pub fn per_task(&self, n: usize) -> String {
         let n = n as f64;
         format!(
-            "msgs/task in {:.1} out {:.1}, js api/task {:.2}, cpu/task bench {:.0} µs nats-server {:.0} µs",
+            "msgs/task in {:.1} out {:.1} ({:.0} / {:.0} bytes), js api/task {:.2}, cpu/task bench {:.0} µs nats-server {:.0} µs",
             self.in_msgs as f64 / n,
             self.out_msgs as f64 / n,
+            self.in_bytes as f64 / n,
+            self.out_bytes as f64 / n,
             self.js_api as f64 / n,
             self.self_cpu.as_secs_f64() * 1e6 / n,
             self.nats_cpu.as_secs_f64() * 1e6 / n,
@@ -204,6 +210,8 @@ impl Nats {
             let jsz = node.monitoring("/jsz");
             u.in_msgs += n(&varz["in_msgs"]);
             u.out_msgs += n(&varz["out_msgs"]);
+            u.in_bytes += n(&varz["in_bytes"]);
+            u.out_bytes += n(&varz["out_bytes"]);
             u.js_api += n(&jsz["api"]["total"]);
             u.nats_cpu += proc_cpu(&format!("/proc/{}/stat", node.child.id()));
         }
