@@ -699,6 +699,11 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
                     if record.state.is_terminal() && i % 2 == 0 {
                         record.key = Some("nightly-2026-12-05".into());
                     }
+                    // A succeeded task's record holds its output (absent
+                    // fields are not written).
+                    if record.state == TaskState::Succeeded {
+                        record.output = Some(bytes::Bytes::from_static(b"\xffok"));
+                    }
                     record
                 })
                 .collect::<Vec<_>>(),

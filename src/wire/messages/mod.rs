@@ -72,28 +72,28 @@ pub struct Submit {
     #[serde(default)]
     pub priority: i32,
     /// Urgency deadline; never cancels.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Millis>,
     /// Fixed start.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<Millis>,
     /// How late a fixed start may still start.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<Millis>,
     /// Declared run time (lets the task backfill reserved slots).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub est_runtime: Option<Millis>,
     /// Attempts in all; the pool's default when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
     /// Backoff between attempts.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<Backoff>,
     /// Longest run of one attempt; past it the attempt counts as lost.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_timeout: Option<Millis>,
     /// De-duplicates resubmissions (also sent as `Nats-Msg-Id`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// The submitter's W3C trace context (`00-<trace id>-<parent id>-<flags>`),
     /// handed to every attempt. Absent when not given (older servers refuse

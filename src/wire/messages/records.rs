@@ -33,14 +33,14 @@ pub struct TaskRecord {
     /// Every attempt so far (a running one has no `outcome` yet).
     pub attempts: Vec<crate::task::AttemptRecord>,
     /// Output of the successful attempt.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<Vec<u8>>")]
     pub output: Option<Bytes>,
     /// Error of the last failed attempt.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// It finished after its deadline.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deadline_missed: bool,
     /// When the leader wrote this record of a live task (ms since the
     /// epoch): a successor rewrites it before the bucket's max age
