@@ -154,6 +154,92 @@ async fn a_poison_submission_is_refused_dead_lettered_and_survives_a_restart() {
     assert_eq!(health.0, 200, "{}", health.1);
 }
 
+/// Raw NATS protocol: publishes `payload` on `subject` with a header block
+/// taken as given (no client library would send these bytes).
+async fn publish_raw(nats_url: &str, subject: &str, header_block: &[u8], payload: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = nats_url.trim_start_matches("nats://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut info = [0u8; 4096];
+    let _ = stream.read(&mut info).await.expect("INFO");
+    let mut out = b"CONNECT {\"verbose\":false,\"headers\":true,\"protocol\":1}\r\n".to_vec();
+    out.extend(
+        format!(
+            "HPUB {subject} {} {}\r\n",
+            header_block.len(),
+            header_block.len() + payload.len()
+        )
+        .as_bytes(),
+    );
+    out.extend(header_block);
+    out.extend(payload);
+    out.extend(b"\r\nPING\r\n");
+    stream.write_all(&out).await.expect("publish");
+    // PONG: the server has taken the message.
+    let mut pong = Vec::new();
+    while !String::from_utf8_lossy(&pong).contains("PONG") {
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).await.expect("PONG");
+        assert!(n > 0, "nats-server closed the connection");
+        pong.extend(&buf[..n]);
+    }
+}
+
+/// Finding (2026-12-05): a header value holding a line break used to panic
+/// the NATS connection task of whoever received it (async-nats before
+/// 0.52). Stored in the submit stream, one such submission kept the
+/// leader reconnecting and re-reading it for good, and every successor
+/// after it: one plain publish by any submitter stopped the cluster. Now
+/// the line break is read as a space: the submission is taken like any
+/// other plain publish (here refused for its unreadable priority), and the
+/// leader, the worker and a restarted server go on serving.
+#[tokio::test]
+async fn a_header_value_with_a_line_break_stops_neither_leader_nor_worker() {
+    let mut c = Cluster::start(&[("cpu", "", 2)]).await;
+    let url = c.nats_url();
+    let nats = async_nats::connect(&url).await.expect("nats");
+    let js = jetstream::new(nats);
+    let before = js
+        .get_stream("CRONOQ_SUBMIT")
+        .await
+        .expect("submit stream")
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence;
+    publish_raw(
+        &url,
+        "cronoq.submit.default",
+        b"NATS/1.0\r\nCronoq-Priority: 1\n2\r\nX-Evil: a\rb\r\n\r\n",
+        b"evil",
+    )
+    .await;
+    // At the leader's worker requests and at the worker's lease subject too.
+    for subject in ["cronoq.w.cpu.heartbeat", "cronoq.worker.cpu.leases"] {
+        publish_raw(&url, subject, b"NATS/1.0\r\nX-Evil: a\nb\r\n\r\n", b"x").await;
+    }
+    let evil = TaskId(before + 1);
+    let status = c.finished(evil).await;
+    assert_eq!(status.state, TaskState::Failed, "{}", describe(&status));
+    assert!(
+        status
+            .error
+            .clone()
+            .unwrap_or_default()
+            .contains("INVALID_ARGUMENT"),
+        "{}",
+        describe(&status)
+    );
+    let ok = c.submit_payload("after-line-break", "").await;
+    assert_eq!(c.succeeded(ok).await, "after-line-break on [] by cpu");
+    c.server.kill9();
+    c.server = CronoqServer::start(&c.nats, c.dir.path()).await;
+    let again = c.submit_payload("after-restart", "").await;
+    assert_eq!(c.succeeded(again).await, "after-restart on [] by cpu");
+    assert!(!c.run_names().contains(&"evil".to_string()));
+}
+
 /// Finding 2: a payload that could never be leased is refused at submit:
 /// over HTTP at once, over a plain publish by the server (failed, with a
 /// reason, dead-lettered) — never leased and lost three times.

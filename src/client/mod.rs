@@ -464,6 +464,14 @@ impl Client {
                     Kind::TimedOut => self
                         .refused(&subject)
                         .unwrap_or_else(|| Error::unavailable(nobody, e)),
+                    Kind::MaxPayloadExceeded => Rejection::InvalidArgument(format!(
+                        "request to {subject} is above the NATS server's max_payload"
+                    ))
+                    .into(),
+                    Kind::InvalidSubject => {
+                        Rejection::InvalidArgument(format!("{subject} is not a valid NATS subject"))
+                            .into()
+                    }
                     Kind::Other => Error::unavailable(format!("requesting {subject}"), e),
                 }
             })?;

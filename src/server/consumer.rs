@@ -136,9 +136,19 @@ pub(super) async fn consume(
             return;
         }
     }
+    let js = jetstream::new(client.clone());
+    let stream_name = subjects.submit_stream();
+    let taker = Taker {
+        subjects: &subjects,
+        guard: &api.inner.guard,
+        starts: &starts,
+        inputs: &inputs,
+    };
     let mut next_seq = 1u64;
+    let mut stalls = 0u32;
     loop {
         beat();
+        let started_at = next_seq;
         // After a reconnect (a NATS restart) the ephemeral consumer may be
         // gone, and async-nats only notices when its 15 s idle heartbeat
         // is missed: new submissions would wait that long. So watch the
@@ -181,16 +191,8 @@ pub(super) async fn consume(
                         .as_ref()
                         .ok()
                         .and_then(|m| m.info().ok())
-                        .map(|i| i.stream_sequence);
-                    let record = match seq {
-                        Some(seq) if seq <= startup_last => match &warm {
-                            Some(warm) => Ok(warm.known(seq)),
-                            None => journal_record(&results, &seal, seq)
-                                .await
-                                .map(warm::Known::of),
-                        },
-                        _ => Ok(warm::Known::None),
-                    };
+                        .map_or(u64::MAX, |i| i.stream_sequence);
+                    let record = known(&results, &warm, &seal, startup_last, seq).await;
                     (message, record)
                 }
             })
@@ -233,50 +235,210 @@ pub(super) async fn consume(
                 }
             };
             next_seq = seq + 1;
-            // Its journal record, if an earlier leadership wrote one,
-            // with the start that follows it merged in.
-            let journaled = match record {
-                // Finished before, not yet purged: its key binds again
-                // (a warm copy's keyed results were handed up front).
-                warm::Known::Finished(Some(record)) => {
-                    let input = Input::FinishedBefore {
-                        seq,
-                        record: *record,
-                    };
-                    if inputs.send(input).await.is_err() {
-                        return;
-                    }
-                    None
-                }
-                warm::Known::Finished(None) => None,
-                warm::Known::Live(record) => Some(starts.merge(TaskId(seq), Some(*record))),
-                warm::Known::None => Some(starts.merge(TaskId(seq), None)),
-            };
-            let input = journaled.map(|(journaled, start_slot)| {
-                submission_input(
-                    &subjects,
-                    &api.inner.guard,
-                    &message.message,
-                    seq,
-                    published,
-                    journaled,
-                    start_slot,
-                )
-            });
-            if let Some(input) = input {
-                if inputs.send(input).await.is_err() {
-                    return;
-                }
+            if !take(
+                &taker,
+                &mut catch_up_to,
+                &message.message,
+                seq,
+                published,
+                record,
+            )
+            .await
+            {
+                return;
             }
-            if catch_up_to.is_some_and(|last| seq >= last) {
-                catch_up_to = None;
-                if inputs.send(Input::CaughtUp).await.is_err() {
-                    return;
+        }
+        // Reconnects that leave the consumer where it started, twice in a
+        // row: the next submission may be one no NATS client can read (a
+        // header line async-nats cannot parse resets the connection, and
+        // the consumer would read it again, forever). Read it through the
+        // JetStream API's JSON instead and take it like any other.
+        stalls = if next_seq == started_at {
+            stalls + 1
+        } else {
+            0
+        };
+        if stalls >= 2 {
+            match read_raw(&js, &stream_name, next_seq).await {
+                Ok(Some((message, published))) => {
+                    tracing::warn!(
+                        seq = next_seq,
+                        "submission read through the API: its headers reset the connection"
+                    );
+                    let seq = next_seq;
+                    match known(&results, &warm, &api.inner.seal, startup_last, seq).await {
+                        Ok(record) => {
+                            next_seq = seq + 1;
+                            stalls = 0;
+                            if !take(&taker, &mut catch_up_to, &message, seq, published, record)
+                                .await
+                            {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading the journal failed; resuming")
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(seq = next_seq, error = %e, "reading a submission through the API failed")
                 }
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// What the consumer hands submissions to.
+struct Taker<'a> {
+    subjects: &'a Subjects,
+    guard: &'a Guard,
+    starts: &'a wire::StartIndex,
+    inputs: &'a mpsc::Sender<Input>,
+}
+
+/// What an earlier leadership journaled of submission `seq` (nothing for
+/// one newer than this takeover).
+async fn known(
+    results: &kv::Store,
+    warm: &Option<warm::WarmJournal>,
+    seal: &seal::Seal,
+    startup_last: u64,
+    seq: u64,
+) -> Result<warm::Known, String> {
+    if seq > startup_last {
+        return Ok(warm::Known::None);
+    }
+    match warm {
+        Some(warm) => Ok(warm.known(seq)),
+        None => journal_record(results, seal, seq)
+            .await
+            .map(warm::Known::of),
+    }
+}
+
+/// Hands submission `seq` to the driver, with its journal record if an
+/// earlier leadership wrote one (the start that follows it merged in).
+/// False once the driver is gone.
+async fn take(
+    to: &Taker<'_>,
+    catch_up_to: &mut Option<u64>,
+    message: &async_nats::Message,
+    seq: u64,
+    published: SystemTime,
+    record: warm::Known,
+) -> bool {
+    let journaled = match record {
+        // Finished before, not yet purged: its key binds again
+        // (a warm copy's keyed results were handed up front).
+        warm::Known::Finished(Some(record)) => {
+            let input = Input::FinishedBefore {
+                seq,
+                record: *record,
+            };
+            if to.inputs.send(input).await.is_err() {
+                return false;
+            }
+            None
+        }
+        warm::Known::Finished(None) => None,
+        warm::Known::Live(record) => Some(to.starts.merge(TaskId(seq), Some(*record))),
+        warm::Known::None => Some(to.starts.merge(TaskId(seq), None)),
+    };
+    if let Some((journaled, start_slot)) = journaled {
+        let input = submission_input(
+            to.subjects,
+            to.guard,
+            message,
+            seq,
+            published,
+            journaled,
+            start_slot,
+        );
+        if to.inputs.send(input).await.is_err() {
+            return false;
+        }
+    }
+    if catch_up_to.is_some_and(|last| seq >= last) {
+        *catch_up_to = None;
+        if to.inputs.send(Input::CaughtUp).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Submission `seq` read through the JetStream API (`STREAM.MSG.GET`, JSON
+/// with the headers in base64) rather than delivered: its header block is
+/// parsed here, forgivingly — a line without a colon continues the value
+/// before it, a line break inside a value reads as a space, a header whose
+/// name NATS would not take is left out (so a proof over it fails) — so
+/// that no header can stop the consumer. `None`: no such message (purged).
+async fn read_raw(
+    js: &jetstream::Context,
+    stream: &str,
+    seq: u64,
+) -> Result<Option<(async_nats::Message, SystemTime)>, String> {
+    use base64::Engine as _;
+    let reply: serde_json::Value = js
+        .request(
+            format!("STREAM.MSG.GET.{stream}"),
+            &serde_json::json!({ "seq": seq }),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    if reply["error"]["err_code"].as_u64() == Some(10037) {
+        return Ok(None);
+    }
+    let m = &reply["message"];
+    let text = |k: &str| m[k].as_str().unwrap_or_default();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let payload = b64.decode(text("data")).map_err(|e| e.to_string())?;
+    let headers = match m["hdrs"].as_str() {
+        Some(h) => Some(parse_header_block(
+            &b64.decode(h).map_err(|e| e.to_string())?,
+        )),
+        None => None,
+    };
+    let published = text("time")
+        .parse::<jiff::Timestamp>()
+        .map_err(|e| e.to_string())?;
+    let message = async_nats::Message {
+        subject: text("subject").into(),
+        reply: None,
+        payload: payload.into(),
+        headers,
+        status: None,
+        description: None,
+        length: 0,
+    };
+    Ok(Some((message, SystemTime::from(published))))
+}
+
+/// A NATS header block (`NATS/1.0` line, `Name: value` lines), read
+/// without refusing anything (see [`read_raw`]).
+fn parse_header_block(block: &[u8]) -> async_nats::HeaderMap {
+    let text = String::from_utf8_lossy(block);
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for line in text.split("\r\n").skip(1).filter(|l| !l.is_empty()) {
+        match (line.split_once(':'), fields.last_mut()) {
+            (Some((name, value)), _) => fields.push((name.trim().into(), value.trim().into())),
+            (None, Some((_, value))) => {
+                value.push(' ');
+                value.push_str(line.trim());
+            }
+            (None, None) => {}
+        }
+    }
+    let mut headers = async_nats::HeaderMap::new();
+    for (name, value) in fields {
+        if let Ok(name) = name.parse::<async_nats::HeaderName>() {
+            headers.append(name, async_nats::HeaderValue::from_lossy(&value));
+        }
+    }
+    headers
 }
 
 /// Hands the driver the result records of the finished tasks `keyed`
