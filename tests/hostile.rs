@@ -190,9 +190,11 @@ async fn publish_raw(nats_url: &str, subject: &str, header_block: &[u8], payload
 /// 0.52). Stored in the submit stream, one such submission kept the
 /// leader reconnecting and re-reading it for good, and every successor
 /// after it: one plain publish by any submitter stopped the cluster. Now
-/// the line break is read as a space: the submission is taken like any
-/// other plain publish (here refused for its unreadable priority), and the
-/// leader, the worker and a restarted server go on serving.
+/// the consumer reads such a submission through the JetStream API and
+/// takes it like any other plain publish (here refused for its unreadable
+/// priority); only the leader's inbound connection is reset, never the
+/// one its journal and renewals use; the leader, the worker and a
+/// restarted server go on serving.
 #[tokio::test]
 async fn a_header_value_with_a_line_break_stops_neither_leader_nor_worker() {
     let mut c = Cluster::start(&[("cpu", "", 2)]).await;
@@ -233,6 +235,22 @@ async fn a_header_value_with_a_line_break_stops_neither_leader_nor_worker() {
     );
     let ok = c.submit_payload("after-line-break", "").await;
     assert_eq!(c.succeeded(ok).await, "after-line-break on [] by cpu");
+    // Only the connection that receives others' messages was reset: the
+    // journal's and the election's was not.
+    let log = c.server.log_tail(100_000);
+    let lost: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("nats connection lost"))
+        .collect();
+    assert!(
+        !lost.is_empty(),
+        "the test sent nothing that resets a connection?\n{log}"
+    );
+    assert!(
+        lost.iter().all(|l| l.contains("inbound")),
+        "the leader's main connection was reset:\n{}",
+        lost.join("\n")
+    );
     c.server.kill9();
     c.server = CronoqServer::start(&c.nats, c.dir.path()).await;
     let again = c.submit_payload("after-restart", "").await;

@@ -15,14 +15,24 @@ pub async fn connect_nats(
     give_up: Option<Duration>,
 ) -> Result<async_nats::Client, Error> {
     let login = login.load()?;
+    let connection = name.to_string();
     let started = tokio::time::Instant::now();
     let mut logged = false;
     loop {
+        let connection = connection.clone();
         match login
             .options()
             .name(name)
             .max_reconnects(None)
-            .event_callback(|event| async move { log_server_error(&event) })
+            .event_callback(move |event| {
+                let connection = connection.clone();
+                async move {
+                    if let async_nats::Event::Disconnected = event {
+                        tracing::warn!(connection, "nats connection lost; reconnecting");
+                    }
+                    log_server_error(&event)
+                }
+            })
             .connect(wire::server_list(url))
             .await
         {

@@ -145,8 +145,8 @@ pub(super) async fn lead(
     // The only writer now: no need to follow its own writes.
     base.warm_paused.send_replace(true);
     let consumer = tokio::spawn(consume(
-        base.client.clone(),
-        base.submit_stream.clone(),
+        base.inbound.clone(),
+        base.inbound_submit.clone(),
         base.subjects.clone(),
         base.results.clone(),
         Startup {
@@ -163,7 +163,7 @@ pub(super) async fn lead(
     let mut requests = futures_util::stream::SelectAll::new();
     for subject in [base.subjects.api("*"), base.subjects.worker_api_all()] {
         requests.push(
-            base.client
+            base.inbound
                 .subscribe(subject.clone())
                 .await
                 .map_err(nats_err(format!("subscribing to {subject}")))?,

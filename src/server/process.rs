@@ -65,6 +65,18 @@ pub async fn serve(
         None,
     )
     .await?;
+    // A second connection for what anyone allowed to publish sends the
+    // leader (submissions, worker and client requests): a message whose
+    // headers async-nats cannot parse resets the connection that receives
+    // it, and on this one that costs no journal acknowledgement and no
+    // leadership renewal (tests/hostile.rs::a_header_value_…).
+    let inbound = connect_nats(
+        &s.nats_url,
+        &format!("cronoq-server {server_id} inbound"),
+        &login,
+        None,
+    )
+    .await?;
     tracing::info!(url = %s.nats_url, server_id = %server_id, "connected to nats");
     let nats_max_payload = client.server_info().max_payload;
     let max_payload_bytes = effective_payload_limit(s.max_payload_bytes, nats_max_payload);
@@ -101,6 +113,17 @@ pub async fn serve(
     // that needs it waits for it, as the connection waits for NATS.
     let Some(submit_stream) = until_jetstream("the submit stream", &stop_rx, || {
         ensure_stream(&js, submit_config.clone(), "the submit stream")
+    })
+    .await
+    else {
+        return Ok(());
+    };
+    let inbound_js = jetstream::new(inbound.clone());
+    let Some(inbound_submit) = until_jetstream("the submit stream", &stop_rx, || async {
+        inbound_js
+            .get_stream(subjects.submit_stream())
+            .await
+            .map_err(nats_err("reading the submit stream"))
     })
     .await
     else {
@@ -267,6 +290,8 @@ pub async fn serve(
         client: client.clone(),
         js,
         submit_stream,
+        inbound,
+        inbound_submit,
         results,
         max_payload_bytes,
         nats_max_payload,
@@ -422,6 +447,11 @@ pub(super) struct Base {
     pub(super) client: async_nats::Client,
     pub(super) js: jetstream::Context,
     pub(super) submit_stream: stream::Stream,
+    /// The connection that receives what others publish to the leader
+    /// (submissions, requests), apart from the journal's and the
+    /// election's, and the submit stream as seen through it.
+    pub(super) inbound: async_nats::Client,
+    pub(super) inbound_submit: stream::Stream,
     pub(super) results: kv::Store,
     pub(super) max_payload_bytes: usize,
     pub(super) nats_max_payload: usize,
