@@ -75,7 +75,7 @@ impl Driver {
             } else {
                 TaskState::Queued
             };
-            self.event(now, id, spec_pool, state, 0, None, None);
+            self.event(now, id, &spec_pool, state, 0, None, None);
         }
         if self.cancel_on_arrival.remove(&id) {
             let _ = self.cancel(now, id);
@@ -359,19 +359,19 @@ impl Driver {
         &mut self,
         now: Millis,
         id: TaskId,
-        pool: PoolName,
+        pool: &PoolName,
         state: TaskState,
         attempt: u32,
-        group: Option<Labels>,
-        worker: Option<String>,
+        group: Option<&Labels>,
+        worker: Option<&str>,
     ) {
         if !self.settings.events.announces(state) {
             return;
         }
-        let subject = self.subjects.events(id);
+        let subject = self.event_subject(id);
         self.publish(
             subject,
-            &TaskEvent {
+            &wire::TaskEventRef {
                 v: PROTOCOL_VERSION,
                 task_id: id,
                 pool,
@@ -396,11 +396,11 @@ impl Driver {
         self.event(
             now,
             done.id,
-            done.pool.clone(),
+            &done.pool,
             done.state,
             done.attempts.len() as u32,
-            last.map(|a| a.group.clone()),
-            last.and_then(|a| a.worker.clone()),
+            last.map(|a| &a.group),
+            last.and_then(|a| a.worker.as_deref()),
         );
         self.forget_refresh(done.id);
         let mut record = TaskRecord::of_outcome(done);
@@ -440,15 +440,19 @@ impl Driver {
                     );
                     return;
                 };
-                let credential = self
-                    .workers
-                    .get(&worker_id)
-                    .and_then(|w| w.credential.clone());
+                let (credential, subject, together) = match self.workers.get(&*worker_id) {
+                    Some(w) => (
+                        w.credential.clone(),
+                        w.lease_subject.clone(),
+                        w.lease_batches,
+                    ),
+                    None => (None, self.subjects.lease(&worker_id), false),
+                };
                 let Some(entry) = self.ledger.started(
                     task,
                     attempt,
                     labels.clone(),
-                    Some(worker_id.clone()),
+                    Some(worker_id.to_string()),
                     credential,
                     now,
                 ) else {
@@ -471,7 +475,7 @@ impl Driver {
                     schedule: schedule.0,
                     scheduled_at: schedule.1,
                 };
-                self.update_worker(now, &worker_id, |w| {
+                self.update_worker(now, &*worker_id, |w| {
                     w.running.insert((task, attempt));
                 });
                 self.put_lease(
@@ -488,12 +492,8 @@ impl Driver {
                     },
                 );
                 tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
-                let together = self
-                    .workers
-                    .get(&worker_id)
-                    .is_some_and(|w| w.lease_batches);
                 self.out.push(Output::Lease {
-                    subject: self.subjects.lease(&worker_id),
+                    subject,
                     body: wire::encode(&lease).into(),
                     task,
                     attempt,
@@ -502,11 +502,11 @@ impl Driver {
                 self.event(
                     now,
                     task,
-                    pool,
+                    &pool,
                     TaskState::Running,
                     attempt,
-                    Some(labels),
-                    Some(worker_id),
+                    Some(&labels),
+                    Some(&worker_id),
                 );
             }
             Action::Revoke {
@@ -542,7 +542,7 @@ impl Driver {
                     .task(task)
                     .map(|t| t.pool.clone())
                     .unwrap_or_default();
-                self.event(now, task, pool, TaskState::Queued, attempt - 1, None, None);
+                self.event(now, task, &pool, TaskState::Queued, attempt - 1, None, None);
             }
             Action::Finished {
                 task,

@@ -279,3 +279,55 @@ pub struct TaskEvent {
     /// When, ms since the epoch.
     pub at: Millis,
 }
+
+/// A [`TaskEvent`] encoded from borrowed fields: the same MessagePack map
+/// (same fields, same order), without cloning the pool, group and worker
+/// the leader announces.
+#[derive(Serialize)]
+pub(crate) struct TaskEventRef<'a> {
+    pub v: u16,
+    pub task_id: TaskId,
+    pub pool: &'a PoolName,
+    pub state: TaskState,
+    pub attempt: u32,
+    pub group: Option<&'a Labels>,
+    pub worker: Option<&'a str>,
+    pub at: Millis,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_borrowed_task_event_encodes_as_the_owned_one() {
+        let pool = PoolName::new("p").unwrap();
+        let labels = Labels::parse("gpu=a100").unwrap();
+        for (group, worker) in [
+            (None, None),
+            (Some(labels.clone()), Some("w-1".to_string())),
+        ] {
+            let owned = TaskEvent {
+                v: crate::wire::PROTOCOL_VERSION,
+                task_id: TaskId(42),
+                pool: pool.clone(),
+                state: TaskState::Running,
+                attempt: 3,
+                group: group.clone(),
+                worker: worker.clone(),
+                at: Millis(1_700_000_000_000),
+            };
+            let borrowed = TaskEventRef {
+                v: owned.v,
+                task_id: owned.task_id,
+                pool: &pool,
+                state: owned.state,
+                attempt: owned.attempt,
+                group: group.as_ref(),
+                worker: worker.as_deref(),
+                at: owned.at,
+            };
+            assert_eq!(crate::wire::encode(&owned), crate::wire::encode(&borrowed));
+        }
+    }
+}
