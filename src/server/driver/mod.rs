@@ -309,17 +309,29 @@ impl Driver {
     /// written when the attempt ends, or when it is due again (covering
     /// the entry). Each call is one turn ([`Driver::turn`]).
     pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.take_outputs_into(&mut out);
+        out
+    }
+
+    /// [`Driver::take_outputs`] appended to `out`, a buffer the caller
+    /// keeps from turn to turn (no vector allocated per turn).
+    pub(crate) fn take_outputs_into(&mut self, out: &mut Vec<Output>) {
         if self.deposed {
-            return Vec::new();
+            return;
         }
         // First: a run that ended this turn may fire a buffered tick.
         self.schedule_outputs(self.now);
         self.turn += 1;
         let turn = self.turn;
-        let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
+        out.reserve(self.dirty.len() + self.out.len() + 1);
         let refresh_at = self.now.plus(self.settings.record_refresh);
         let mut dirty = std::mem::take(&mut self.dirty);
-        let mut starts = Vec::new();
+        let mut starts = if self.settings.group_starts {
+            Vec::with_capacity(dirty.len())
+        } else {
+            Vec::new()
+        };
         for id in dirty.drain() {
             // A task that finished meanwhile has its result in `out`.
             if !self.ledger.is_live(id) {
@@ -396,7 +408,6 @@ impl Driver {
             });
         }
         out.append(&mut self.out);
-        out
     }
 
     /// The turns so far: [`Input::Stored`] names one.

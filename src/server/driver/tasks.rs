@@ -332,7 +332,7 @@ impl Driver {
             schedule: None,
         };
         self.ledger.record_outcome(&outcome, None);
-        self.record_finished(now, &outcome, Some(e));
+        self.record_finished(now, outcome, Some(e));
     }
 
     pub(super) fn cancel(&mut self, now: Millis, id: TaskId) -> Result<Ack, WireError> {
@@ -389,7 +389,7 @@ impl Driver {
     pub(super) fn record_finished(
         &mut self,
         now: Millis,
-        done: &Outcome,
+        done: Outcome,
         dead_letter: Option<WireError>,
     ) {
         let last = done.attempts.last();
@@ -402,16 +402,17 @@ impl Driver {
             last.map(|a| &a.group),
             last.and_then(|a| a.worker.as_deref()),
         );
-        self.forget_refresh(done.id);
-        let mut record = TaskRecord::of_outcome(done);
+        let id = done.id;
+        self.forget_refresh(id);
+        let mut record = TaskRecord::from_outcome(done);
         // Its key goes with its result: a successor binds it again from
         // there (`Input::FinishedBefore`), the submission may be purged.
-        record.key = self.ledger.retained_key(done.id).map(str::to_string);
+        record.key = self.ledger.retained_key(id).map(str::to_string);
         if record.fit(self.settings.max_record_bytes) {
-            tracing::warn!(task_id = %done.id, "the task's result was cut to fit one NATS message");
+            tracing::warn!(task_id = %id, "the task's result was cut to fit one NATS message");
         }
         self.out.push(Output::Persist {
-            seq: done.id.0,
+            seq: id.0,
             record,
             dead_letter,
         });
@@ -559,7 +560,7 @@ impl Driver {
                 };
                 self.live_seqs.remove(&task.0);
                 tracing::info!(task_id = %task, state = %state, attempts = done.outcome.attempts.len(), "task finished");
-                self.record_finished(now, &done.outcome, None);
+                self.record_finished(now, done.outcome, None);
             }
         }
     }
