@@ -7,7 +7,7 @@
 //! through [`Driver::apply`], which hands the event to the core and carries
 //! out the actions. The per-task records live in the [`Ledger`] (shared
 //! with embedded); each turn's changed records come out first in
-//! [`Driver::take_outputs`], and the runner stores them (the journal)
+//! [`Driver::take_outputs_into`], and the runner stores them (the journal)
 //! before it announces anything of the turn. Every deadline is in
 //! [`Driver::next_wakeup`].
 //!
@@ -182,7 +182,7 @@ pub(crate) struct Driver {
     refresh_at: FxHashMap<TaskId, Millis>,
     /// The latest `now` the driver was handed.
     now: Millis,
-    /// Turns so far ([`Driver::take_outputs`] calls).
+    /// Turns so far ([`Driver::take_outputs_into`] calls).
     turn: u64,
     /// What the journal holds of each live task (start records on).
     journaled: FxHashMap<TaskId, Journaled>,
@@ -300,6 +300,14 @@ impl Driver {
         self.core.check_invariants().map_err(|e| e.to_string())
     }
 
+    /// [`Driver::take_outputs_into`] a new vector (simulation and tests).
+    #[cfg(test)]
+    pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.take_outputs_into(&mut out);
+        out
+    }
+
     /// Outputs queued so far, oldest first, after the journal records of
     /// the tasks whose attempts changed (one per task, its latest state).
     ///
@@ -307,15 +315,9 @@ impl Driver {
     /// is a new running attempt has that start written with the others of
     /// the turn in one [`Output::PersistStarts`]; its own record is
     /// written when the attempt ends, or when it is due again (covering
-    /// the entry). Each call is one turn ([`Driver::turn`]).
-    pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
-        let mut out = Vec::new();
-        self.take_outputs_into(&mut out);
-        out
-    }
-
-    /// [`Driver::take_outputs`] appended to `out`, a buffer the caller
-    /// keeps from turn to turn (no vector allocated per turn).
+    /// the entry). Each call is one turn ([`Driver::turn`]). Appended to
+    /// `out`, a buffer the caller keeps from turn to turn (no vector
+    /// allocated per turn).
     pub(crate) fn take_outputs_into(&mut self, out: &mut Vec<Output>) {
         if self.deposed {
             return;

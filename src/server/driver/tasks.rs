@@ -476,7 +476,7 @@ impl Driver {
                     schedule: schedule.0,
                     scheduled_at: schedule.1,
                 };
-                self.update_worker(now, &*worker_id, |w| {
+                self.update_worker(now, &worker_id, |w| {
                     w.running.insert((task, attempt));
                 });
                 self.put_lease(
