@@ -15,7 +15,7 @@ pub(super) async fn drive(
     mut driver: Driver,
     mut inputs: mpsc::Receiver<Input>,
     commit: mpsc::UnboundedSender<Turn>,
-    pending: Pending,
+    pending_results: Pending,
     floor: watch::Sender<u64>,
     beat: &AtomicU64,
     consumed: &AtomicU64,
@@ -32,6 +32,8 @@ pub(super) async fn drive(
     let sleep = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(sleep);
     let mut armed: Option<Millis> = None;
+    // Each turn's outputs, in a buffer kept from turn to turn.
+    let mut outputs: Vec<Output> = Vec::new();
     loop {
         let now = wall_now();
         beat.store(now.0, Ordering::Relaxed);
@@ -102,8 +104,21 @@ pub(super) async fn drive(
         if !tenure.check(&mut driver) {
             return;
         }
-        let mut turn = Turn::default();
-        for output in driver.take_outputs() {
+        driver.take_outputs_into(&mut outputs);
+        // Sized once: the turn's vectors go to the committer with it.
+        let records = outputs.iter().filter(|o| is_record(o)).count();
+        let discards = outputs
+            .iter()
+            .filter(|o| matches!(o, Output::Discard { .. }))
+            .count();
+        let mut turn = Turn {
+            number: 0,
+            records: Vec::with_capacity(records),
+            announce: Vec::with_capacity(outputs.len() - records - discards),
+        };
+        // Locked once a turn, if any result is stored.
+        let mut pending = None::<std::sync::MutexGuard<'_, BTreeSet<u64>>>;
+        for output in outputs.drain(..) {
             match output {
                 Output::Persist {
                     seq,
@@ -113,8 +128,9 @@ pub(super) async fn drive(
                     if record.state.is_terminal() {
                         // Marked before the floor can pass it (below).
                         pending
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
+                            .get_or_insert_with(|| {
+                                pending_results.lock().unwrap_or_else(|e| e.into_inner())
+                            })
                             .insert(seq);
                     }
                     turn.records.push(
@@ -137,6 +153,7 @@ pub(super) async fn drive(
                 announce => turn.announce.push(announce),
             }
         }
+        drop(pending);
         turn.number = driver.turn();
         if !(turn.records.is_empty() && turn.announce.is_empty()) && commit.send(turn).is_err() {
             // The committer stopped: fenced out, a successor leads.
@@ -148,6 +165,14 @@ pub(super) async fn drive(
         });
         consumed.store(driver.consumed_below(), Ordering::Relaxed);
     }
+}
+
+/// Whether the runner hands this output to the committer as a record.
+fn is_record(output: &Output) -> bool {
+    matches!(
+        output,
+        Output::Persist { .. } | Output::PersistStarts { .. } | Output::PersistSchedule { .. }
+    )
 }
 
 /// Hands one input to the driver. A panic (a bug: every input is checked)

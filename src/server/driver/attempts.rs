@@ -28,7 +28,7 @@ impl Driver {
         // An attempt re-attached after a leader change keeps the epoch of
         // the lease it runs under; every other lease is of this epoch.
         match self.leases.get(&task) {
-            Some(l) if l.attempt == attempt && l.worker == worker_id => {
+            Some(l) if l.attempt == attempt && &*l.worker == worker_id => {
                 if epoch == self.epoch || (l.reattached && epoch < self.epoch) {
                     Ok(())
                 } else {

@@ -7,7 +7,7 @@
 //! through [`Driver::apply`], which hands the event to the core and carries
 //! out the actions. The per-task records live in the [`Ledger`] (shared
 //! with embedded); each turn's changed records come out first in
-//! [`Driver::take_outputs`], and the runner stores them (the journal)
+//! [`Driver::take_outputs_into`], and the runner stores them (the journal)
 //! before it announces anything of the turn. Every deadline is in
 //! [`Driver::next_wakeup`].
 //!
@@ -27,6 +27,7 @@
 //! lost, so they are retried elsewhere and never handed back to it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -40,7 +41,7 @@ use crate::task::{Outcome, Task, TaskStatus};
 use crate::wire::{
     self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
     Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, StartRecord, StartRecords,
-    Subjects, TaskEvent, TaskRecord, WireError, PROTOCOL_VERSION,
+    Subjects, TaskRecord, WireError, PROTOCOL_VERSION,
 };
 
 mod io;
@@ -83,6 +84,11 @@ pub(crate) const MAX_SLOTS_PER_WORKER: u32 = 100_000;
 const MAX_INSTANCE_LEN: usize = 128;
 
 struct WorkerState {
+    /// Its id, shared by the driver's indexes (free slots, silence, leases):
+    /// a key moved between them costs a count, not an allocation.
+    id: Arc<str>,
+    /// Where its leases go (`Subjects::lease`), built once.
+    lease_subject: String,
     pool: PoolName,
     labels: Labels,
     slots: u32,
@@ -132,7 +138,7 @@ struct GroupState {
     /// The sum of the members' shares: `u64`, so it never wraps.
     slots: u64,
     /// Members that may take a lease: most free slots first, then id.
-    free: BTreeSet<(std::cmp::Reverse<u32>, String)>,
+    free: BTreeSet<(std::cmp::Reverse<u32>, Arc<str>)>,
 }
 
 impl GroupState {
@@ -144,7 +150,7 @@ impl GroupState {
 
 struct LeaseState {
     attempt: u32,
-    worker: String,
+    worker: Arc<str>,
     expires: Millis,
     /// Re-attached after a leader change: the worker holds the lease of
     /// an earlier epoch, which is accepted for this attempt only.
@@ -156,6 +162,9 @@ pub(crate) struct Driver {
     core: Core,
     actions: Vec<Action>,
     subjects: Subjects,
+    /// `P.events.`: a task's event subject is this and its id
+    /// ([`Driver::event_subject`]), without a format per event.
+    events_prefix: String,
     epoch: u64,
     settings: Settings,
     workers: BTreeMap<String, WorkerState>,
@@ -166,14 +175,14 @@ pub(crate) struct Driver {
     /// The driver's own timers beside the core's, in `next_wakeup`: lease
     /// expiries, and when each worker's silence passes `worker_timeout`.
     lease_deadlines: BTreeSet<(Millis, TaskId)>,
-    silence_deadlines: BTreeSet<(Millis, String)>,
+    silence_deadlines: BTreeSet<(Millis, Arc<str>)>,
     /// When each live task's journal record is due to be written again
     /// (`Settings::record_refresh`), in `next_wakeup` too.
     refresh_deadlines: BTreeSet<(Millis, TaskId)>,
     refresh_at: FxHashMap<TaskId, Millis>,
     /// The latest `now` the driver was handed.
     now: Millis,
-    /// Turns so far ([`Driver::take_outputs`] calls).
+    /// Turns so far ([`Driver::take_outputs_into`] calls).
     turn: u64,
     /// What the journal holds of each live task (start records on).
     journaled: FxHashMap<TaskId, Journaled>,
@@ -233,6 +242,7 @@ impl Driver {
         Driver {
             core,
             actions: Vec::new(),
+            events_prefix: format!("{}.events.", subjects.prefix()),
             subjects,
             epoch,
             settings,
@@ -290,6 +300,14 @@ impl Driver {
         self.core.check_invariants().map_err(|e| e.to_string())
     }
 
+    /// [`Driver::take_outputs_into`] a new vector (simulation and tests).
+    #[cfg(test)]
+    pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.take_outputs_into(&mut out);
+        out
+    }
+
     /// Outputs queued so far, oldest first, after the journal records of
     /// the tasks whose attempts changed (one per task, its latest state).
     ///
@@ -297,19 +315,25 @@ impl Driver {
     /// is a new running attempt has that start written with the others of
     /// the turn in one [`Output::PersistStarts`]; its own record is
     /// written when the attempt ends, or when it is due again (covering
-    /// the entry). Each call is one turn ([`Driver::turn`]).
-    pub(crate) fn take_outputs(&mut self) -> Vec<Output> {
+    /// the entry). Each call is one turn ([`Driver::turn`]). Appended to
+    /// `out`, a buffer the caller keeps from turn to turn (no vector
+    /// allocated per turn).
+    pub(crate) fn take_outputs_into(&mut self, out: &mut Vec<Output>) {
         if self.deposed {
-            return Vec::new();
+            return;
         }
         // First: a run that ended this turn may fire a buffered tick.
         self.schedule_outputs(self.now);
         self.turn += 1;
         let turn = self.turn;
-        let mut out = Vec::with_capacity(self.dirty.len() + self.out.len());
+        out.reserve(self.dirty.len() + self.out.len() + 1);
         let refresh_at = self.now.plus(self.settings.record_refresh);
         let mut dirty = std::mem::take(&mut self.dirty);
-        let mut starts = Vec::new();
+        let mut starts = if self.settings.group_starts {
+            Vec::with_capacity(dirty.len())
+        } else {
+            Vec::new()
+        };
         for id in dirty.drain() {
             // A task that finished meanwhile has its result in `out`.
             if !self.ledger.is_live(id) {
@@ -386,7 +410,6 @@ impl Driver {
             });
         }
         out.append(&mut self.out);
-        out
     }
 
     /// The turns so far: [`Input::Stored`] names one.
@@ -518,8 +541,8 @@ impl Driver {
         w.last_seen = w.last_seen.max(now);
         let new = w.last_seen.plus(timeout);
         if old != new {
-            self.silence_deadlines.remove(&(old, worker_id.to_string()));
-            self.silence_deadlines.insert((new, worker_id.to_string()));
+            self.silence_deadlines.remove(&(old, w.id.clone()));
+            self.silence_deadlines.insert((new, w.id.clone()));
         }
     }
 
@@ -539,6 +562,26 @@ impl Driver {
                 reply: T::wrap(result),
             }),
         }
+    }
+
+    /// `Subjects::events(id)`, from the prefix built once.
+    fn event_subject(&self, id: TaskId) -> String {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = id.0;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        let digits = std::str::from_utf8(&digits[at..]).expect("ASCII digits");
+        let mut subject = String::with_capacity(self.events_prefix.len() + digits.len());
+        subject.push_str(&self.events_prefix);
+        subject.push_str(digits);
+        subject
     }
 
     fn publish<T: serde::Serialize>(&mut self, subject: String, body: &T) {

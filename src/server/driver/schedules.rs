@@ -18,7 +18,7 @@
 //!   schedule's record is not written at all while any of its fires is
 //!   unanswered (`in_flight`): whatever else changed waits with it.
 //! - **Run ends** are read from the turn's own results: a terminal record
-//!   of a task the book believes live ends its run (`take_outputs`).
+//!   of a task the book believes live ends its run (`take_outputs_into`).
 //! - **Catching up**: the book steps only once the journal is read, so
 //!   the first step sees every task earlier leaderships left; runs the
 //!   stored records call live but which ended while no one led are ended

@@ -25,19 +25,23 @@ pub(super) fn start_size(start: &StartRecord) -> usize {
 /// larger entry goes alone).
 pub(super) fn start_chunks(starts: Vec<StartRecord>, budget: usize) -> Vec<Vec<StartRecord>> {
     let mut chunks = Vec::new();
-    let mut chunk: Vec<StartRecord> = Vec::new();
-    let mut size = 0;
-    for start in starts {
-        let more = start_size(&start);
-        if !chunk.is_empty() && (size + more > budget || chunk.len() == MAX_STARTS_PER_RECORD) {
-            chunks.push(std::mem::take(&mut chunk));
-            size = 0;
+    let mut rest = starts;
+    while !rest.is_empty() {
+        // The first chunk's length; a turn's starts usually make one
+        // chunk, which is then `rest` itself (no copy).
+        let mut size = 0;
+        let mut len = 0;
+        for start in &rest {
+            let more = start_size(start);
+            if len > 0 && (size + more > budget || len == MAX_STARTS_PER_RECORD) {
+                break;
+            }
+            size += more;
+            len += 1;
         }
-        size += more;
-        chunk.push(start);
-    }
-    if !chunk.is_empty() {
-        chunks.push(chunk);
+        let tail = rest.split_off(len);
+        chunks.push(rest);
+        rest = tail;
     }
     chunks
 }

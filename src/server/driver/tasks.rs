@@ -75,7 +75,7 @@ impl Driver {
             } else {
                 TaskState::Queued
             };
-            self.event(now, id, spec_pool, state, 0, None, None);
+            self.event(now, id, &spec_pool, state, 0, None, None);
         }
         if self.cancel_on_arrival.remove(&id) {
             let _ = self.cancel(now, id);
@@ -332,7 +332,7 @@ impl Driver {
             schedule: None,
         };
         self.ledger.record_outcome(&outcome, None);
-        self.record_finished(now, &outcome, Some(e));
+        self.record_finished(now, outcome, Some(e));
     }
 
     pub(super) fn cancel(&mut self, now: Millis, id: TaskId) -> Result<Ack, WireError> {
@@ -359,19 +359,19 @@ impl Driver {
         &mut self,
         now: Millis,
         id: TaskId,
-        pool: PoolName,
+        pool: &PoolName,
         state: TaskState,
         attempt: u32,
-        group: Option<Labels>,
-        worker: Option<String>,
+        group: Option<&Labels>,
+        worker: Option<&str>,
     ) {
         if !self.settings.events.announces(state) {
             return;
         }
-        let subject = self.subjects.events(id);
+        let subject = self.event_subject(id);
         self.publish(
             subject,
-            &TaskEvent {
+            &wire::TaskEventRef {
                 v: PROTOCOL_VERSION,
                 task_id: id,
                 pool,
@@ -389,29 +389,30 @@ impl Driver {
     pub(super) fn record_finished(
         &mut self,
         now: Millis,
-        done: &Outcome,
+        done: Outcome,
         dead_letter: Option<WireError>,
     ) {
         let last = done.attempts.last();
         self.event(
             now,
             done.id,
-            done.pool.clone(),
+            &done.pool,
             done.state,
             done.attempts.len() as u32,
-            last.map(|a| a.group.clone()),
-            last.and_then(|a| a.worker.clone()),
+            last.map(|a| &a.group),
+            last.and_then(|a| a.worker.as_deref()),
         );
-        self.forget_refresh(done.id);
-        let mut record = TaskRecord::of_outcome(done);
+        let id = done.id;
+        self.forget_refresh(id);
+        let mut record = TaskRecord::from_outcome(done);
         // Its key goes with its result: a successor binds it again from
         // there (`Input::FinishedBefore`), the submission may be purged.
-        record.key = self.ledger.retained_key(done.id).map(str::to_string);
+        record.key = self.ledger.retained_key(id).map(str::to_string);
         if record.fit(self.settings.max_record_bytes) {
-            tracing::warn!(task_id = %done.id, "the task's result was cut to fit one NATS message");
+            tracing::warn!(task_id = %id, "the task's result was cut to fit one NATS message");
         }
         self.out.push(Output::Persist {
-            seq: done.id.0,
+            seq: id.0,
             record,
             dead_letter,
         });
@@ -440,15 +441,19 @@ impl Driver {
                     );
                     return;
                 };
-                let credential = self
-                    .workers
-                    .get(&worker_id)
-                    .and_then(|w| w.credential.clone());
+                let (credential, subject, together) = match self.workers.get(&*worker_id) {
+                    Some(w) => (
+                        w.credential.clone(),
+                        w.lease_subject.clone(),
+                        w.lease_batches,
+                    ),
+                    None => (None, self.subjects.lease(&worker_id), false),
+                };
                 let Some(entry) = self.ledger.started(
                     task,
                     attempt,
                     labels.clone(),
-                    Some(worker_id.clone()),
+                    Some(worker_id.to_string()),
                     credential,
                     now,
                 ) else {
@@ -488,12 +493,8 @@ impl Driver {
                     },
                 );
                 tracing::debug!(task_id = %task, attempt, worker_id = %worker_id, group = %labels, "attempt leased");
-                let together = self
-                    .workers
-                    .get(&worker_id)
-                    .is_some_and(|w| w.lease_batches);
                 self.out.push(Output::Lease {
-                    subject: self.subjects.lease(&worker_id),
+                    subject,
                     body: wire::encode(&lease).into(),
                     task,
                     attempt,
@@ -502,11 +503,11 @@ impl Driver {
                 self.event(
                     now,
                     task,
-                    pool,
+                    &pool,
                     TaskState::Running,
                     attempt,
-                    Some(labels),
-                    Some(worker_id),
+                    Some(&labels),
+                    Some(&worker_id),
                 );
             }
             Action::Revoke {
@@ -542,7 +543,7 @@ impl Driver {
                     .task(task)
                     .map(|t| t.pool.clone())
                     .unwrap_or_default();
-                self.event(now, task, pool, TaskState::Queued, attempt - 1, None, None);
+                self.event(now, task, &pool, TaskState::Queued, attempt - 1, None, None);
             }
             Action::Finished {
                 task,
@@ -559,7 +560,7 @@ impl Driver {
                 };
                 self.live_seqs.remove(&task.0);
                 tracing::info!(task_id = %task, state = %state, attempts = done.outcome.attempts.len(), "task finished");
-                self.record_finished(now, &done.outcome, None);
+                self.record_finished(now, done.outcome, None);
             }
         }
     }

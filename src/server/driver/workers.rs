@@ -9,7 +9,7 @@ impl Driver {
 
     /// The worker of the group with the most free slots (ties: the smallest
     /// id): the first entry of the group's free index, O(log workers).
-    pub(super) fn pick_worker(&self, pool: &PoolName, labels: &Labels) -> Option<String> {
+    pub(super) fn pick_worker(&self, pool: &PoolName, labels: &Labels) -> Option<Arc<str>> {
         let group = self.groups.get(&(pool.clone(), labels.clone()))?;
         group.free.first().map(|(_, id)| id.clone())
     }
@@ -30,16 +30,19 @@ impl Driver {
         let (old_share, old_key) = (w.share(), w.free_key());
         change(w);
         let (new_share, new_key) = (w.share(), w.free_key());
+        if old_key == new_key && old_share == new_share {
+            return;
+        }
         let key = (w.pool.clone(), w.labels.clone());
         let Some(group) = self.groups.get_mut(&key) else {
             return;
         };
         if old_key != new_key {
             if let Some(k) = old_key {
-                group.free.remove(&(k, worker_id.to_string()));
+                group.free.remove(&(k, w.id.clone()));
             }
             if let Some(k) = new_key {
-                group.free.insert((k, worker_id.to_string()));
+                group.free.insert((k, w.id.clone()));
             }
         }
         if old_share != new_share {
@@ -157,9 +160,12 @@ impl Driver {
         let key = (r.pool.clone(), r.labels.clone());
         let group = self.groups.entry(key).or_default();
         group.workers += 1;
+        let id: Arc<str> = Arc::from(r.worker_id.as_str());
         self.workers.insert(
             r.worker_id.clone(),
             WorkerState {
+                id: id.clone(),
+                lease_subject: self.subjects.lease(&r.worker_id),
                 pool: r.pool,
                 labels: r.labels,
                 slots: 0,
@@ -179,7 +185,7 @@ impl Driver {
             held.1 += u64::from(r.slots);
         }
         self.silence_deadlines
-            .insert((now.plus(self.settings.worker_timeout), r.worker_id.clone()));
+            .insert((now.plus(self.settings.worker_timeout), id));
         let adopted = self.reattach(now, &r.worker_id, &who.credential, &r.running, r.slots);
         let slots = r.slots;
         self.update_worker(now, &r.worker_id, |w| w.slots = slots);
@@ -237,14 +243,18 @@ impl Driver {
                 continue;
             }
             tracing::info!(task_id = %a.task_id, attempt = a.attempt, worker_id, "attempt re-attached");
-            if let Some(w) = self.workers.get_mut(worker_id) {
-                w.running.insert((a.task_id, a.attempt));
-            }
+            let worker = match self.workers.get_mut(worker_id) {
+                Some(w) => {
+                    w.running.insert((a.task_id, a.attempt));
+                    w.id.clone()
+                }
+                None => Arc::from(worker_id),
+            };
             self.put_lease(
                 a.task_id,
                 LeaseState {
                     attempt: a.attempt,
-                    worker: worker_id.to_string(),
+                    worker,
                     expires: now.plus(self.settings.lease_ttl),
                     reattached: true,
                 },
@@ -432,10 +442,8 @@ impl Driver {
             w.draining = false;
         });
         if let Some(w) = self.workers.remove(worker_id) {
-            self.silence_deadlines.remove(&(
-                w.last_seen.plus(self.settings.worker_timeout),
-                worker_id.to_string(),
-            ));
+            self.silence_deadlines
+                .remove(&(w.last_seen.plus(self.settings.worker_timeout), w.id));
         }
         if let Some(group) = self.groups.get_mut(&key) {
             group.workers -= 1;

@@ -279,3 +279,135 @@ pub struct TaskEvent {
     /// When, ms since the epoch.
     pub at: Millis,
 }
+
+/// The protocol version of a request as cronoq encodes it: a MessagePack
+/// map whose first key is `v` with a small value. `None` for anything
+/// else (the version is then read by a full decode).
+pub(crate) fn first_key_version(body: &[u8]) -> Option<u16> {
+    let (&marker, rest) = body.split_first()?;
+    let rest = match marker {
+        0x81..=0x8f => rest,
+        0xde => rest.get(2..)?,
+        0xdf => rest.get(4..)?,
+        _ => return None,
+    };
+    match rest {
+        [0xa1, b'v', v @ 0x00..=0x7f, ..] => Some(u16::from(*v)),
+        _ => None,
+    }
+}
+
+/// A [`TaskEvent`] encoded from borrowed fields: the same MessagePack map
+/// (same fields, same order), without cloning the pool, group and worker
+/// the leader announces.
+#[derive(Serialize)]
+pub(crate) struct TaskEventRef<'a> {
+    pub v: u16,
+    pub task_id: TaskId,
+    pub pool: &'a PoolName,
+    pub state: TaskState,
+    pub attempt: u32,
+    pub group: Option<&'a Labels>,
+    pub worker: Option<&'a str>,
+    pub at: Millis,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_from_an_outcome_moved_equals_one_copied() {
+        let attempt = crate::task::AttemptRecord {
+            attempt: 1,
+            group: Labels::parse("gpu=a100").unwrap(),
+            worker: Some("w".into()),
+            credential: Some("token:T".into()),
+            started_at: Millis(5),
+            ended_at: Some(Millis(9)),
+            outcome: Some("succeeded".into()),
+            error: None,
+        };
+        for schedule in [None, Some(("nightly".to_string(), Millis(3)))] {
+            let outcome = crate::task::Outcome {
+                id: TaskId(7),
+                pool: PoolName::new("p").unwrap(),
+                state: TaskState::Succeeded,
+                output: Some(Bytes::from_static(b"out")),
+                error: Some("e".into()),
+                attempts: vec![attempt.clone()],
+                deadline_missed: true,
+                schedule,
+            };
+            assert_eq!(
+                TaskRecord::of_outcome(&outcome),
+                TaskRecord::from_outcome(outcome)
+            );
+        }
+    }
+
+    #[test]
+    fn the_version_is_read_from_a_first_key_v_only() {
+        let cancel = Cancel {
+            v: 1,
+            task_id: TaskId(3),
+        };
+        assert_eq!(first_key_version(&crate::wire::encode(&cancel)), Some(1));
+        let report = AttemptReports {
+            v: 1,
+            worker_id: "w".into(),
+            reports: Vec::new(),
+        };
+        assert_eq!(first_key_version(&crate::wire::encode(&report)), Some(1));
+        // Not first, absent, not a map, empty: read the slow way.
+        #[derive(Serialize)]
+        struct Late {
+            task_id: u64,
+            v: u16,
+        }
+        let late = crate::wire::encode(&Late { task_id: 1, v: 1 });
+        assert_eq!(first_key_version(&late), None);
+        assert_eq!(first_key_version(&[0x80]), None);
+        assert_eq!(first_key_version(&[0x91, 0x01]), None);
+        assert_eq!(first_key_version(&[]), None);
+        assert_eq!(
+            first_key_version(&[0x81, 0xa1, b'v', 0xcd, 0x01, 0x00]),
+            None
+        );
+        // Such bodies still decode the same way.
+        let decoded: Cancel = crate::wire::decode_request(&crate::wire::encode(&cancel)).unwrap();
+        assert_eq!(decoded, cancel);
+    }
+
+    #[test]
+    fn a_borrowed_task_event_encodes_as_the_owned_one() {
+        let pool = PoolName::new("p").unwrap();
+        let labels = Labels::parse("gpu=a100").unwrap();
+        for (group, worker) in [
+            (None, None),
+            (Some(labels.clone()), Some("w-1".to_string())),
+        ] {
+            let owned = TaskEvent {
+                v: crate::wire::PROTOCOL_VERSION,
+                task_id: TaskId(42),
+                pool: pool.clone(),
+                state: TaskState::Running,
+                attempt: 3,
+                group: group.clone(),
+                worker: worker.clone(),
+                at: Millis(1_700_000_000_000),
+            };
+            let borrowed = TaskEventRef {
+                v: owned.v,
+                task_id: owned.task_id,
+                pool: &pool,
+                state: owned.state,
+                attempt: owned.attempt,
+                group: group.as_ref(),
+                worker: worker.as_deref(),
+                at: owned.at,
+            };
+            assert_eq!(crate::wire::encode(&owned), crate::wire::encode(&borrowed));
+        }
+    }
+}

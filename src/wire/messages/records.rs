@@ -80,6 +80,26 @@ impl TaskRecord {
         }
     }
 
+    /// [`TaskRecord::of_outcome`] taking the outcome: its attempts,
+    /// output and error move instead of being copied.
+    pub fn from_outcome(o: crate::task::Outcome) -> TaskRecord {
+        let (schedule, scheduled_at) = o.schedule.unzip();
+        TaskRecord {
+            v: crate::wire::PROTOCOL_VERSION,
+            id: o.id,
+            pool: o.pool,
+            state: o.state,
+            attempts: o.attempts,
+            output: o.output,
+            error: o.error,
+            deadline_missed: o.deadline_missed,
+            written_at: None,
+            schedule,
+            scheduled_at,
+            key: None,
+        }
+    }
+
     /// The record of a live task as `task` shows it (it has no output).
     pub fn of_status(s: crate::task::TaskStatus) -> TaskRecord {
         TaskRecord {

@@ -3,6 +3,7 @@
 use super::*;
 use crate::server::{Replies, Waiting};
 use crate::task::AttemptRecord;
+use crate::wire::TaskEvent;
 
 thread_local! {
     /// The test's local callers, as the shell keeps them.
@@ -1842,3 +1843,14 @@ fn replies_reach_their_callers_and_closing_answers_the_rest() {
 }
 
 mod schedules;
+
+#[test]
+fn an_event_subject_is_the_one_subjects_builds() {
+    for prefix in ["cronoq", "x_y-1"] {
+        let subjects = Subjects::new(prefix).unwrap();
+        let d = Driver::new(subjects.clone(), 1, settings(), Millis(0));
+        for id in [0, 1, 9, 10, 99, 12_345, u64::MAX] {
+            assert_eq!(d.event_subject(TaskId(id)), subjects.events(TaskId(id)));
+        }
+    }
+}
