@@ -186,6 +186,9 @@ pub struct Client {
     nats: async_nats::Client,
     jetstream: async_nats::jetstream::Context,
     subjects: Subjects,
+    /// `subjects.submit_stream()`, built once: every submission's ack is
+    /// checked against it.
+    submit_stream: std::sync::Arc<str>,
     url: String,
     /// Signs every request and submission; `None`: anonymous.
     credential: Option<Credential>,
@@ -367,18 +370,26 @@ impl Client {
     /// holds it.
     async fn publish_submission(&self, task: Task) -> Result<TaskId, Error> {
         task.to_spec(TaskId(1), self.max_payload_bytes)?;
-        let nonce = auth::client_nonce(SystemTime::now());
-        let msg_id = match (&self.credential, task.key()) {
-            (None, key) => key.map(str::to_string),
+        // Only a credential's proof needs a nonce.
+        let signer = self
+            .credential
+            .as_ref()
+            .map(|credential| (credential, auth::client_nonce(SystemTime::now())));
+        let scoped_key;
+        let msg_id = match (&signer, task.key()) {
+            (None, key) => key,
             // Scoped to the credential, so another credential cannot take
             // the key first.
-            (Some(credential), Some(key)) => Some(credential.msg_id(key)),
+            (Some((credential, _)), Some(key)) => {
+                scoped_key = credential.msg_id(key);
+                Some(scoped_key.as_str())
+            }
             // The nonce: a replayed copy is a duplicate for the stream.
-            (Some(_), None) => Some(nonce.clone()),
+            (Some((_, nonce)), None) => Some(nonce.as_str()),
         };
         // The one encoder (it checks the idempotency key).
         let (subject, mut headers, body) =
-            wire::submission_with_msg_id(&self.subjects, &task, msg_id.as_deref())?;
+            wire::submission_with_msg_id(&self.subjects, &task, msg_id)?;
         let server_max = self.server_max.get(&self.nats);
         if server_max > 0 && body.len() > server_max {
             return Err(Rejection::InvalidArgument(format!(
@@ -388,10 +399,13 @@ impl Client {
             .into());
         }
         // Last: the proof covers `Nats-Msg-Id` and the other headers.
-        if let Some(credential) = &self.credential {
-            credential.sign_message(&nonce, &subject, &mut headers, &body);
+        if let Some((credential, nonce)) = &signer {
+            credential.sign_message(nonce, &subject, &mut headers, &body);
         }
-        let stream = self.subjects.submit_stream();
+        let stream = &*self.submit_stream;
+        // A `Subject` holds the string as it is: the publish takes a
+        // reference count, not a copy.
+        let subject = async_nats::Subject::from(subject);
         let publish_error = |e: async_nats::jetstream::context::PublishError| {
             use async_nats::jetstream::context::PublishErrorKind as Kind;
             let message = match e.kind() {
@@ -420,7 +434,7 @@ impl Client {
             .map_err(publish_error)?
             .await
             .map_err(publish_error)?;
-        if ack.stream != stream {
+        if ack.stream != *stream {
             return Err(Error::Refused(WireError::new(
                 ErrorCode::FAILED_PRECONDITION,
                 format!(

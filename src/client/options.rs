@@ -214,6 +214,7 @@ impl ClientOptions {
         Ok(Client {
             nats,
             jetstream,
+            submit_stream: subjects.submit_stream().into(),
             subjects,
             url: url.to_string(),
             credential: self.credential,
