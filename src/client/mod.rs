@@ -184,7 +184,6 @@ impl From<Error> for WireError {
 #[derive(Clone, Debug)]
 pub struct Client {
     nats: async_nats::Client,
-    jetstream: async_nats::jetstream::Context,
     subjects: Subjects,
     /// `subjects.submit_stream()`, built once: every submission's ack is
     /// checked against it.
@@ -406,35 +405,48 @@ impl Client {
         // A `Subject` holds the string as it is: the publish takes a
         // reference count, not a copy.
         let subject = async_nats::Subject::from(subject);
-        let publish_error = |e: async_nats::jetstream::context::PublishError| {
-            use async_nats::jetstream::context::PublishErrorKind as Kind;
-            let message = match e.kind() {
-                Kind::StreamNotFound => format!(
-                    "no stream captures {subject}: the submit stream {stream} does not exist, \
-                     so no cronoq server has created it (start `cronoq server` against {})",
-                    self.url
-                ),
-                Kind::TimedOut => {
-                    if let Some(refused) = self.refused(&subject) {
-                        return refused;
-                    }
-                    format!(
-                        "no acknowledgement for {subject} within {:?} (is JetStream up on {}?)",
-                        self.request_timeout, self.url
-                    )
+        // A JetStream publish is a request whose reply is the stream's
+        // acknowledgement; sent as a plain request, the acknowledgement is
+        // read without the untagged-enum JSON decoding and the boxed
+        // future of async-nats' publish (the same protocol, the same
+        // errors: no responders is no stream).
+        let request = async_nats::Request::new()
+            .headers(headers)
+            .payload(body)
+            .timeout(Some(self.request_timeout));
+        let reply = self
+            .nats
+            .send_request(subject.clone(), request)
+            .await
+            .map_err(|e| {
+                use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+                use async_nats::RequestErrorKind as Kind;
+                match e.kind() {
+                    Kind::NoResponders => Error::unavailable(
+                        format!(
+                            "no stream captures {subject}: the submit stream {stream} does not \
+                             exist, so no cronoq server has created it (start `cronoq server` \
+                             against {})",
+                            self.url
+                        ),
+                        PublishError::from(PublishErrorKind::StreamNotFound),
+                    ),
+                    Kind::TimedOut => self.refused(&subject).unwrap_or_else(|| {
+                        Error::unavailable(
+                            format!(
+                                "no acknowledgement for {subject} within {:?} (is JetStream up \
+                                 on {}?)",
+                                self.request_timeout, self.url
+                            ),
+                            PublishError::from(PublishErrorKind::TimedOut),
+                        )
+                    }),
+                    Kind::Other => Error::unavailable(format!("publishing to {subject}"), e),
                 }
-                _ => format!("publishing to {subject}"),
-            };
-            Error::unavailable(message, e)
-        };
-        let ack = self
-            .jetstream
-            .publish_with_headers(subject.clone(), headers, body)
-            .await
-            .map_err(publish_error)?
-            .await
-            .map_err(publish_error)?;
-        if ack.stream != *stream {
+            })?;
+        let ack = stream_ack(&reply.payload)
+            .map_err(|e| Error::unavailable(format!("publishing to {subject}"), e))?;
+        if ack.stream != stream {
             return Err(Error::Refused(WireError::new(
                 ErrorCode::FAILED_PRECONDITION,
                 format!(
@@ -443,7 +455,7 @@ impl Client {
                 ),
             )));
         }
-        Ok(TaskId(ack.sequence))
+        Ok(TaskId(ack.seq))
     }
 
     async fn request<Q: Serialize, R: DeserializeOwned>(
@@ -594,6 +606,32 @@ impl Client {
                 }
             }
         }
+    }
+}
+
+/// A stream's acknowledgement of a publish, or its refusal.
+#[derive(serde::Deserialize)]
+struct StreamAck<'a> {
+    #[serde(default, borrow)]
+    stream: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    seq: u64,
+    #[serde(default)]
+    error: Option<async_nats::jetstream::Error>,
+}
+
+/// Reads a stream's reply to a publish: its stream and sequence, or its
+/// error (JetStream's own, or a reply that is not an acknowledgement).
+fn stream_ack(payload: &[u8]) -> Result<StreamAck<'_>, BoxError> {
+    let ack: StreamAck<'_> = serde_json::from_slice(payload)?;
+    match ack.error {
+        Some(error) => Err(error.into()),
+        None if ack.stream.is_empty() || ack.seq == 0 => Err(format!(
+            "not a stream acknowledgement: {}",
+            String::from_utf8_lossy(payload)
+        )
+        .into()),
+        None => Ok(ack),
     }
 }
 
