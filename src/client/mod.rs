@@ -709,3 +709,32 @@ impl Api for Client {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_ack_is_read_and_anything_else_is_an_error() {
+        let ack = stream_ack(br#"{"stream":"CQ_SUBMIT","seq":7,"duplicate":true}"#).unwrap();
+        assert_eq!((&*ack.stream, ack.seq), ("CQ_SUBMIT", 7));
+        let ack = stream_ack(br#"{"stream":"A\"B","domain":"hub","seq":1}"#).unwrap();
+        assert_eq!((&*ack.stream, ack.seq), ("A\"B", 1));
+        let refused = stream_ack(
+            br#"{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}"#,
+        )
+        .err()
+        .unwrap();
+        assert!(
+            refused.to_string().contains("maximum messages exceeded"),
+            "{refused}"
+        );
+        for bad in [&b"{}"[..], b"not json", br#"{"stream":"S"}"#, b""] {
+            assert!(
+                stream_ack(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}

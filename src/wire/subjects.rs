@@ -241,6 +241,18 @@ mod tests {
         assert!(s.pool_of_submit("cq.submit.a.b").is_err());
         assert_eq!(s.lease("w1"), "cq.worker.w1.lease");
         assert_eq!(s.submit_stream(), "CQ_SUBMIT");
+        assert_eq!(s.leases("w1"), "cq.worker.w1.leases");
+        assert_eq!(s.revoke("w1"), "cq.worker.w1.revoke");
+        assert_eq!(s.worker_all("w1"), "cq.worker.w1.>");
+        assert_eq!(s.worker_api("w1", "renew"), "cq.w.w1.renew");
+        assert_eq!(s.worker_api_all(), "cq.w.*.*");
+        assert_eq!(s.api("task"), "cq.api.task");
+        assert_eq!(s.events(TaskId(42)), "cq.events.42");
+        assert_eq!(s.events(TaskId(u64::MAX)), "cq.events.18446744073709551615");
+        assert_eq!(s.events_all(), "cq.events.>");
+        assert_eq!(s.submit_all(), "cq.submit.>");
+        assert_eq!(s.dead_letter(&pool), "cq.deadletter.gpu-pool");
+        assert_eq!(s.dead_letter_all(), "cq.deadletter.>");
         assert!(Subjects::new("a.b").is_err());
         assert!(validate_worker_id("w.1").is_err());
     }
