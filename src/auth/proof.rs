@@ -9,8 +9,21 @@ pub fn token_id(token: &str) -> String {
     hex(&digest[..8])
 }
 
-pub(super) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Lower-case hex of `bytes`: one allocation, no formatting machinery
+/// (it runs for every client nonce and every seal).
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
+    out
+}
+
+/// Appends the lower-case hex of `bytes` to `out`.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
 }
 
 /// The headers besides `Cronoq-*` that a receiver reads, so a proof
@@ -68,12 +81,23 @@ pub(super) fn hmac_verify(key: &[u8], input: &[u8], proof: &[u8]) -> bool {
 }
 
 /// A fresh client nonce: `<unix ms>.<16 random hex digits>`.
+///
+/// The random part comes from [`rand::rngs::ThreadRng`]: a ChaCha
+/// CSPRNG per thread, seeded (and periodically reseeded) from the OS, so
+/// a nonce stays unpredictable without a `getrandom` syscall per call.
 pub fn client_nonce(now: SystemTime) -> String {
+    use std::fmt::Write as _;
     let ms = now
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    format!("{ms}.{}", hex(&random_bytes::<8>()))
+    let mut random = [0u8; 8];
+    rand::thread_rng().fill_bytes(&mut random);
+    // 13 digits of ms for centuries, the dot, 16 hex digits.
+    let mut nonce = String::with_capacity(32);
+    let _ = write!(nonce, "{ms}.");
+    push_hex(&mut nonce, &random);
+    nonce
 }
 
 pub(super) fn random_bytes<const N: usize>() -> [u8; N] {

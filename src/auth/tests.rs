@@ -532,3 +532,21 @@ fn sessions_of_workers_gone_for_long_are_forgotten() {
         .unwrap();
     assert_eq!(sessions.len(), 2, "the late ones stay");
 }
+
+#[test]
+fn hex_is_lower_case_two_digits_a_byte_and_nonces_are_fresh() {
+    let bytes = [0x00, 0x0f, 0xa5, 0xff, 0x10];
+    let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex(&bytes), expected);
+    assert_eq!(hex(&[]), "");
+    let at = UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
+    let (a, b) = (client_nonce(at), client_nonce(at));
+    let (ms, random) = a.split_once('.').unwrap();
+    assert_eq!(ms, "1700000000123");
+    assert_eq!(random.len(), 16);
+    assert!(random
+        .bytes()
+        .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+    assert_ne!(a, b, "two nonces of one millisecond differ");
+    assert_eq!(nonce_time(&a), Some(Millis(1_700_000_000_123)));
+}

@@ -184,8 +184,10 @@ impl From<Error> for WireError {
 #[derive(Clone, Debug)]
 pub struct Client {
     nats: async_nats::Client,
-    jetstream: async_nats::jetstream::Context,
     subjects: Subjects,
+    /// `subjects.submit_stream()`, built once: every submission's ack is
+    /// checked against it.
+    submit_stream: std::sync::Arc<str>,
     url: String,
     /// Signs every request and submission; `None`: anonymous.
     credential: Option<Credential>,
@@ -367,18 +369,26 @@ impl Client {
     /// holds it.
     async fn publish_submission(&self, task: Task) -> Result<TaskId, Error> {
         task.to_spec(TaskId(1), self.max_payload_bytes)?;
-        let nonce = auth::client_nonce(SystemTime::now());
-        let msg_id = match (&self.credential, task.key()) {
-            (None, key) => key.map(str::to_string),
+        // Only a credential's proof needs a nonce.
+        let signer = self
+            .credential
+            .as_ref()
+            .map(|credential| (credential, auth::client_nonce(SystemTime::now())));
+        let scoped_key;
+        let msg_id = match (&signer, task.key()) {
+            (None, key) => key,
             // Scoped to the credential, so another credential cannot take
             // the key first.
-            (Some(credential), Some(key)) => Some(credential.msg_id(key)),
+            (Some((credential, _)), Some(key)) => {
+                scoped_key = credential.msg_id(key);
+                Some(scoped_key.as_str())
+            }
             // The nonce: a replayed copy is a duplicate for the stream.
-            (Some(_), None) => Some(nonce.clone()),
+            (Some((_, nonce)), None) => Some(nonce.as_str()),
         };
         // The one encoder (it checks the idempotency key).
         let (subject, mut headers, body) =
-            wire::submission_with_msg_id(&self.subjects, &task, msg_id.as_deref())?;
+            wire::submission_with_msg_id(&self.subjects, &task, msg_id)?;
         let server_max = self.server_max.get(&self.nats);
         if server_max > 0 && body.len() > server_max {
             return Err(Rejection::InvalidArgument(format!(
@@ -388,38 +398,54 @@ impl Client {
             .into());
         }
         // Last: the proof covers `Nats-Msg-Id` and the other headers.
-        if let Some(credential) = &self.credential {
-            credential.sign_message(&nonce, &subject, &mut headers, &body);
+        if let Some((credential, nonce)) = &signer {
+            credential.sign_message(nonce, &subject, &mut headers, &body);
         }
-        let stream = self.subjects.submit_stream();
-        let publish_error = |e: async_nats::jetstream::context::PublishError| {
-            use async_nats::jetstream::context::PublishErrorKind as Kind;
-            let message = match e.kind() {
-                Kind::StreamNotFound => format!(
-                    "no stream captures {subject}: the submit stream {stream} does not exist, \
-                     so no cronoq server has created it (start `cronoq server` against {})",
-                    self.url
-                ),
-                Kind::TimedOut => {
-                    if let Some(refused) = self.refused(&subject) {
-                        return refused;
-                    }
-                    format!(
-                        "no acknowledgement for {subject} within {:?} (is JetStream up on {}?)",
-                        self.request_timeout, self.url
-                    )
+        let stream = &*self.submit_stream;
+        // A `Subject` holds the string as it is: the publish takes a
+        // reference count, not a copy.
+        let subject = async_nats::Subject::from(subject);
+        // A JetStream publish is a request whose reply is the stream's
+        // acknowledgement; sent as a plain request, the acknowledgement is
+        // read without the untagged-enum JSON decoding and the boxed
+        // future of async-nats' publish (the same protocol, the same
+        // errors: no responders is no stream).
+        let request = async_nats::Request::new()
+            .headers(headers)
+            .payload(body)
+            .timeout(Some(self.request_timeout));
+        let reply = self
+            .nats
+            .send_request(subject.clone(), request)
+            .await
+            .map_err(|e| {
+                use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+                use async_nats::RequestErrorKind as Kind;
+                match e.kind() {
+                    Kind::NoResponders => Error::unavailable(
+                        format!(
+                            "no stream captures {subject}: the submit stream {stream} does not \
+                             exist, so no cronoq server has created it (start `cronoq server` \
+                             against {})",
+                            self.url
+                        ),
+                        PublishError::from(PublishErrorKind::StreamNotFound),
+                    ),
+                    Kind::TimedOut => self.refused(&subject).unwrap_or_else(|| {
+                        Error::unavailable(
+                            format!(
+                                "no acknowledgement for {subject} within {:?} (is JetStream up \
+                                 on {}?)",
+                                self.request_timeout, self.url
+                            ),
+                            PublishError::from(PublishErrorKind::TimedOut),
+                        )
+                    }),
+                    Kind::Other => Error::unavailable(format!("publishing to {subject}"), e),
                 }
-                _ => format!("publishing to {subject}"),
-            };
-            Error::unavailable(message, e)
-        };
-        let ack = self
-            .jetstream
-            .publish_with_headers(subject.clone(), headers, body)
-            .await
-            .map_err(publish_error)?
-            .await
-            .map_err(publish_error)?;
+            })?;
+        let ack = stream_ack(&reply.payload)
+            .map_err(|e| Error::unavailable(format!("publishing to {subject}"), e))?;
         if ack.stream != stream {
             return Err(Error::Refused(WireError::new(
                 ErrorCode::FAILED_PRECONDITION,
@@ -429,7 +455,7 @@ impl Client {
                 ),
             )));
         }
-        Ok(TaskId(ack.sequence))
+        Ok(TaskId(ack.seq))
     }
 
     async fn request<Q: Serialize, R: DeserializeOwned>(
@@ -591,6 +617,32 @@ impl Client {
     }
 }
 
+/// A stream's acknowledgement of a publish, or its refusal.
+#[derive(serde::Deserialize)]
+struct StreamAck<'a> {
+    #[serde(default, borrow)]
+    stream: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    seq: u64,
+    #[serde(default)]
+    error: Option<async_nats::jetstream::Error>,
+}
+
+/// Reads a stream's reply to a publish: its stream and sequence, or its
+/// error (JetStream's own, or a reply that is not an acknowledgement).
+fn stream_ack(payload: &[u8]) -> Result<StreamAck<'_>, BoxError> {
+    let ack: StreamAck<'_> = serde_json::from_slice(payload)?;
+    match ack.error {
+        Some(error) => Err(error.into()),
+        None if ack.stream.is_empty() || ack.seq == 0 => Err(format!(
+            "not a stream acknowledgement: {}",
+            String::from_utf8_lossy(payload)
+        )
+        .into()),
+        None => Ok(ack),
+    }
+}
+
 impl Api for Client {
     fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
         Box::pin(async move { Ok(Client::submit(self, task).await?) })
@@ -662,6 +714,35 @@ impl Api for Client {
             } else {
                 format!("not connected to {} ({state:?})", self.url)
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_ack_is_read_and_anything_else_is_an_error() {
+        let ack = stream_ack(br#"{"stream":"CQ_SUBMIT","seq":7,"duplicate":true}"#).unwrap();
+        assert_eq!((&*ack.stream, ack.seq), ("CQ_SUBMIT", 7));
+        let ack = stream_ack(br#"{"stream":"A\"B","domain":"hub","seq":1}"#).unwrap();
+        assert_eq!((&*ack.stream, ack.seq), ("A\"B", 1));
+        let refused = stream_ack(
+            br#"{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}"#,
+        )
+        .err()
+        .unwrap();
+        assert!(
+            refused.to_string().contains("maximum messages exceeded"),
+            "{refused}"
+        );
+        for bad in [&b"{}"[..], b"not json", br#"{"stream":"S"}"#, b""] {
+            assert!(
+                stream_ack(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 }

@@ -209,11 +209,9 @@ impl ClientOptions {
                 url: url.to_string(),
                 source,
             })?;
-        let mut jetstream = async_nats::jetstream::new(nats.clone());
-        jetstream.set_timeout(self.request_timeout);
         Ok(Client {
             nats,
-            jetstream,
+            submit_stream: subjects.submit_stream().into(),
             subjects,
             url: url.to_string(),
             credential: self.credential,

@@ -192,7 +192,7 @@ impl Seal {
         let key = self.key.as_ref()?;
         let text = format!("{id}\n{instance}\n{epoch}\n{resigned}\n{http}");
         let mac = Seal::mac(key, "_leader", text.as_bytes());
-        Some(mac.iter().map(|b| format!("{b:02x}")).collect())
+        Some(crate::auth::hex(&mac))
     }
 
     /// Whether a leader record's `seal` is right (always, without a key);
@@ -267,7 +267,7 @@ impl Seal {
     /// The seal of a fire (hex), `None` without a storage key.
     pub(crate) fn fire_seal(&self, fire: &Fire<'_>) -> Option<String> {
         let mac = Seal::fire_mac(self.key.as_ref()?, fire);
-        Some(mac.iter().map(|b| format!("{b:02x}")).collect())
+        Some(crate::auth::hex(&mac))
     }
 
     /// Whether `seal` is this key's seal of `fire` (constant-time);

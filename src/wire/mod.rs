@@ -156,7 +156,12 @@ pub fn submission_with_msg_id(
         crate::task::check_key(key)?;
     }
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Content-Type", SUBMIT_CONTENT_TYPE);
+    // A static name: no copy of it per submission (the same custom header
+    // as the text `"Content-Type"` makes).
+    headers.insert(
+        async_nats::header::HeaderName::from_static("Content-Type"),
+        SUBMIT_CONTENT_TYPE,
+    );
     if let Some(id) = msg_id {
         headers.insert("Nats-Msg-Id", id);
     }

@@ -72,12 +72,12 @@ impl Subjects {
 
     /// Where submissions to `pool` go.
     pub fn submit(&self, pool: &PoolName) -> String {
-        format!("{}.submit.{}", self.prefix, pool)
+        join(&[&self.prefix, ".submit.", pool.as_str()])
     }
 
     /// Every submission subject (captured by the submit stream).
     pub fn submit_all(&self) -> String {
-        format!("{}.submit.>", self.prefix)
+        join(&[&self.prefix, ".submit.>"])
     }
 
     /// The pool named by a submission subject.
@@ -93,17 +93,17 @@ impl Subjects {
 
     /// A leader API subject: `register`, `heartbeat`, …
     pub fn api(&self, verb: &str) -> String {
-        format!("{}.api.{}", self.prefix, verb)
+        join(&[&self.prefix, ".api.", verb])
     }
 
     /// A worker's request to the leader: `P.w.<worker_id>.<verb>`.
     pub fn worker_api(&self, worker_id: &str, verb: &str) -> String {
-        format!("{}.w.{}.{}", self.prefix, worker_id, verb)
+        join(&[&self.prefix, ".w.", worker_id, ".", verb])
     }
 
     /// Every worker request (the leader subscribes to it).
     pub fn worker_api_all(&self) -> String {
-        format!("{}.w.*.*", self.prefix)
+        join(&[&self.prefix, ".w.*.*"])
     }
 
     /// The worker id and verb of a worker request subject.
@@ -117,17 +117,17 @@ impl Subjects {
 
     /// Leases for one worker.
     pub fn lease(&self, worker_id: &str) -> String {
-        format!("{}.worker.{}.lease", self.prefix, worker_id)
+        join(&[&self.prefix, ".worker.", worker_id, ".lease"])
     }
 
     /// Several leases in one message, for one worker.
     pub fn leases(&self, worker_id: &str) -> String {
-        format!("{}.worker.{}.leases", self.prefix, worker_id)
+        join(&[&self.prefix, ".worker.", worker_id, ".leases"])
     }
 
     /// Revocations for one worker.
     pub fn revoke(&self, worker_id: &str) -> String {
-        format!("{}.worker.{}.revoke", self.prefix, worker_id)
+        join(&[&self.prefix, ".worker.", worker_id, ".revoke"])
     }
 
     /// The worker a `P.worker.<id>.…` subject addresses.
@@ -140,28 +140,34 @@ impl Subjects {
 
     /// Everything addressed to one worker.
     pub fn worker_all(&self, worker_id: &str) -> String {
-        format!("{}.worker.{}.>", self.prefix, worker_id)
+        join(&[&self.prefix, ".worker.", worker_id, ".>"])
     }
 
     /// Lifecycle events of one task.
     pub fn events(&self, task: TaskId) -> String {
-        format!("{}.events.{}", self.prefix, task)
+        use std::fmt::Write as _;
+        // The prefix, `.events.`, up to 20 digits.
+        let mut subject = String::with_capacity(self.prefix.len() + 28);
+        subject.push_str(&self.prefix);
+        subject.push_str(".events.");
+        let _ = write!(subject, "{task}");
+        subject
     }
 
     /// Lifecycle events of every task.
     pub fn events_all(&self) -> String {
-        format!("{}.events.>", self.prefix)
+        join(&[&self.prefix, ".events.>"])
     }
 
     /// Where a refused or unprocessable submission is copied, with the
     /// reason in `Cronoq-Dead-Letter-*` headers (`P.deadletter.<pool>`).
     pub fn dead_letter(&self, pool: &PoolName) -> String {
-        format!("{}.deadletter.{}", self.prefix, pool)
+        join(&[&self.prefix, ".deadletter.", pool.as_str()])
     }
 
     /// Every dead-letter subject.
     pub fn dead_letter_all(&self) -> String {
-        format!("{}.deadletter.>", self.prefix)
+        join(&[&self.prefix, ".deadletter.>"])
     }
 
     /// The JetStream stream of dead letters (7 days, 100,000 at most).
@@ -196,6 +202,17 @@ impl Subjects {
     }
 }
 
+/// `parts` end to end, in one allocation of the right size (the subjects
+/// are built per message on hot paths; `format!` costs several times
+/// this).
+fn join(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        out.push_str(part);
+    }
+    out
+}
+
 /// A worker id: 1–64 characters of `A-Z a-z 0-9 _ -` (one subject token).
 pub fn validate_worker_id(id: &str) -> Result<(), Rejection> {
     if id.is_empty()
@@ -224,6 +241,18 @@ mod tests {
         assert!(s.pool_of_submit("cq.submit.a.b").is_err());
         assert_eq!(s.lease("w1"), "cq.worker.w1.lease");
         assert_eq!(s.submit_stream(), "CQ_SUBMIT");
+        assert_eq!(s.leases("w1"), "cq.worker.w1.leases");
+        assert_eq!(s.revoke("w1"), "cq.worker.w1.revoke");
+        assert_eq!(s.worker_all("w1"), "cq.worker.w1.>");
+        assert_eq!(s.worker_api("w1", "renew"), "cq.w.w1.renew");
+        assert_eq!(s.worker_api_all(), "cq.w.*.*");
+        assert_eq!(s.api("task"), "cq.api.task");
+        assert_eq!(s.events(TaskId(42)), "cq.events.42");
+        assert_eq!(s.events(TaskId(u64::MAX)), "cq.events.18446744073709551615");
+        assert_eq!(s.events_all(), "cq.events.>");
+        assert_eq!(s.submit_all(), "cq.submit.>");
+        assert_eq!(s.dead_letter(&pool), "cq.deadletter.gpu-pool");
+        assert_eq!(s.dead_letter_all(), "cq.deadletter.>");
         assert!(Subjects::new("a.b").is_err());
         assert!(validate_worker_id("w.1").is_err());
     }

@@ -17,7 +17,9 @@
 //!   than the attempt's lease.
 //! - Registering with a leader stops every attempt it did not adopt.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::core::{ErrorCode, Millis, TaskId};
 use crate::wire::RunningAttempt;
@@ -42,7 +44,9 @@ pub(crate) type AttemptKey = (TaskId, u32);
 #[derive(Default, Debug)]
 pub(crate) struct DoneAttempts {
     order: VecDeque<AttemptKey>,
-    set: HashSet<AttemptKey>,
+    /// Fx: a lookup per lease and an insert and a removal per finished
+    /// attempt; keys are the leader's task ids, not chosen by a caller.
+    set: FxHashSet<AttemptKey>,
 }
 
 impl DoneAttempts {
@@ -98,7 +102,7 @@ pub(crate) enum RevokeVerdict {
 pub(crate) struct Rules {
     epoch: u64,
     /// Running attempts, with the epoch of their lease.
-    running: HashMap<AttemptKey, u64>,
+    running: FxHashMap<AttemptKey, u64>,
     done: DoneAttempts,
 }
 
@@ -123,7 +127,7 @@ impl Rules {
     /// the attempts to stop (every other one; they count as ran here).
     pub(crate) fn registered(&mut self, epoch: u64, adopted: &[RunningAttempt]) -> Vec<AttemptKey> {
         self.epoch = epoch;
-        let keep: HashSet<AttemptKey> = adopted.iter().map(|a| (a.task_id, a.attempt)).collect();
+        let keep: FxHashSet<AttemptKey> = adopted.iter().map(|a| (a.task_id, a.attempt)).collect();
         let mut orphans: Vec<AttemptKey> = self
             .running
             .keys()

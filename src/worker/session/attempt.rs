@@ -13,8 +13,7 @@ pub(super) async fn stopped(stop: &mut watch::Receiver<StopLevel>) {
 pub(super) struct Attempt {
     pub(super) link: Arc<Link>,
     pub(super) handler: Handler,
-    pub(super) stop: Arc<Mutex<Option<StopReason>>>,
-    pub(super) reporting: Arc<AtomicBool>,
+    pub(super) shared: Arc<Shared>,
     pub(super) finished: mpsc::UnboundedSender<(AttemptKey, u64)>,
     pub(super) reports: mpsc::UnboundedSender<PendingReport>,
 }
@@ -57,7 +56,7 @@ impl Attempt {
                 retryable: true,
             }),
             Some(Err(_aborted)) => {
-                let reason = *self.stop.lock().unwrap_or_else(|e| e.into_inner());
+                let reason = *self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
                 match reason {
                     Some(StopReason::Revoked) => Some(AttemptResult::Cancelled),
                     Some(StopReason::Shutdown) | None => None,
@@ -74,7 +73,7 @@ impl Attempt {
                 "attempt failed"
             );
         }
-        self.reporting.store(true, Ordering::Relaxed);
+        self.shared.reporting.store(true, Ordering::Relaxed);
         if let Some(result) = result {
             // The lease is renewed until the leader has the outcome: a
             // report lost with a connection or a leader (retried after a

@@ -67,6 +67,47 @@ pub(super) struct Link {
     /// one outcome per request from then on.
     pub(super) singles: AtomicBool,
     pub(super) max_payload: crate::nats::MaxPayload,
+    /// This worker's subjects, built once rather than per message.
+    pub(super) own: OwnSubjects,
+}
+
+/// The subjects one worker uses per message, built once: what it hears
+/// (compared with every message's subject) and the requests it sends per
+/// attempt (cloned, a reference count, per request).
+pub(super) struct OwnSubjects {
+    pub(super) lease: String,
+    pub(super) leases: String,
+    pub(super) revoke: String,
+    renew: async_nats::Subject,
+    outcome: async_nats::Subject,
+    outcomes: async_nats::Subject,
+    heartbeat: async_nats::Subject,
+}
+
+impl OwnSubjects {
+    pub(super) fn new(subjects: &Subjects, worker_id: &str) -> OwnSubjects {
+        let api = |verb| async_nats::Subject::from(subjects.worker_api(worker_id, verb));
+        OwnSubjects {
+            lease: subjects.lease(worker_id),
+            leases: subjects.leases(worker_id),
+            revoke: subjects.revoke(worker_id),
+            renew: api("renew"),
+            outcome: api("outcome"),
+            outcomes: api("outcomes"),
+            heartbeat: api("heartbeat"),
+        }
+    }
+
+    /// The subject of request `verb`: a kept one for the frequent verbs.
+    fn api(&self, subjects: &Subjects, worker_id: &str, verb: &str) -> async_nats::Subject {
+        match verb {
+            "renew" => self.renew.clone(),
+            "outcome" => self.outcome.clone(),
+            "outcomes" => self.outcomes.clone(),
+            "heartbeat" => self.heartbeat.clone(),
+            _ => subjects.worker_api(worker_id, verb).into(),
+        }
+    }
 }
 
 /// A value that differs between processes and between runs of one.
@@ -105,7 +146,9 @@ impl Link {
         };
         let challenge: ChallengeReply = self
             .send(
-                self.subjects.worker_api(&self.worker_id, "challenge"),
+                self.subjects
+                    .worker_api(&self.worker_id, "challenge")
+                    .into(),
                 async_nats::HeaderMap::new(),
                 wire::encode(&Challenge::default()),
                 self.request_timeout,
@@ -118,7 +161,7 @@ impl Link {
         let mut headers = async_nats::HeaderMap::new();
         credential.sign_message(&challenge.nonce, &subject, &mut headers, &body);
         let reply: RegisterReply = self
-            .send(subject, headers, body, self.request_timeout)
+            .send(subject.into(), headers, body, self.request_timeout)
             .await?;
         let grant = reply.session.as_ref().ok_or_else(|| {
             CallError::Malformed(
@@ -158,7 +201,7 @@ impl Link {
         body: &Q,
         timeout: Duration,
     ) -> Result<A, CallError> {
-        let subject = self.subjects.worker_api(&self.worker_id, verb);
+        let subject = self.own.api(&self.subjects, &self.worker_id, verb);
         let body = wire::encode(body);
         let mut headers = async_nats::HeaderMap::new();
         if let Some(session) = self.session() {
@@ -170,7 +213,7 @@ impl Link {
     /// Sends a request as is; its decoded reply.
     pub(super) async fn send<A: DeserializeOwned>(
         &self,
-        subject: String,
+        subject: async_nats::Subject,
         headers: async_nats::HeaderMap,
         body: Vec<u8>,
         timeout: Duration,
@@ -233,7 +276,10 @@ pub(super) async fn send_reports(
         };
         let limit = link.max_payload.get(&link.client) / 2;
         let mut size = report_size(&first.0);
-        let mut batch = vec![first];
+        // What is queued goes in this batch (up to the cap): sized once
+        // rather than grown report by report.
+        let mut batch = Vec::with_capacity((queue.len() + 1).min(wire::MAX_REPORTS));
+        batch.push(first);
         while batch.len() < wire::MAX_REPORTS {
             let Ok(next) = queue.try_recv() else { break };
             let more = report_size(&next.0);
@@ -262,11 +308,21 @@ pub(super) fn report_size(report: &AttemptReport) -> usize {
 }
 
 /// One request for `batch`; each waiter hears its own answer.
-pub(super) async fn report_batch(link: &Link, batch: Vec<PendingReport>) {
+pub(super) async fn report_batch(link: &Link, mut batch: Vec<PendingReport>) {
+    if batch.len() == 1 {
+        // One alone goes as `outcome`, understood by every leader.
+        let Some((report, waiter)) = batch.pop() else {
+            return;
+        };
+        let answer = link
+            .call::<_, Ack>("outcome", &report, link.request_timeout)
+            .await;
+        let _ = waiter.send(answer.map(|_| ()));
+        return;
+    }
     let (reports, waiters): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-    if reports.len() == 1 || link.singles.load(Ordering::Relaxed) {
-        // One alone goes as `outcome`, understood by every leader; so do
-        // all once a leader did not know `outcomes`.
+    if link.singles.load(Ordering::Relaxed) {
+        // Each goes as `outcome` once a leader did not know `outcomes`.
         let answers = futures_util::future::join_all(
             reports
                 .iter()

@@ -12,7 +12,6 @@
 //! `link.rs` holds the requests to the leader and the outcome reports,
 //! `attempt.rs` one attempt's run; this file the loop.
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -102,20 +101,32 @@ struct Running {
     /// Set once the handler has returned: the attempt only reports now, and
     /// its slot counts as free (the leader frees it when the report lands,
     /// and may lease the next attempt before the report's reply reaches us).
-    reporting: Arc<AtomicBool>,
-    stop: Arc<Mutex<Option<StopReason>>>,
+    /// And why it was stopped from outside, if it was: one allocation
+    /// shared with the attempt's task.
+    shared: Arc<Shared>,
     abort: AbortHandle,
     join: JoinHandle<()>,
 }
 
+/// What the loop and an attempt's task both see of the attempt.
+#[derive(Default)]
+struct Shared {
+    reporting: AtomicBool,
+    stop: Mutex<Option<StopReason>>,
+}
+
 impl Running {
     fn stop(&self, reason: StopReason) {
-        let mut stop = self.stop.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stop = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
         stop.get_or_insert(reason);
         drop(stop);
         self.abort.abort();
     }
 }
+
+/// How many messages to one worker the loop takes in one turn when they
+/// are already there (the stop signal is looked at between turns).
+const MESSAGES_PER_TURN: usize = 64;
 
 use super::rules::{AttemptKey, LeaseVerdict, RevokeVerdict, Rules};
 
@@ -129,7 +140,7 @@ struct Session {
     heartbeat_interval: Duration,
     /// The handles of the attempts it runs (which ones, under which
     /// epoch, is `rules`' to say).
-    running: HashMap<AttemptKey, Running>,
+    running: rustc_hash::FxHashMap<AttemptKey, Running>,
     /// The rules every lease, revoke and registration goes through.
     rules: Rules,
     finished_tx: mpsc::UnboundedSender<(AttemptKey, u64)>,
@@ -175,6 +186,7 @@ pub(super) async fn run(
     let mut forced_at = Instant::now();
     let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
     let (reports_tx, reports_rx) = mpsc::unbounded_channel();
+    let own_subjects = OwnSubjects::new(&subjects, &worker_id);
     let mut session = Session {
         link: Arc::new(Link {
             client,
@@ -186,6 +198,7 @@ pub(super) async fn run(
             session: std::sync::Mutex::new(None),
             singles: AtomicBool::new(false),
             max_payload: Default::default(),
+            own: own_subjects,
         }),
         handler,
         pool,
@@ -193,7 +206,7 @@ pub(super) async fn run(
         slots: options.slots,
         grace: options.grace,
         heartbeat_interval: Duration::ZERO,
-        running: HashMap::new(),
+        running: Default::default(),
         rules: Rules::default(),
         finished_tx,
         reports: reports_tx,
@@ -244,11 +257,17 @@ pub(super) async fn run(
                 );
                 break;
             }
-            Some((key, epoch)) = finished_rx.recv() => {
-                // Only the run that ended: a newer leader's lease of the
-                // same attempt may have replaced it meanwhile.
-                if session.rules.ended(key, epoch) {
-                    session.running.remove(&key);
+            Some(first) = finished_rx.recv() => {
+                // With every other one already there: one turn of the
+                // loop (and of its `select!`) for a burst of them.
+                let mut next = Some(first);
+                while let Some((key, epoch)) = next {
+                    // Only the run that ended: a newer leader's lease of
+                    // the same attempt may have replaced it meanwhile.
+                    if session.rules.ended(key, epoch) {
+                        session.running.remove(&key);
+                    }
+                    next = finished_rx.try_recv().ok();
                 }
             }
             message = inbox.next() => {
@@ -257,6 +276,14 @@ pub(super) async fn run(
                     return Err(Error::SubscriptionClosed(own));
                 };
                 session.on_message(message, drain_until.is_some());
+                // Messages already there, up to a bound, in this turn; a
+                // closed subscription is seen on the next one.
+                for _ in 1..MESSAGES_PER_TURN {
+                    let Some(Some(message)) = inbox.next().now_or_never() else {
+                        break;
+                    };
+                    session.on_message(message, drain_until.is_some());
+                }
             }
             Some(record) = next_record(&mut leader_records) => {
                 #[derive(serde::Deserialize)]
@@ -479,7 +506,7 @@ impl Session {
         let busy = self
             .running
             .values()
-            .filter(|r| !r.reporting.load(Ordering::Relaxed))
+            .filter(|r| !r.shared.reporting.load(Ordering::Relaxed))
             .count();
         let busy = u32::try_from(busy).unwrap_or(u32::MAX);
         self.slots.saturating_sub(busy)
@@ -493,7 +520,7 @@ impl Session {
             tracing::warn!(worker_id = %self.link.worker_id, subject, "message without this session's proof ignored");
             return;
         }
-        if subject == self.link.subjects.lease(&self.link.worker_id) {
+        if subject == self.link.own.lease {
             match wire::decode::<Lease>(&message.payload) {
                 Ok(lease) => self.on_lease(lease, draining),
                 Err(e) => tracing::warn!(
@@ -502,7 +529,7 @@ impl Session {
                     "unreadable lease ignored"
                 ),
             }
-        } else if subject == self.link.subjects.leases(&self.link.worker_id) {
+        } else if subject == self.link.own.leases {
             match wire::decode::<wire::Leases>(&message.payload) {
                 Ok(leases) => {
                     for lease in leases.leases {
@@ -515,7 +542,7 @@ impl Session {
                     "unreadable leases ignored"
                 ),
             }
-        } else if subject == self.link.subjects.revoke(&self.link.worker_id) {
+        } else if subject == self.link.own.revoke {
             match wire::decode::<Revoke>(&message.payload) {
                 Ok(revoke) => self.on_revoke(revoke),
                 Err(e) => tracing::warn!(
@@ -582,13 +609,11 @@ impl Session {
             "attempt started"
         );
         let (abort, registration) = AbortHandle::new_pair();
-        let stop = Arc::new(Mutex::new(None));
-        let reporting = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared::default());
         let attempt = Attempt {
             link: self.link.clone(),
             handler: self.handler.clone(),
-            stop: stop.clone(),
-            reporting: reporting.clone(),
+            shared: shared.clone(),
             finished: self.finished_tx.clone(),
             reports: self.reports.clone(),
         };
@@ -596,8 +621,7 @@ impl Session {
         self.running.insert(
             key,
             Running {
-                reporting,
-                stop,
+                shared,
                 abort,
                 join,
             },
