@@ -441,6 +441,9 @@ impl Client {
                             PublishError::from(PublishErrorKind::TimedOut),
                         )
                     }),
+                    kind @ (Kind::MaxPayloadExceeded | Kind::InvalidSubject) => {
+                        refused_by_the_client(kind, &subject)
+                    }
                     Kind::Other => Error::unavailable(format!("publishing to {subject}"), e),
                 }
             })?;
@@ -490,13 +493,8 @@ impl Client {
                     Kind::TimedOut => self
                         .refused(&subject)
                         .unwrap_or_else(|| Error::unavailable(nobody, e)),
-                    Kind::MaxPayloadExceeded => Rejection::InvalidArgument(format!(
-                        "request to {subject} is above the NATS server's max_payload"
-                    ))
-                    .into(),
-                    Kind::InvalidSubject => {
-                        Rejection::InvalidArgument(format!("{subject} is not a valid NATS subject"))
-                            .into()
+                    kind @ (Kind::MaxPayloadExceeded | Kind::InvalidSubject) => {
+                        refused_by_the_client(kind, &subject)
                     }
                     Kind::Other => Error::unavailable(format!("requesting {subject}"), e),
                 }
@@ -716,6 +714,18 @@ impl Api for Client {
             },
         }
     }
+}
+
+/// What async-nats refuses before sending (since 0.49 and 0.47): a
+/// message over the server's `max_payload`, a subject NATS would not take.
+fn refused_by_the_client(kind: async_nats::RequestErrorKind, subject: &str) -> Error {
+    let message = match kind {
+        async_nats::RequestErrorKind::MaxPayloadExceeded => {
+            format!("the message to {subject} is above the NATS server's max_payload")
+        }
+        _ => format!("{subject} is not a valid NATS subject"),
+    };
+    Rejection::InvalidArgument(message).into()
 }
 
 #[cfg(test)]
