@@ -37,32 +37,14 @@ impl Item {
                 task: Some(p.seq),
                 terminal: p.record.state.is_terminal(),
                 alone: p.dead_letter.is_some(),
-                starts: Vec::new(),
                 body: self,
             },
-            Item::Starts(_, starts) => pipeline::Record {
+            Item::Starts(..) | Item::Schedule(..) => pipeline::Record {
                 task: None,
                 terminal: false,
                 alone: false,
-                starts: starts.starts.iter().map(|s| s.id.0).collect(),
                 body: self,
             },
-            Item::Schedule(..) => pipeline::Record {
-                task: None,
-                terminal: false,
-                alone: false,
-                starts: Vec::new(),
-                body: self,
-            },
-        }
-    }
-}
-
-impl pipeline::Announcement for Output {
-    fn lease_of(&self) -> Option<u64> {
-        match self {
-            Output::Lease { task, .. } => Some(task.0),
-            _ => None,
         }
     }
 }
@@ -112,10 +94,7 @@ pub(in crate::server) struct CommitCtx {
 /// [`MAX_BATCHES_IN_FLIGHT`] at once; or, where NATS cannot, one fenced
 /// write per record, up to [`MAX_IN_FLIGHT`]. As writes are stored, it
 /// announces each turn the pipeline releases — once its records and every
-/// earlier turn's are stored — in order: leases, revokes, events, replies;
-/// a lease goes ahead of its turn once its own start is stored (the pipeline
-/// releases it alone, `stored: false`, and the driver hears only that it
-/// went out).
+/// earlier turn's are stored — in order: leases, revokes, events, replies.
 /// So a worker never holds a lease whose attempt is not journaled, and
 /// nobody hears "succeeded" (nor gets an outcome acknowledged) before the
 /// result is stored; yet the writes of later turns are already under way.
@@ -288,13 +267,11 @@ fn write_fully(ctx: &Arc<CommitCtx>, (id, key, body): Retry) -> WriteFuture {
 /// Announces a turn the pipeline released: its terminal tasks' submissions
 /// may be purged, then its leases (those for one worker together),
 /// revokes, events and replies go out, then the driver hears which leases
-/// went and that the turn is stored (not for leases released ahead of
-/// their turn). `false`: the leadership may no longer act, and nothing
-/// more is announced.
+/// went and that the turn is stored. `false`: the leadership may no
+/// longer act, and nothing more is announced.
 async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
     let Released {
         number,
-        stored,
         mut announce,
         terminal,
     } = released;
@@ -404,10 +381,8 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
         // decision (as before), nothing worse.
         let _ = ctx.inputs.try_send(Input::LeasesSent(leases));
     }
-    if stored {
-        // Full: a later one says as much (slots wait a little longer).
-        let _ = ctx.inputs.try_send(Input::Stored(number));
-    }
+    // Full: a later one says as much (slots wait a little longer).
+    let _ = ctx.inputs.try_send(Input::Stored(number));
     true
 }
 

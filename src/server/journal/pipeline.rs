@@ -8,15 +8,7 @@
 //!   record of a task stands for the ones before it);
 //! - **a turn is announced only when it and every earlier turn are
 //!   stored**: turns are released oldest first, each once all its writes
-//!   are stored;
-//! - **but a lease goes out once its own start is stored**: the write
-//!   holding it (its turn's start record, or its task's own record) and
-//!   every earlier write of its task. It waits for no other task's write,
-//!   so a lease is not held up by results of other tasks in its group
-//!   commit. A lease whose start is not in its group, or whose task has
-//!   another lease still waiting, waits for its whole turn as before (so
-//!   one task's leases go out in order). Only leases: events, replies and
-//!   everything else keep the rule above.
+//!   are stored.
 //!
 //! Start records rely on the second: the shell tells the driver a turn is
 //! stored ([`crate::server::driver::Input::Stored`]) only when the
@@ -35,7 +27,7 @@
 //! JetStream; the failover simulation (`server/sim/`) lands them, or not,
 //! in whatever order the pipeline allows.
 
-use std::collections::{hash_map::Entry, VecDeque};
+use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -54,15 +46,7 @@ pub(crate) struct Record<W> {
     /// Written by itself and never left out for a later record of its
     /// task (a refused submission's: its dead letter goes first).
     pub(crate) alone: bool,
-    /// The tasks whose new attempt it stores (a start record's).
-    pub(crate) starts: Vec<u64>,
     pub(crate) body: W,
-}
-
-/// What the pipeline needs to know of an announcement: whether it is a
-/// lease, and of which task (it may then go out before its turn).
-pub(crate) trait Announcement {
-    fn lease_of(&self) -> Option<u64>;
 }
 
 /// What one driver turn hands the committer: records to store, then what
@@ -94,15 +78,12 @@ pub(crate) struct Write<W> {
     pub(crate) records: Vec<Record<W>>,
 }
 
-/// What may be announced now: a turn (or a group of turns taken
-/// together) whose writes, and every earlier turn's, are stored; or
-/// (`stored: false`) leases whose own starts are stored.
+/// A turn (or a group of turns taken together) whose writes, and every
+/// earlier turn's, are stored: announce it.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Released<A> {
-    /// The newest turn number of the group (0 for leases alone).
+    /// The newest turn number of the group.
     pub(crate) number: u64,
-    /// A whole turn: it and every earlier one are stored.
-    pub(crate) stored: bool,
     pub(crate) announce: Vec<A>,
     /// Tasks whose results it stored.
     pub(crate) terminal: Vec<u64>,
@@ -133,15 +114,6 @@ struct Group<A> {
     left: usize,
     announce: Vec<A>,
     terminal: Vec<u64>,
-    /// Tasks whose lease waits for this whole turn.
-    held: Vec<u64>,
-}
-
-/// A lease waiting for its own start to be stored.
-struct EarlyLease<A> {
-    /// Writes it waits for.
-    waits: usize,
-    lease: A,
 }
 
 /// The committer's ordering; see the module docs.
@@ -165,18 +137,9 @@ pub(crate) struct Pipeline<W, A> {
     /// Who waits for a write.
     dependents: FxHashMap<WriteId, Vec<WriteId>>,
     groups: VecDeque<Group<A>>,
-    /// Leases waiting for their own starts, by task (one per task).
-    early: FxHashMap<u64, EarlyLease<A>>,
-    /// Write → tasks whose early lease waits for it.
-    lease_waits: FxHashMap<WriteId, Vec<u64>>,
-    /// Leases whose starts are stored, to announce before anything else.
-    ready_leases: Vec<A>,
-    /// Tasks with a lease waiting for its whole turn (group): a later lease
-    /// of the task does too.
-    held: FxHashMap<u64, u64>,
 }
 
-impl<W, A: Announcement> Pipeline<W, A> {
+impl<W, A> Pipeline<W, A> {
     pub(crate) fn new(limits: Limits) -> Self {
         Pipeline {
             limits,
@@ -191,10 +154,6 @@ impl<W, A: Announcement> Pipeline<W, A> {
             last_write: FxHashMap::default(),
             dependents: FxHashMap::default(),
             groups: VecDeque::new(),
-            early: FxHashMap::default(),
-            lease_waits: FxHashMap::default(),
-            ready_leases: Vec::new(),
-            held: FxHashMap::default(),
         }
     }
 
@@ -277,11 +236,13 @@ impl<W, A: Announcement> Pipeline<W, A> {
             });
         }
         writes.extend(batch);
-        let leases = announce.iter().any(|a| a.lease_of().is_some());
-        let left = writes.len();
-        // The write holding each task's new attempt in a start record.
-        let mut start_in: FxHashMap<u64, WriteId> = FxHashMap::default();
-        let first_id = self.next_write + 1;
+        self.groups.push_back(Group {
+            id: group,
+            number,
+            left: writes.len(),
+            announce,
+            terminal,
+        });
         for mut write in writes {
             self.next_write += 1;
             let id = self.next_write;
@@ -298,13 +259,6 @@ impl<W, A: Announcement> Pipeline<W, A> {
             if waits == 0 {
                 self.ready(id, write.batch);
             }
-            if leases {
-                for r in &write.records {
-                    for &task in &r.starts {
-                        start_in.insert(task, id);
-                    }
-                }
-            }
             self.planned.insert(
                 id,
                 Planned {
@@ -314,66 +268,7 @@ impl<W, A: Announcement> Pipeline<W, A> {
                 },
             );
         }
-        let mut held = Vec::new();
-        let announce = if leases {
-            self.early_leases(announce, &start_in, first_id, (group, &mut held))
-        } else {
-            announce
-        };
-        self.groups.push_back(Group {
-            id: group,
-            number,
-            left,
-            announce,
-            terminal,
-            held,
-        });
         self.start()
-    }
-
-    /// Takes the leases of a group that may go out once their own starts
-    /// are stored (the write in `start_in` or the task's own, from
-    /// `first_id` on: this group's); returns the rest of `announce`. A
-    /// lease that must wait for its whole turn is noted in `held`.
-    fn early_leases(
-        &mut self,
-        announce: Vec<A>,
-        start_in: &FxHashMap<u64, WriteId>,
-        first_id: WriteId,
-        (group, held): (u64, &mut Vec<u64>),
-    ) -> Vec<A> {
-        let mut rest = Vec::with_capacity(announce.len());
-        for a in announce {
-            let Some(task) = a.lease_of() else {
-                rest.push(a);
-                continue;
-            };
-            // Its task's newest write not yet stored (this group's, or an
-            // earlier one: the lease waits for that too).
-            let own = self.last_write.get(&task).copied();
-            let slot = start_in.get(&task).copied();
-            let started_here = slot.is_some() || own.is_some_and(|w| w >= first_id);
-            let entry = match self.early.entry(task) {
-                Entry::Vacant(entry)
-                    if started_here && (self.held.is_empty() || !self.held.contains_key(&task)) =>
-                {
-                    entry
-                }
-                _ => {
-                    self.held.insert(task, group);
-                    held.push(task);
-                    rest.push(a);
-                    continue;
-                }
-            };
-            let mut waits = 0;
-            for write in slot.into_iter().chain(own) {
-                self.lease_waits.entry(write).or_default().push(task);
-                waits += 1;
-            }
-            entry.insert(EarlyLease { waits, lease: a });
-        }
-        rest
     }
 
     fn ready(&mut self, id: WriteId, batch: bool) {
@@ -442,15 +337,6 @@ impl<W, A: Announcement> Pipeline<W, A> {
                 self.ready(next, batch);
             }
         }
-        for task in self.lease_waits.remove(&id).unwrap_or_default() {
-            if let Some(lease) = self.early.get_mut(&task) {
-                lease.waits -= 1;
-                if lease.waits == 0 {
-                    let lease = self.early.remove(&task).expect("an early lease");
-                    self.ready_leases.push(lease.lease);
-                }
-            }
-        }
         // Groups are numbered in order: the oldest left is at the front.
         let front = self.groups.front().map_or(0, |g| g.id);
         if let Some(g) = self.groups.get_mut((group - front) as usize) {
@@ -459,30 +345,14 @@ impl<W, A: Announcement> Pipeline<W, A> {
         self.start()
     }
 
-    /// What may be announced now: first the leases whose own starts are
-    /// stored, then the oldest turn (group), if it and every earlier one
-    /// are stored. Call until `None`.
+    /// The oldest turn (group), if it and every earlier one are stored.
     pub(crate) fn release(&mut self) -> Option<Released<A>> {
-        if !self.ready_leases.is_empty() {
-            return Some(Released {
-                number: 0,
-                stored: false,
-                announce: std::mem::take(&mut self.ready_leases),
-                terminal: Vec::new(),
-            });
-        }
         if self.groups.front()?.left > 0 {
             return None;
         }
         let g = self.groups.pop_front()?;
-        for task in g.held {
-            if self.held.get(&task) == Some(&g.id) {
-                self.held.remove(&task);
-            }
-        }
         Some(Released {
             number: g.number,
-            stored: true,
             announce: g.announce,
             terminal: g.terminal,
         })

@@ -17,7 +17,6 @@ fn rec(task: u64, body: &'static str) -> Record<&'static str> {
         task: Some(task),
         terminal: false,
         alone: false,
-        starts: Vec::new(),
         body,
     }
 }
@@ -34,7 +33,6 @@ fn slot(body: &'static str) -> Record<&'static str> {
         task: None,
         terminal: false,
         alone: false,
-        starts: Vec::new(),
         body,
     }
 }
@@ -263,7 +261,6 @@ fn random_landing_orders_keep_both_rules() {
                             task: Some(task),
                             terminal: false,
                             alone: next(10) == 0,
-                            starts: Vec::new(),
                             body: (task, *n),
                         }
                     })
@@ -313,167 +310,4 @@ fn random_landing_orders_keep_both_rules() {
         assert_eq!(announced, turn_no, "seed {seed}");
         assert_eq!(p.turns_waiting(), 0);
     }
-}
-
-/// In these tests an announcement `lease of <n>` is a lease of task n;
-/// anything else is not a lease.
-impl Announcement for &'static str {
-    fn lease_of(&self) -> Option<u64> {
-        self.strip_prefix("lease of ")?.parse().ok()
-    }
-}
-
-impl Announcement for u64 {
-    fn lease_of(&self) -> Option<u64> {
-        None
-    }
-}
-
-fn starts(body: &'static str, tasks: &[u64]) -> Record<&'static str> {
-    Record {
-        starts: tasks.to_vec(),
-        ..slot(body)
-    }
-}
-
-/// What `release` gives until `None`: (whole turn, its number, announced).
-fn released(p: &mut P) -> Vec<(bool, u64, Vec<&'static str>)> {
-    std::iter::from_fn(|| p.release())
-        .map(|r| (r.stored, r.number, r.announce))
-        .collect()
-}
-
-#[test]
-fn a_lease_goes_out_once_its_start_record_is_stored_not_its_whole_turn() {
-    let mut p = P::new(limits(100));
-    let writes = p.push(
-        vec![turn(
-            1,
-            vec![done(1, "a result"), starts("s.1", &[2])],
-            vec!["event of 1", "lease of 2", "event of 2"],
-        )],
-        false,
-    );
-    assert_eq!(bodies(&writes), [["a result"], ["s.1"]]);
-    p.stored(writes[1].id);
-    assert_eq!(released(&mut p), [(false, 0, vec!["lease of 2"])]);
-    p.stored(writes[0].id);
-    let whole = p.release().expect("the turn");
-    assert!(whole.stored);
-    assert_eq!(whole.announce, ["event of 1", "event of 2"]);
-    assert_eq!(whole.terminal, [1]);
-    assert_eq!(p.release(), None);
-}
-
-#[test]
-fn a_lease_whose_start_is_in_its_tasks_own_record_waits_for_that_record() {
-    let mut p = P::new(limits(100));
-    let writes = p.push(
-        vec![turn(
-            1,
-            vec![rec(3, "c1"), done(4, "d1")],
-            vec!["lease of 3"],
-        )],
-        false,
-    );
-    p.stored(writes[1].id);
-    assert_eq!(p.release(), None);
-    p.stored(writes[0].id);
-    assert_eq!(
-        released(&mut p),
-        [(false, 0, vec!["lease of 3"]), (true, 1, vec![])]
-    );
-}
-
-#[test]
-fn a_lease_waits_for_the_earlier_writes_of_its_task() {
-    let mut p = P::new(limits(100));
-    // An attempt of task 2 ends; the next turn starts its next attempt in
-    // a start record, which a successor merges only after that end.
-    let first = p.push(vec![turn(1, vec![rec(2, "b1 ended")], vec![])], false);
-    let second = p.push(
-        vec![turn(2, vec![starts("s.1", &[2])], vec!["lease of 2"])],
-        false,
-    );
-    p.stored(second[0].id);
-    assert_eq!(p.release(), None, "the end is not stored yet");
-    p.stored(first[0].id);
-    assert_eq!(
-        released(&mut p),
-        [
-            (false, 0, vec!["lease of 2"]),
-            (true, 1, vec![]),
-            (true, 2, vec![])
-        ]
-    );
-}
-
-#[test]
-fn a_tasks_second_lease_waits_for_its_whole_turn_so_its_leases_keep_their_order() {
-    let mut p = P::new(limits(100));
-    let first = p.push(
-        vec![turn(1, vec![starts("s.1", &[5])], vec!["lease of 5"])],
-        false,
-    );
-    // Attempt 1 is lost and attempt 2 leased in one turn (its own record).
-    let second = p.push(
-        vec![turn(2, vec![rec(5, "e")], vec!["revoke 5", "lease of 5"])],
-        false,
-    );
-    p.stored(second[0].id);
-    assert_eq!(p.release(), None);
-    p.stored(first[0].id);
-    assert_eq!(
-        released(&mut p),
-        [
-            (false, 0, vec!["lease of 5"]),
-            (true, 1, vec![]),
-            (true, 2, vec!["revoke 5", "lease of 5"])
-        ]
-    );
-    // Once its turn is out, the task's next lease may go early again.
-    let third = p.push(
-        vec![turn(
-            3,
-            vec![starts("s.2", &[5]), rec(6, "f")],
-            vec!["lease of 5"],
-        )],
-        false,
-    );
-    p.stored(third[0].id);
-    assert_eq!(released(&mut p), [(false, 0, vec!["lease of 5"])]);
-}
-
-#[test]
-fn a_lease_without_its_start_in_its_group_waits_for_the_whole_turn() {
-    let mut p = P::new(limits(100));
-    let writes = p.push(
-        vec![turn(1, vec![rec(7, "x"), rec(9, "y")], vec!["lease of 8"])],
-        false,
-    );
-    p.stored(writes[0].id);
-    assert_eq!(p.release(), None);
-    p.stored(writes[1].id);
-    assert_eq!(released(&mut p), [(true, 1, vec!["lease of 8"])]);
-}
-
-#[test]
-fn in_batches_a_lease_waits_for_the_batch_holding_its_tasks_record() {
-    let mut p = P::new(limits(100));
-    let first = p.push(
-        vec![turn(1, vec![rec(1, "a"), rec(2, "b")], vec!["lease of 1"])],
-        true,
-    );
-    let second = p.push(vec![turn(2, vec![rec(3, "c")], vec!["lease of 3"])], true);
-    assert!(second.is_empty(), "one batch at a time");
-    let second = p.stored(first[0].id);
-    assert_eq!(
-        released(&mut p),
-        [(false, 0, vec!["lease of 1"]), (true, 1, vec![])]
-    );
-    p.stored(second[0].id);
-    assert_eq!(
-        released(&mut p),
-        [(false, 0, vec!["lease of 3"]), (true, 2, vec![])]
-    );
 }

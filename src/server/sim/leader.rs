@@ -194,14 +194,12 @@ impl World {
                     task: Some(seq),
                     terminal: record.state.is_terminal(),
                     alone: false,
-                    starts: Vec::new(),
                     body: Write::Record(seq, record),
                 }),
                 Output::PersistStarts { slot, record } => turn.records.push(Record {
                     task: None,
                     terminal: false,
                     alone: false,
-                    starts: record.starts.iter().map(|s| s.id.0).collect(),
                     body: Write::Starts(slot, record),
                 }),
                 Output::Discard { seq } => {
@@ -212,7 +210,6 @@ impl World {
                     task: None,
                     terminal: false,
                     alone: false,
-                    starts: Vec::new(),
                     body: Write::Schedule(name, stored),
                 }),
                 other => turn.announce.push(other),
@@ -300,12 +297,6 @@ impl World {
                         attempt,
                         ..
                     } => {
-                        // Announced means journaled: a successor reads
-                        // this attempt back.
-                        assert!(
-                            self.journaled(task.0, attempt),
-                            "task {task}: attempt {attempt} leased before its start was stored"
-                        );
                         sent.push((task, attempt));
                         self.send_to_worker(&subject, &body);
                     }
@@ -330,29 +321,13 @@ impl World {
                     .handle(Millis(self.now), Input::LeasesSent(sent));
             }
             // Sometimes lost (a full channel): a later one says as much.
-            if released.stored && !self.rng.chance(200) {
+            if !self.rng.chance(200) {
                 leader
                     .driver
                     .handle(Millis(self.now), Input::Stored(released.number));
             }
         }
         self.check_cancels();
-    }
-
-    /// Whether a successor would read attempt `attempt` of task `seq`
-    /// back: its record with the start records that follow it merged in.
-    fn journaled(&self, seq: u64, attempt: u32) -> bool {
-        let mut starts = StartIndex::default();
-        for (slot, (records, _)) in &self.journal.starts {
-            if records.starts.iter().any(|s| s.id.0 == seq) {
-                starts.set(*slot, Some(records.clone()));
-            }
-        }
-        let record = self.journal.records.get(&seq).map(|(r, _)| r.clone());
-        starts
-            .merge(TaskId(seq), record)
-            .0
-            .is_some_and(|r| r.attempts.iter().any(|a| a.attempt == attempt))
     }
 
     /// Acknowledged cancels: announced only once stored, so the journal
