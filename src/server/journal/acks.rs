@@ -2,6 +2,7 @@
 
 use crate::server::*;
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -15,7 +16,30 @@ pub(in crate::server) const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 pub(in crate::server) const ACK_SWEEP: Duration = Duration::from_secs(1);
 
 /// A write to be tried again the full way: its id, key and sealed body.
-pub(in crate::server) type Retry = (WriteId, String, Bytes);
+pub(in crate::server) type Retry = (WriteId, Key, Bytes);
+
+/// A record's key in the results bucket, kept as what it is made of: a
+/// write names it once, in its subject, and keeps no string of it while
+/// its acknowledgement is awaited.
+#[derive(Clone, Debug, PartialEq)]
+pub(in crate::server) enum Key {
+    /// A task's record: its sequence.
+    Task(u64),
+    /// A start-record slot (`s.<n>`).
+    Slot(u32),
+    /// Any other key (a schedule's).
+    Named(String),
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Key::Task(seq) => write!(f, "{seq}"),
+            Key::Slot(slot) => write!(f, "s.{slot}"),
+            Key::Named(name) => f.write_str(name),
+        }
+    }
+}
 
 /// Single record writes waiting for their PubAck on one subscription.
 pub(in crate::server) struct Acks {
@@ -26,14 +50,19 @@ pub(in crate::server) struct Acks {
     acks: async_nats::Subscriber,
     /// The fence and the headers that carry it (rebuilt when it moves).
     headers: (u64, async_nats::HeaderMap),
-    next: u64,
-    sent: HashMap<u64, Sent>,
+    /// Writes by token, oldest first: `sent[i]` has token `first + i`
+    /// (`None`: acknowledged or tried again). Tokens are given in order and
+    /// acknowledgements come nearly in order, so this stays short.
+    sent: VecDeque<Option<Sent>>,
+    first: u64,
+    /// The `Some` entries of `sent`.
+    open: usize,
 }
 
 /// A write published and not yet acknowledged.
 struct Sent {
     id: WriteId,
-    key: String,
+    key: Key,
     body: Bytes,
     at: Instant,
 }
@@ -59,25 +88,31 @@ impl Acks {
             prefix: format!("$KV.{}.", results.bucket),
             acks,
             headers: (0, async_nats::HeaderMap::new()),
-            next: 0,
-            sent: HashMap::new(),
+            sent: VecDeque::new(),
+            first: 0,
+            open: 0,
         })
     }
 
     /// Whether writes await their acknowledgement.
     pub(in crate::server) fn waiting(&self) -> bool {
-        !self.sent.is_empty()
+        self.open > 0
     }
 
-    /// Publishes `body` under `key`, fenced on the leader subject, with
-    /// this inbox as its reply subject.
+    /// Seals `body` (under its key) and publishes it under `key`, fenced
+    /// on the leader subject, with this inbox as its reply subject.
     pub(in crate::server) async fn send(
         &mut self,
         results: &Fenced,
+        seal: &seal::Seal,
         id: WriteId,
-        key: String,
+        key: Key,
         body: Bytes,
     ) -> Sending {
+        let mut subject = String::with_capacity(self.prefix.len() + 24);
+        subject.push_str(&self.prefix);
+        let _ = write!(subject, "{key}");
+        let body = seal.seal(&subject[self.prefix.len()..], body);
         let fence = results.fence.load(Ordering::SeqCst);
         if fence == 0 {
             return Sending::Fenced;
@@ -85,11 +120,7 @@ impl Acks {
         if self.headers.0 != fence {
             self.headers = (fence, election::fence_headers(&results.subject, fence));
         }
-        let token = self.next;
-        self.next += 1;
-        let mut subject = String::with_capacity(self.prefix.len() + key.len());
-        subject.push_str(&self.prefix);
-        subject.push_str(&key);
+        let token = self.first + self.sent.len() as u64;
         let mut reply = String::with_capacity(self.inbox.len() + 20);
         reply.push_str(&self.inbox);
         let _ = write!(reply, "{token}");
@@ -101,16 +132,31 @@ impl Acks {
             return Sending::Retry((id, key, body));
         }
         results.pending_records.fetch_add(1, Ordering::Relaxed);
-        self.sent.insert(
-            token,
-            Sent {
-                id,
-                key,
-                body,
-                at: Instant::now(),
-            },
-        );
+        self.sent.push_back(Some(Sent {
+            id,
+            key,
+            body,
+            at: Instant::now(),
+        }));
+        self.open += 1;
         Sending::Sent
+    }
+
+    /// Takes the write of `token` out, if it still waits.
+    fn take(&mut self, token: u64) -> Option<Sent> {
+        let i = usize::try_from(token.checked_sub(self.first)?).ok()?;
+        let sent = self.sent.get_mut(i)?.take()?;
+        self.open -= 1;
+        self.trim();
+        Some(sent)
+    }
+
+    /// Drops the settled writes at the front.
+    fn trim(&mut self) {
+        while matches!(self.sent.front(), Some(None)) {
+            self.sent.pop_front();
+            self.first += 1;
+        }
     }
 
     /// The next acknowledgement; `None` once the subscription ended (the
@@ -135,7 +181,7 @@ impl Acks {
             .next()?
             .parse::<u64>()
             .ok()?;
-        let sent = self.sent.remove(&token)?;
+        let sent = self.take(token)?;
         results.pending_records.fetch_sub(1, Ordering::Relaxed);
         if stored(ack) {
             Some(Ok(sent.id))
@@ -151,19 +197,21 @@ impl Acks {
         results: &Fenced,
         now: Option<Instant>,
     ) -> Vec<Retry> {
-        let late: Vec<u64> = self
-            .sent
-            .iter()
-            .filter(|(_, s)| now.map_or(true, |now| now.duration_since(s.at) >= ACK_TIMEOUT))
-            .map(|(token, _)| *token)
-            .collect();
-        late.into_iter()
-            .filter_map(|token| self.sent.remove(&token))
-            .map(|s| {
-                results.pending_records.fetch_sub(1, Ordering::Relaxed);
-                (s.id, s.key, s.body)
-            })
-            .collect()
+        let mut late = Vec::new();
+        for entry in self.sent.iter_mut() {
+            if entry
+                .as_ref()
+                .is_some_and(|s| now.map_or(true, |now| now.duration_since(s.at) >= ACK_TIMEOUT))
+            {
+                if let Some(s) = entry.take() {
+                    results.pending_records.fetch_sub(1, Ordering::Relaxed);
+                    late.push((s.id, s.key, s.body));
+                }
+            }
+        }
+        self.open -= late.len();
+        self.trim();
+        late
     }
 }
 

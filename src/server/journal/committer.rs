@@ -2,7 +2,9 @@
 
 use crate::server::*;
 
-use super::acks::{Acks, Retry, Sending, ACK_SWEEP};
+use super::acks::{Acks, Key, Retry, Sending, ACK_SWEEP};
+use rustc_hash::FxHashMap;
+
 use super::pipeline::{self, Limits, Pipeline, Released, WriteId};
 
 /// A task's record to store (a live task's attempts, or a finished
@@ -226,7 +228,7 @@ async fn start_write(
     let Some(record) = write.records.into_iter().next() else {
         return Some(Started::Future(Box::pin(async move { (id, true) })));
     };
-    let (key, body) = match record.body {
+    let (key, body): (Key, Bytes) = match record.body {
         Item::Task(p) if p.dead_letter.is_some() => {
             let encoded = Encoded::of(p, &ctx.seal);
             let ctx = ctx.clone();
@@ -234,30 +236,23 @@ async fn start_write(
                 (id, store_record(&ctx, encoded).await)
             })));
         }
-        Item::Task(p) => {
-            let key = p.seq.to_string();
-            let body = ctx.seal.seal(&key, wire::encode(&p.record).into());
-            (key, body)
-        }
-        Item::Starts(slot, starts) => {
-            let key = wire::start_key(slot);
-            let body = ctx.seal.seal(&key, wire::encode(&starts).into());
-            (key, body)
-        }
+        Item::Task(p) => (Key::Task(p.seq), wire::encode(&p.record).into()),
+        Item::Starts(slot, starts) => (Key::Slot(slot), wire::encode(&starts).into()),
         Item::Schedule(name, stored) => {
-            let key = schedule_key(&name);
             let json = serde_json::to_vec(&stored).expect("a stored schedule serializes");
-            let body = ctx.seal.seal(&key, json.into());
-            (key, body)
+            (Key::Named(schedule_key(&name)), json.into())
         }
     };
     let retry = match acks {
-        Some(acks) => match acks.send(&ctx.results, id, key, body).await {
+        Some(acks) => match acks.send(&ctx.results, &ctx.seal, id, key, body).await {
             Sending::Sent => return Some(Started::Sent),
             Sending::Fenced => return None,
             Sending::Retry(retry) => retry,
         },
-        None => (id, key, body),
+        None => {
+            let body = ctx.seal.seal(&key.to_string(), body);
+            (id, key, body)
+        }
     };
     Some(Started::Future(write_fully(ctx, retry)))
 }
@@ -266,7 +261,7 @@ async fn start_write(
 /// while NATS is away) as a future of its own.
 fn write_fully(ctx: &Arc<CommitCtx>, (id, key, body): Retry) -> WriteFuture {
     let ctx = ctx.clone();
-    Box::pin(async move { (id, put_counted(&ctx, &key, &body).await) })
+    Box::pin(async move { (id, put_counted(&ctx, &key.to_string(), &body).await) })
 }
 
 /// Announces a turn the pipeline released: its terminal tasks' submissions
@@ -277,7 +272,7 @@ fn write_fully(ctx: &Arc<CommitCtx>, (id, key, body): Retry) -> WriteFuture {
 async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
     let Released {
         number,
-        announce,
+        mut announce,
         terminal,
     } = released;
     if !ctx.tenure.valid() {
@@ -293,23 +288,26 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
     let mut leases = Vec::new();
     // The leases of this turn for each worker that takes them together:
     // one message, sent where the first of them stood (so never after a
-    // revoke that follows one of them).
-    let mut together: HashMap<String, Vec<Bytes>> = HashMap::new();
-    for output in &announce {
-        if let Output::Lease {
-            subject,
-            body,
-            together: true,
-            ..
-        } = output
-        {
-            together
-                .entry(subject.clone())
-                .or_default()
-                .push(body.clone());
+    // revoke that follows one of them). By index: no subject or body
+    // copied.
+    let mut groups: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
+    {
+        let mut first: FxHashMap<&str, usize> = FxHashMap::default();
+        for (i, output) in announce.iter().enumerate() {
+            if let Output::Lease {
+                subject,
+                together: true,
+                ..
+            } = output
+            {
+                let head = *first.entry(subject.as_str()).or_insert(i);
+                groups.entry(head).or_default().push(i);
+            }
         }
     }
-    for output in announce {
+    for i in 0..announce.len() {
+        // A placeholder that costs nothing: each output is taken once.
+        let output = std::mem::replace(&mut announce[i], Output::Discard { seq: 0 });
         let (subject, body) = match output {
             Output::Publish { subject, body } => (subject, body),
             Output::Lease {
@@ -320,13 +318,25 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
                 together: grouped,
             } => {
                 leases.push((task, attempt));
-                match grouped.then(|| together.remove(&subject)) {
-                    None => (subject, body),
-                    // Sent with the first of its worker's.
-                    Some(None) => continue,
-                    Some(Some(group)) if group.len() == 1 => (subject, body),
-                    // `P.worker.<id>.lease` → `P.worker.<id>.leases`.
-                    Some(Some(group)) => (format!("{subject}s"), wire::leases_body(&group).into()),
+                if !grouped {
+                    (subject, body)
+                } else {
+                    match groups.remove(&i) {
+                        // Sent with the first of its worker's.
+                        None => continue,
+                        Some(group) if group.len() == 1 => (subject, body),
+                        Some(group) => {
+                            let mut bodies = Vec::with_capacity(group.len());
+                            bodies.push(body);
+                            for &j in &group[1..] {
+                                if let Output::Lease { body, .. } = &mut announce[j] {
+                                    bodies.push(std::mem::take(body));
+                                }
+                            }
+                            // `P.worker.<id>.lease` → `P.worker.<id>.leases`.
+                            (format!("{subject}s"), wire::leases_body(&bodies).into())
+                        }
+                    }
                 }
             }
             Output::Reply { id, reply } => {

@@ -29,7 +29,8 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 /// A write's number, unique in one pipeline.
 pub(crate) type WriteId = u64;
@@ -123,8 +124,9 @@ pub(crate) struct Pipeline<W, A> {
     /// Writes planned and not started: waiting for earlier writes of their
     /// tasks, or for room.
     planned: FxHashMap<WriteId, Planned<W>>,
-    /// Started and not yet stored: write → its group and tasks.
-    under_way: FxHashMap<WriteId, (u64, bool, Vec<u64>)>,
+    /// Started and not yet stored: write → its group and tasks (one, but
+    /// for a batch: kept inline).
+    under_way: FxHashMap<WriteId, (u64, bool, SmallVec<[u64; 1]>)>,
     /// Writes whose earlier writes are stored, waiting for room.
     ready_records: VecDeque<WriteId>,
     ready_batches: VecDeque<WriteId>,
@@ -320,9 +322,8 @@ impl<W, A> Pipeline<W, A> {
         } else {
             self.records_under_way -= 1;
         }
-        let mut seen = FxHashSet::default();
         for task in tasks {
-            if seen.insert(task) && self.last_write.get(&task) == Some(&id) {
+            if self.last_write.get(&task) == Some(&id) {
                 self.last_write.remove(&task);
             }
         }

@@ -297,6 +297,12 @@ impl World {
                         attempt,
                         ..
                     } => {
+                        // Announced means journaled: a successor reads
+                        // this attempt back.
+                        assert!(
+                            self.journaled(task.0, attempt),
+                            "task {task}: attempt {attempt} leased before its start was stored"
+                        );
                         sent.push((task, attempt));
                         self.send_to_worker(&subject, &body);
                     }
@@ -328,6 +334,22 @@ impl World {
             }
         }
         self.check_cancels();
+    }
+
+    /// Whether a successor would read attempt `attempt` of task `seq`
+    /// back: its record with the start records that follow it merged in.
+    fn journaled(&self, seq: u64, attempt: u32) -> bool {
+        let mut starts = StartIndex::default();
+        for (slot, (records, _)) in &self.journal.starts {
+            if records.starts.iter().any(|s| s.id.0 == seq) {
+                starts.set(*slot, Some(records.clone()));
+            }
+        }
+        let record = self.journal.records.get(&seq).map(|(r, _)| r.clone());
+        starts
+            .merge(TaskId(seq), record)
+            .0
+            .is_some_and(|r| r.attempts.iter().any(|a| a.attempt == attempt))
     }
 
     /// Acknowledged cancels: announced only once stored, so the journal
