@@ -306,11 +306,9 @@ fn a_task_recorded_twice_is_retained_once_with_its_newer_outcome() {
 fn the_compact_outcome_gives_back_what_finished() {
     let mut l = ledger(10);
     let group = Labels::from([("gpu", "a100")]);
-    let shapes: [(
-        Option<&str>,
-        &[(Option<&str>, AttemptOutcome, Option<&str>)],
-        TaskState,
-    ); 6] = [
+    /// An attempt: its worker, outcome and error.
+    type Attempt<'a> = (Option<&'a str>, AttemptOutcome, Option<&'a str>);
+    let shapes: [(Option<&str>, &[Attempt], TaskState); 6] = [
         (
             None,
             &[(None, AttemptOutcome::Succeeded, None)],
