@@ -44,7 +44,7 @@ use crate::core::{
     Action, AttemptOutcome, Core, ErrorCode, Event, Labels, Millis, PoolConfig, PoolName,
     Rejection, RevokeReason, Snapshot, TaskId, TaskState,
 };
-use crate::ledger::Ledger;
+use crate::ledger::{Done, Ledger};
 pub use crate::task::TaskContext;
 use crate::task::{Outcome, Task, TaskError, TaskStatus};
 
@@ -52,7 +52,7 @@ mod api_impl;
 mod attempts;
 mod schedules;
 
-use attempts::{ended, launch, run_attempts, timer_loop, Launched};
+use attempts::{ended, launch, run_attempts, timer_loop, Batch, Ended, Launched, Work};
 
 /// An embedded scheduler error, with a stable [`ErrorCode`].
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +91,10 @@ impl Error {
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Bytes, TaskError>> + Send>>;
 type ExecutorFn = Arc<dyn Fn(TaskContext, Bytes) -> BoxFuture + Send + Sync>;
 
-type OutcomeTx = oneshot::Sender<Outcome>;
+/// A waiter's end: the outcome goes over in its compact form, and the
+/// waiter's thread builds the [`Outcome`] (allocating its attempt list
+/// there, where it is freed).
+type OutcomeTx = oneshot::Sender<Done>;
 
 /// What the embedded shell keeps beside the ledger's record of a live
 /// task: its first waiter (most tasks have exactly one).
@@ -108,54 +111,6 @@ struct RunExtra {
 }
 
 type Entry = crate::ledger::Entry<Waiter, RunExtra>;
-
-/// Zero, one or more items without allocating for zero or one.
-enum Batch<T> {
-    Empty,
-    One(T),
-    Many(Vec<T>),
-}
-
-impl<T> Batch<T> {
-    fn push(&mut self, item: T) {
-        *self = match std::mem::replace(self, Batch::Empty) {
-            Batch::Empty => Batch::One(item),
-            Batch::One(first) => Batch::Many(vec![first, item]),
-            Batch::Many(mut all) => {
-                all.push(item);
-                Batch::Many(all)
-            }
-        };
-    }
-
-    /// The first item, and the rest.
-    fn split_first(self) -> Option<(T, Batch<T>)> {
-        match self {
-            Batch::Empty => None,
-            Batch::One(item) => Some((item, Batch::Empty)),
-            Batch::Many(mut all) if !all.is_empty() => {
-                let first = all.swap_remove(0);
-                Some((first, Batch::Many(all)))
-            }
-            Batch::Many(_) => None,
-        }
-    }
-
-    fn for_each(self, mut f: impl FnMut(T)) {
-        match self {
-            Batch::Empty => {}
-            Batch::One(item) => f(item),
-            Batch::Many(all) => all.into_iter().for_each(f),
-        }
-    }
-}
-
-/// What to do once the lock is released: attempts to spawn, outcomes to
-/// hand to waiters (waking a waiter may take a while; not under the lock).
-struct Work {
-    jobs: Batch<Job>,
-    outcomes: Batch<(Outcome, Option<OutcomeTx>, Vec<OutcomeTx>)>,
-}
 
 struct State {
     core: Core,
@@ -421,7 +376,7 @@ impl Scheduler {
                     match st.ledger.get_mut(existing) {
                         Some(entry) => add_waiter(entry, tx),
                         None => {
-                            if let Some(done) = st.ledger.outcome(existing) {
+                            if let Some(done) = st.ledger.outcome_done(existing) {
                                 let _ = tx.send(done);
                             }
                         }
@@ -521,7 +476,7 @@ impl Scheduler {
             add_waiter(entry, tx);
             rx
         };
-        rx.await.map_err(|_| Error::Closed)
+        rx.await.map(Done::into_outcome).map_err(|_| Error::Closed)
     }
 }
 
@@ -546,7 +501,7 @@ impl State {
 /// A submitted task: its id, and a way to wait for its outcome.
 pub struct TaskHandle {
     id: TaskId,
-    rx: oneshot::Receiver<Outcome>,
+    rx: oneshot::Receiver<Done>,
 }
 
 impl TaskHandle {
@@ -562,7 +517,10 @@ impl TaskHandle {
     /// first: [`Error::Closed`]. The handle holds no reference to the
     /// scheduler, so it never keeps a dropped one alive.
     pub async fn wait(self) -> Result<Outcome, Error> {
-        self.rx.await.map_err(|_| Error::Closed)
+        self.rx
+            .await
+            .map(Done::into_outcome)
+            .map_err(|_| Error::Closed)
     }
 }
 
@@ -592,8 +550,14 @@ impl Inner {
     /// Carries out the actions the core returned; returns the attempts to
     /// spawn and the outcomes to deliver once the lock is released.
     fn carry_out(&self, st: &mut State, now: Millis) -> Work {
-        let mut jobs = Batch::Empty;
-        let mut outcomes = Batch::Empty;
+        let mut work = Work::default();
+        self.carry_out_into(st, now, &mut work);
+        work
+    }
+
+    /// [`Inner::carry_out`] into `work`.
+    fn carry_out_into(&self, st: &mut State, now: Millis, work: &mut Work) {
+        let Work { jobs, outcomes } = work;
         let mut actions = std::mem::take(&mut st.actions);
         for action in actions.drain(..) {
             match action {
@@ -660,7 +624,9 @@ impl Inner {
                 } => {
                     // A running task cancelled: its attempt is being aborted
                     // and will not report back; the ledger closes it.
-                    let Some(done) = st.ledger.finish(task, pool, state, deadline_missed, now)
+                    let Some(done) = st
+                        .ledger
+                        .finish_done(task, pool, state, deadline_missed, now)
                     else {
                         continue;
                     };
@@ -681,15 +647,19 @@ impl Inner {
             st.armed = next;
             self.wake.notify_one();
         }
-        Work { jobs, outcomes }
     }
 
     /// Delivers outcomes and spawns attempts, outside the lock.
-    fn spawn_all(self: &Arc<Self>, work: Work) {
+    fn spawn_all(self: &Arc<Self>, mut work: Work) {
+        self.deliver(&mut work);
+    }
+
+    /// [`Inner::spawn_all`], leaving `work` empty for reuse.
+    fn deliver(self: &Arc<Self>, work: &mut Work) {
         work.outcomes.for_each(|(outcome, waiter, more)| {
             // Copies for the waiters past the first; the first gets it.
             for tx in more {
-                let _ = tx.send(outcome.clone());
+                let _ = tx.send(outcome.copy());
             }
             if let Some(tx) = waiter {
                 let _ = tx.send(outcome);
@@ -715,9 +685,9 @@ impl Inner {
         if !self.eager_start {
             return self.spawn_all(work);
         }
-        let Work { jobs, outcomes } = work;
+        let Work { mut jobs, outcomes } = work;
         self.spawn_all(Work {
-            jobs: Batch::Empty,
+            jobs: Batch::default(),
             outcomes,
         });
         jobs.for_each(|job| {
@@ -753,6 +723,14 @@ impl Inner {
         output: Option<Bytes>,
         error: Option<String>,
     ) -> Work {
+        let mut work = Work::default();
+        self.attempt_ended_into(task, attempt, (outcome, output, error), &mut work);
+        work
+    }
+
+    /// [`Inner::attempt_ended`] into `work`.
+    fn attempt_ended_into(&self, task: TaskId, attempt: u32, ended: Ended, work: &mut Work) {
+        let (outcome, output, error) = ended;
         let now = self.clock.now();
         {
             let mut st = self.lock();
@@ -773,7 +751,7 @@ impl Inner {
             ) {
                 tracing::warn!(task_id = %task, attempt, error = %e, "attempt outcome refused");
             }
-            self.carry_out(&mut st, now)
+            self.carry_out_into(&mut st, now, work)
         }
     }
 

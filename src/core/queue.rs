@@ -83,6 +83,10 @@ impl WaitQueue {
 
     /// Removes `task`, queued under `key`. Returns whether it was there.
     pub(crate) fn remove(&mut self, key: &QueueKey, task: u32) -> bool {
+        if self.head == Some((*key, task)) {
+            self.pop_head();
+            return true;
+        }
         let rank = (key.urgency, key.priority);
         let Some(bucket) = self.buckets.get_mut(&rank) else {
             return false;
@@ -119,6 +123,36 @@ impl WaitQueue {
             self.head = self.first();
         }
         true
+    }
+
+    /// Removes the head (what a freed slot usually takes): the front of
+    /// the first bucket, found without a search, and the next head read
+    /// from the same bucket.
+    fn pop_head(&mut self) {
+        let Some(mut first) = self.buckets.first_entry() else {
+            return;
+        };
+        let (urgency, priority) = *first.key();
+        let bucket = first.get_mut();
+        bucket.pop_front();
+        self.len -= 1;
+        while bucket.front().is_some_and(|&(_, t)| t == GONE) {
+            bucket.pop_front();
+        }
+        self.head = match bucket.front() {
+            Some(&(seq, task)) => Some((
+                QueueKey {
+                    urgency,
+                    priority,
+                    seq,
+                },
+                task,
+            )),
+            None => {
+                first.remove();
+                self.first()
+            }
+        };
     }
 
     pub(crate) fn head(&self) -> Option<(QueueKey, u32)> {

@@ -1,8 +1,9 @@
 //! How the embedded scheduler runs attempts: an executor's call and
 //! future with panics caught and made abortable ([`launch`]), what a
 //! future came to ([`ended`]), the loop that runs attempt after attempt
-//! on one tokio task ([`run_attempts`]), and the timer loop that ticks the
-//! core at its next wakeup ([`timer_loop`]).
+//! on one tokio task ([`run_attempts`]), what an end leaves to do once the
+//! lock is released ([`Work`]), and the timer loop that ticks the core at
+//! its next wakeup ([`timer_loop`]).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Weak};
@@ -12,9 +13,52 @@ use bytes::Bytes;
 use futures_util::future::{Abortable, CatchUnwind};
 use futures_util::FutureExt;
 
-use super::{Batch, BoxFuture, Inner, Job, Work};
+use super::{BoxFuture, Done, Inner, Job, OutcomeTx};
 use crate::core::{AttemptOutcome, TaskId};
 use crate::task::TaskError;
+
+/// Zero, one or more items without allocating for zero or one, filled in
+/// place (each item is written once and moved out once).
+pub(super) struct Batch<T> {
+    pub(super) first: Option<T>,
+    rest: Vec<T>,
+}
+
+impl<T> Default for Batch<T> {
+    fn default() -> Self {
+        Batch {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl<T> Batch<T> {
+    pub(super) fn push(&mut self, item: T) {
+        if self.first.is_none() {
+            self.first = Some(item);
+        } else {
+            self.rest.push(item);
+        }
+    }
+
+    /// Takes every item, first to last.
+    pub(super) fn for_each(&mut self, mut f: impl FnMut(T)) {
+        if let Some(first) = self.first.take() {
+            f(first);
+        }
+        self.rest.drain(..).for_each(f);
+    }
+}
+
+/// What to do once the lock is released: attempts to spawn, outcomes to
+/// hand to waiters (waking a waiter may take a while; not under the lock).
+/// A loop that runs attempt after attempt keeps one and refills it.
+#[derive(Default)]
+pub(super) struct Work {
+    pub(super) jobs: Batch<Job>,
+    pub(super) outcomes: Batch<(Done, Option<OutcomeTx>, Vec<OutcomeTx>)>,
+}
 
 /// A started attempt's future: the executor's, panics caught, abortable.
 /// `Unpin`, so it can be polled once where it starts and moved on.
@@ -91,6 +135,8 @@ pub(super) async fn run_attempts(
     mut attempt: u32,
     mut now: Launched,
 ) {
+    // Refilled by each end: no moves of what it holds between calls.
+    let mut work = Work::default();
     loop {
         let mut result = match now {
             Launched::Done(result) => result,
@@ -99,17 +145,9 @@ pub(super) async fn run_attempts(
         // Attempts that end at once (a panic before the future) are
         // reported in turn, without awaiting.
         loop {
-            let (outcome, output, error) = result;
-            let Work { jobs, outcomes } =
-                inner.attempt_ended(task, attempt, outcome, output, error);
-            let (next, rest) = match jobs.split_first() {
-                Some((next, rest)) => (Some(next), rest),
-                None => (None, Batch::Empty),
-            };
-            inner.spawn_all(Work {
-                jobs: rest,
-                outcomes,
-            });
+            inner.attempt_ended_into(task, attempt, result, &mut work);
+            let next = work.jobs.first.take();
+            inner.deliver(&mut work);
             let Some(next) = next else { return };
             let launched;
             (task, attempt, launched) = launch(next);

@@ -41,8 +41,11 @@ use crate::core::{AttemptOutcome, Core, Labels, Millis, PoolName, TaskId, TaskSt
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::task::{AttemptRecord, Outcome, TaskStatus};
 
+mod done;
 mod entries;
 
+pub(crate) use done::Done;
+use done::Retained;
 use entries::Entries;
 
 /// The error of an attempt stopped for its attempt timeout.
@@ -96,143 +99,12 @@ impl<X, R: Default> Entry<X, R> {
     }
 }
 
-/// A task that just finished: its outcome (the caller's own copy) and the
-/// shell's data.
-pub(crate) struct Finished<X, R> {
-    pub outcome: Outcome,
+/// A task that just finished: its outcome (the caller's own copy, an
+/// [`Outcome`] or the compact [`Done`]) and the shell's data.
+pub(crate) struct Finished<X, R, O = Outcome> {
+    pub outcome: O,
     pub extra: X,
     pub run_extra: R,
-}
-
-/// A retained outcome, kept by value in the ring: no allocation of its own
-/// (the usual single attempt sits inline), so retaining and evicting a
-/// task costs no malloc/free. An [`Outcome`] is built from it when someone
-/// reads it.
-pub(crate) struct Done {
-    id: TaskId,
-    pool: PoolName,
-    state: TaskState,
-    output: Option<Bytes>,
-    error: Option<String>,
-    attempts: DoneAttempts,
-    deadline_missed: bool,
-}
-
-/// A retained task's attempts. The usual single attempt (no credential,
-/// no error, an outcome cronoq named) is kept in a few words: the ring is
-/// copied into and read from at every finish, and a smaller entry is fewer
-/// bytes moved and fewer cache lines touched. Anything else is kept as it
-/// was.
-enum DoneAttempts {
-    One {
-        attempt: u32,
-        group: Labels,
-        worker: Option<String>,
-        started_at: Millis,
-        ended_at: Option<Millis>,
-        outcome: Option<&'static str>,
-    },
-    /// Anything else, and every task a schedule fired (with its schedule
-    /// and tick: no room taken in the usual entry).
-    Other(Vec<AttemptRecord>, Option<Box<(String, Millis)>>),
-}
-
-impl DoneAttempts {
-    fn of(attempts: &[AttemptRecord], schedule: Option<&(String, Millis)>) -> DoneAttempts {
-        if let Some(s) = schedule {
-            return DoneAttempts::Other(attempts.to_vec(), Some(Box::new(s.clone())));
-        }
-        if let [a] = attempts {
-            let outcome = match &a.outcome {
-                None => Some(None),
-                Some(std::borrow::Cow::Borrowed(name)) => Some(Some(*name)),
-                Some(std::borrow::Cow::Owned(_)) => None,
-            };
-            if let (Some(outcome), None, None) = (outcome, &a.credential, &a.error) {
-                return DoneAttempts::One {
-                    attempt: a.attempt,
-                    group: a.group.clone(),
-                    worker: a.worker.clone(),
-                    started_at: a.started_at,
-                    ended_at: a.ended_at,
-                    outcome,
-                };
-            }
-        }
-        DoneAttempts::Other(attempts.to_vec(), None)
-    }
-
-    fn schedule(&self) -> Option<(String, Millis)> {
-        match self {
-            DoneAttempts::Other(_, Some(s)) => Some((**s).clone()),
-            _ => None,
-        }
-    }
-
-    fn to_vec(&self) -> Vec<AttemptRecord> {
-        match self {
-            DoneAttempts::One {
-                attempt,
-                group,
-                worker,
-                started_at,
-                ended_at,
-                outcome,
-            } => vec![AttemptRecord {
-                attempt: *attempt,
-                group: group.clone(),
-                worker: worker.clone(),
-                credential: None,
-                started_at: *started_at,
-                ended_at: *ended_at,
-                outcome: outcome.map(std::borrow::Cow::Borrowed),
-                error: None,
-            }],
-            DoneAttempts::Other(all, _) => all.clone(),
-        }
-    }
-}
-
-impl Done {
-    fn of(outcome: &Outcome) -> Done {
-        Done {
-            id: outcome.id,
-            pool: outcome.pool.clone(),
-            state: outcome.state,
-            output: outcome.output.clone(),
-            error: outcome.error.clone(),
-            attempts: DoneAttempts::of(&outcome.attempts, outcome.schedule.as_ref()),
-            deadline_missed: outcome.deadline_missed,
-        }
-    }
-
-    /// The outcome as [`Scheduler::wait`](crate::Scheduler::wait) and
-    /// `task` show it.
-    pub fn to_outcome(&self) -> Outcome {
-        Outcome {
-            id: self.id,
-            pool: self.pool.clone(),
-            state: self.state,
-            output: self.output.clone(),
-            error: self.error.clone(),
-            attempts: self.attempts.to_vec(),
-            deadline_missed: self.deadline_missed,
-            schedule: self.attempts.schedule(),
-        }
-    }
-}
-
-/// An entry of the ring of retained outcomes.
-// The ring is a contiguous array of outcomes on purpose: boxing `Done`
-// would cost an allocation per finished task, and aliases are rare.
-#[allow(clippy::large_enum_variant)]
-enum Retained {
-    /// A finished task and the key it held.
-    Task(Done, Option<String>),
-    /// A resubmission that stands for an earlier entry of the ring.
-    Alias(TaskId),
-    /// A task recorded again since (its newer entry stands).
-    Replaced,
 }
 
 /// What an id stands for.
@@ -409,7 +281,7 @@ impl<X, R: Default> Ledger<X, R> {
     fn done(&self, id: TaskId) -> Option<&Done> {
         let at = self.finished.get(id)?.checked_sub(self.ring_base)?;
         match self.ring.get(usize::try_from(at).ok()?)? {
-            Retained::Task(done, _) => Some(done),
+            Retained::Task(done) => Some(done),
             Retained::Alias(_) | Retained::Replaced => None,
         }
     }
@@ -419,7 +291,7 @@ impl<X, R: Default> Ledger<X, R> {
     pub fn retained_key(&self, id: TaskId) -> Option<&str> {
         let at = self.finished.get(id)?.checked_sub(self.ring_base)?;
         match self.ring.get(usize::try_from(at).ok()?)? {
-            Retained::Task(_, key) => key.as_deref(),
+            Retained::Task(done) => done.key(),
             Retained::Alias(_) | Retained::Replaced => None,
         }
     }
@@ -427,6 +299,11 @@ impl<X, R: Default> Ledger<X, R> {
     /// A retained outcome (a copy, built now).
     pub fn outcome(&self, id: TaskId) -> Option<Outcome> {
         self.done(self.resolve(id)).map(Done::to_outcome)
+    }
+
+    /// A retained outcome in its compact form (a copy without the key).
+    pub fn outcome_done(&self, id: TaskId) -> Option<Done> {
+        self.done(self.resolve(id)).map(Done::copy)
     }
 
     /// Attempt `attempt` started in `group` (on `worker`, remotely) at
@@ -544,45 +421,59 @@ impl<X, R: Default> Ledger<X, R> {
         deadline_missed: bool,
         now: Millis,
     ) -> Option<Finished<X, R>> {
+        let done = self.finish_done(id, pool, state, deadline_missed, now)?;
+        Some(Finished {
+            outcome: done.outcome.into_outcome(),
+            extra: done.extra,
+            run_extra: done.run_extra,
+        })
+    }
+
+    /// [`Ledger::finish`], the caller's copy left compact: a shell that
+    /// hands it to another thread builds the [`Outcome`] there (its
+    /// attempt list allocated and freed on that thread, not here).
+    pub fn finish_done(
+        &mut self,
+        id: TaskId,
+        pool: PoolName,
+        state: TaskState,
+        deadline_missed: bool,
+        now: Millis,
+    ) -> Option<Finished<X, R, Done>> {
         let entry = self.live.remove(id)?;
         let m = self.metrics.at(entry.metrics_slot);
         if let Some(n) = m.finished_mut(state) {
             *n += 1;
         }
         let mut run = match entry.run {
-            Some(mut boxed) => {
-                let run = std::mem::take(&mut *boxed);
-                if self.spare_runs.len() < SPARE_RUNS {
-                    self.spare_runs.push(boxed);
-                }
-                run
-            }
-            None => Run::default(),
+            Some(boxed) => boxed,
+            None => self.spare_runs.pop().unwrap_or_default(),
         };
         for record in run.attempts.iter_mut().filter(|a| a.outcome.is_none()) {
             m.run.observe(elapsed(record.started_at, now));
             record.ended_at = Some(now);
             record.outcome = Some(AttemptOutcome::Cancelled.as_str().into());
         }
-        let outcome = Outcome {
-            id,
-            pool,
-            state,
-            output: if state == TaskState::Succeeded {
-                run.output
-            } else {
-                None
-            },
-            error: run.error,
-            attempts: run.attempts,
-            deadline_missed,
-            schedule: run.schedule.map(|s| *s),
-        };
-        self.retire(&outcome, run.key, run.aliases);
+        let done = Done::from_run(id, pool, state, deadline_missed, &mut run);
+        let aliases = std::mem::take(&mut run.aliases);
+        let run_extra = std::mem::take(&mut run.extra);
+        // Emptied for the next start, the attempt list's room kept: what
+        // `from_run` and the takes above left is cleared field by field
+        // (no drop and rebuild of the whole record).
+        run.attempts.clear();
+        run.output = None;
+        run.timed_out = None;
+        debug_assert!(run.error.is_none() && run.key.is_none() && run.schedule.is_none());
+        debug_assert!(run.aliases.is_empty());
+        if self.spare_runs.len() < SPARE_RUNS {
+            self.spare_runs.push(run);
+        }
+        let copy = done.copy();
+        self.retire(done, aliases);
         Some(Finished {
-            outcome,
+            outcome: copy,
             extra: entry.extra,
-            run_extra: run.extra,
+            run_extra,
         })
     }
 
@@ -618,15 +509,15 @@ impl<X, R: Default> Ledger<X, R> {
         if let Some(key) = key {
             self.keys.insert(key.to_string(), outcome.id);
         }
-        self.retire(outcome, key.map(str::to_string), Vec::new());
+        self.retire(Done::of(outcome, key.map(str::to_string)), Vec::new());
     }
 
-    fn retire(&mut self, outcome: &Outcome, key: Option<String>, aliases: Vec<TaskId>) {
-        let id = outcome.id;
+    fn retire(&mut self, done: Done, aliases: Vec<TaskId>) {
+        let id = done.id;
         if self.retain == 0 {
-            if let Some(key) = key {
-                if self.keys.get(&key) == Some(&id) {
-                    self.keys.remove(&key);
+            if let Some(key) = done.key() {
+                if self.keys.get(key) == Some(&id) {
+                    self.keys.remove(key);
                 }
             }
             for a in aliases {
@@ -654,18 +545,17 @@ impl<X, R: Default> Ledger<X, R> {
         self.finished
             .insert(id, self.ring_base + self.ring.len() as u64);
         self.retained += 1;
-        self.ring.push_back(Retained::Task(Done::of(outcome), key));
+        self.ring.push_back(Retained::Task(done));
         // The aliases follow their original in the ring and leave after it.
         self.ring.extend(aliases.into_iter().map(Retained::Alias));
         while self.retained > self.retain {
             match self.pop_front() {
-                Some(Retained::Task(old, key)) => {
-                    let old = old.id;
-                    self.finished.remove(old);
+                Some(Retained::Task(old)) => {
+                    self.finished.remove(old.id);
                     self.retained -= 1;
-                    if let Some(key) = key {
-                        if self.keys.get(&key) == Some(&old) {
-                            self.keys.remove(&key);
+                    if let Some(key) = old.key() {
+                        if self.keys.get(key) == Some(&old.id) {
+                            self.keys.remove(key);
                         }
                     }
                 }
@@ -711,7 +601,7 @@ impl<X, R: Default> Ledger<X, R> {
     /// [`TaskStatus::summary`]s: O(`limit`) lookups, not a scan.
     pub fn recent(&self, core: &Core, limit: usize) -> Vec<TaskStatus> {
         let finished = self.ring.iter().rev().filter_map(|r| match r {
-            Retained::Task(done, _) => Some(done.id),
+            Retained::Task(done) => Some(done.id),
             Retained::Alias(_) | Retained::Replaced => None,
         });
         crate::task::newest_ids(self.live.newest(limit).into_iter(), finished, limit)

@@ -297,3 +297,91 @@ fn a_task_recorded_twice_is_retained_once_with_its_newer_outcome() {
     assert_eq!(done.attempts[0].started_at, Millis(2));
     assert_eq!(l.by_key("k3"), Some(TaskId(3)));
 }
+
+/// The compact retained form gives back exactly what finished, whatever
+/// its shape: the usual single attempt kept inline, and everything rarer
+/// (errors, workers, several attempts, a schedule, an attempt left open,
+/// none at all) behind its box; a reused run record starts empty.
+#[test]
+fn the_compact_outcome_gives_back_what_finished() {
+    let mut l = ledger(10);
+    let group = Labels::from([("gpu", "a100")]);
+    /// An attempt: its worker, outcome and error.
+    type Attempt<'a> = (Option<&'a str>, AttemptOutcome, Option<&'a str>);
+    let shapes: [(Option<&str>, &[Attempt], TaskState); 6] = [
+        (
+            None,
+            &[(None, AttemptOutcome::Succeeded, None)],
+            TaskState::Succeeded,
+        ),
+        (
+            Some("k"),
+            &[(None, AttemptOutcome::Succeeded, None)],
+            TaskState::Succeeded,
+        ),
+        (
+            None,
+            &[(Some("w"), AttemptOutcome::Succeeded, None)],
+            TaskState::Succeeded,
+        ),
+        (
+            None,
+            &[
+                (
+                    None,
+                    AttemptOutcome::Failed { retryable: true },
+                    Some("boom"),
+                ),
+                (
+                    None,
+                    AttemptOutcome::Failed { retryable: false },
+                    Some("again"),
+                ),
+            ],
+            TaskState::Failed,
+        ),
+        (None, &[], TaskState::Cancelled),
+        (None, &[], TaskState::Succeeded),
+    ];
+    for (i, (key, attempts, state)) in shapes.iter().enumerate() {
+        let id = i as u64 + 1;
+        accept(&mut l, id, *key, 0);
+        if i == 1 {
+            l.set_schedule(TaskId(id), Some(("nightly".into(), Millis(3))));
+        }
+        for (n, (worker, outcome, error)) in attempts.iter().enumerate() {
+            let n = n as u32 + 1;
+            let worker = worker.map(str::to_string);
+            l.started(TaskId(id), n, group.clone(), worker, None, Millis(1));
+            let output = (*outcome == AttemptOutcome::Succeeded).then(|| Bytes::from("out"));
+            let error = error.map(str::to_string);
+            l.ended(TaskId(id), n, *outcome, output, error, Millis(2));
+        }
+        if i == 5 {
+            // Still running when it finishes: closed as cancelled.
+            l.started(TaskId(id), 1, group.clone(), None, None, Millis(1));
+        }
+        let got = finish(&mut l, id, *state);
+        assert_eq!(l.outcome(TaskId(id)).as_ref(), Some(&got), "shape {i}");
+        assert_eq!(got.state, *state);
+        assert_eq!(got.attempts.len(), attempts.len().max(usize::from(i == 5)));
+        if i == 1 {
+            assert_eq!(got.schedule, Some(("nightly".into(), Millis(3))));
+            assert_eq!(l.retained_key(TaskId(id)), Some("k"));
+        }
+        if i == 3 {
+            assert_eq!(got.error.as_deref(), Some("again"));
+            assert_eq!(got.attempts[0].error.as_deref(), Some("boom"));
+        }
+        if i == 5 {
+            assert_eq!(got.attempts[0].outcome.as_deref(), Some("cancelled"));
+        }
+    }
+    // A run record reused by the next task carries nothing over.
+    accept(&mut l, 99, None, 0);
+    l.started(TaskId(99), 1, Labels::new(), None, None, Millis(1));
+    let got = finish(&mut l, 99, TaskState::Cancelled);
+    assert_eq!((got.error, got.output, got.schedule), (None, None, None));
+    assert_eq!(got.attempts.len(), 1);
+    assert_eq!(l.retained_key(TaskId(99)), None);
+}
