@@ -159,7 +159,9 @@ pub(super) async fn lead(
         api.clone(),
     ));
     // Subscribed before the first renewal announces this leadership, so a
-    // worker that heartbeats on seeing it finds someone answering.
+    // worker that heartbeats on seeing it finds someone answering. The
+    // renewal goes out on the other connection: the flush waits until
+    // nats-server has taken the subscriptions.
     let mut requests = futures_util::stream::SelectAll::new();
     for subject in [base.subjects.api("*"), base.subjects.worker_api_all()] {
         requests.push(
@@ -169,6 +171,10 @@ pub(super) async fn lead(
                 .map_err(nats_err(format!("subscribing to {subject}")))?,
         );
     }
+    base.inbound
+        .flush()
+        .await
+        .map_err(nats_err("subscribing to the leader's requests"))?;
     let tenure = Tenure {
         renewed,
         timeout: election.timeout(),
