@@ -41,15 +41,16 @@ fuzz_target!(|data: &[u8]| {
             // What the submit consumer does next with a MessagePack body.
             if let Ok(submit) = wire::decode::<Submit>(body) {
                 let pool = cronoq::PoolName::default();
-                let task = submit.into_task(&pool);
-                let _ = task.to_spec(cronoq::TaskId(1), 1 << 20);
+                if let Ok(task) = submit.into_task(&pool) {
+                    let _ = task.to_spec(cronoq::TaskId(1), 1 << 20);
+                }
             }
         }
         9 => request::<Lease>(body),
         10 => request::<Revoke>(body),
         11 => request::<TaskEvent>(body),
         12 => request::<Ack>(body),
-        13 => request::<Credentials>(body),
+        13 => request::<AttemptReports>(body),
         14 => reply::<RegisterReply>(body),
         15 => reply::<HeartbeatReply>(body),
         16 => reply::<RenewReply>(body),
