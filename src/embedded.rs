@@ -32,7 +32,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures_util::future::AbortHandle;
@@ -252,10 +252,7 @@ impl SchedulerBuilder {
     /// Builds the scheduler and starts its timer task. Fails on a bad pool
     /// name or setting.
     pub fn build(self) -> Result<Scheduler, Error> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let now = Millis::since_epoch(SystemTime::now()).0;
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
                 core: Core::new(),

@@ -17,7 +17,7 @@
 mod auth_kit;
 mod procs;
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
@@ -73,12 +73,7 @@ fn env_worker(s: &Setup) -> Proc {
 }
 
 fn now() -> Millis {
-    Millis(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64,
-    )
+    Millis::since_epoch(SystemTime::now())
 }
 
 fn fire_task(payload: &str, labels: &str) -> Task {

@@ -15,7 +15,7 @@
 mod auth_kit;
 mod procs;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use cronoq::api::{BackfillRange, ScheduleInfo};
 use cronoq::auth::Credential;
@@ -30,12 +30,7 @@ fn spec(json: serde_json::Value) -> ScheduleSpec {
 }
 
 fn now() -> Millis {
-    Millis(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64,
-    )
+    Millis::since_epoch(SystemTime::now())
 }
 
 fn code<T: std::fmt::Debug>(r: Result<T, cronoq::client::Error>) -> ErrorCode {

@@ -602,10 +602,7 @@ fn rfc3339(t: Millis) -> String {
 
 /// The wall clock, read here in the shell (the schedule rules read none).
 fn now() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(Millis::from_duration)
-        .unwrap_or(Millis::ZERO)
+    Millis::since_epoch(std::time::SystemTime::now())
 }
 
 #[cfg(test)]

@@ -41,6 +41,12 @@ impl Millis {
         Millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 
+    /// A wall-clock instant as ms since the Unix epoch (0 before it). A
+    /// conversion: the core reads no clock, its shells pass the time in.
+    pub fn since_epoch(t: std::time::SystemTime) -> Millis {
+        Millis::from_duration(t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default())
+    }
+
     /// This span as a [`std::time::Duration`].
     pub fn to_duration(self) -> std::time::Duration {
         std::time::Duration::from_millis(self.0)

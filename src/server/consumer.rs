@@ -31,11 +31,7 @@ pub(super) fn submission_input(
         // Checked after decoding: the proof covers what was sent, and a
         // refusal is recorded like any refused submission.
         Ok((pool, task)) => {
-            let stored = Millis(
-                published
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64),
-            );
+            let stored = Millis::since_epoch(published);
             let task = task.and_then(|t| {
                 guard.submission(
                     m.subject.as_str(),
@@ -97,11 +93,7 @@ pub(super) fn unattributed(
         return true;
     }
     // Checked only on this rare path: a proof is verified once otherwise.
-    let stored = Millis(
-        published
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-    );
+    let stored = Millis::since_epoch(published);
     guard
         .owner_of(m.subject.as_str(), m.headers.as_ref(), &m.payload, stored)
         .is_none()

@@ -81,7 +81,7 @@ pub use config::*;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
@@ -161,12 +161,7 @@ fn nats_err<E: std::error::Error + Send + Sync + 'static>(
 }
 
 fn wall_now() -> Millis {
-    Millis(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-    )
+    Millis::since_epoch(SystemTime::now())
 }
 
 /// The default server id: host name and process id.

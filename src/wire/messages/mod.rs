@@ -110,10 +110,6 @@ pub struct Submit {
     pub scheduled_at: Option<Millis>,
 }
 
-fn millis_of(t: std::time::SystemTime) -> Millis {
-    Millis::from_duration(t.duration_since(UNIX_EPOCH).unwrap_or_default())
-}
-
 impl Submit {
     /// The wire form of a [`Task`] (its pool goes in the subject).
     pub fn from_task(task: &Task) -> Submit {
@@ -122,8 +118,8 @@ impl Submit {
             labels: task.labels.clone(),
             payload: task.payload.clone(),
             priority: task.priority,
-            deadline: task.deadline.map(millis_of),
-            start_at: task.start_at.map(millis_of),
+            deadline: task.deadline.map(Millis::since_epoch),
+            start_at: task.start_at.map(Millis::since_epoch),
             tolerance: task.start_at.map(|_| Millis::from_duration(task.tolerance)),
             est_runtime: task.est_runtime.map(Millis::from_duration),
             max_attempts: task.max_attempts,
