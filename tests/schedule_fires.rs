@@ -174,8 +174,13 @@ async fn only_fires_sealed_by_the_leader_run_and_they_carry_their_schedule() {
     let waiting = s
         .publish(sealed_fire(&s, &seal, "waiting", "gpu=h100"))
         .await;
+    // Queued with the leader's reason: taken by the leader (a status read
+    // from the stream before the leader takes it is queued too, without
+    // a reason or the schedule).
     let queued = s
-        .until(waiting, "queued", |t| t.state == TaskState::Queued)
+        .until(waiting, "queued", |t| {
+            t.state == TaskState::Queued && t.reason.is_some()
+        })
         .await;
     assert_eq!(queued.schedule.as_deref(), Some("nightly"));
     let e = s
