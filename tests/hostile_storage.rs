@@ -68,8 +68,8 @@ async fn forge(c: &Cluster, key: &str, body: bytes::Bytes) {
 }
 
 /// A forged result over a finished task is not served after a handover,
-/// and a forged "succeeded" record of a queued task does not finish it:
-/// the successor runs the task.
+/// and a forged "succeeded" record of a queued task, under its id or in a
+/// forged result batch, does not finish it: the successor runs the task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_journal_records_are_not_taken() {
     let mut c = Cluster::start_with_env(&config(), &[KEY_ENV], &[("cpu", "", 2)]).await;
@@ -83,6 +83,14 @@ async fn forged_journal_records_are_not_taken() {
 
     forge(&c, &done.0.to_string(), forged_success(done, "forged")).await;
     forge(&c, &queued.0.to_string(), forged_success(queued, "forged")).await;
+    // And a forged result batch naming the queued task finished.
+    let record = TaskRecord::decode(&forged_success(queued, "forged")).unwrap();
+    let batch = wire::ResultRecords {
+        v: PROTOCOL_VERSION,
+        written_at: Millis(1),
+        results: vec![record],
+    };
+    forge(&c, "r.1.999", wire::encode(&batch).into()).await;
     c.server.kill9();
     let standby_id = standby.id().to_string();
     c.snapshot_until("the standby to lead", |s| {

@@ -160,12 +160,20 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
     // The deposed server follows the journal again (a leader does not
     // follow its own writes): when the successor dies with a task running,
     // it takes over from its warm copy, re-attaches the attempt, and the
-    // task runs once.
+    // task runs once; a task that finished behind it (its submission still
+    // in the stream, its result only in a result batch) does not run again
+    // and is still looked up.
     let held = running_held(&c, "held", 1, "go").await;
+    let behind = c.submit_payload("behind-held", "").await;
+    assert_eq!(c.finished(behind).await.state, TaskState::Succeeded);
     second.kill9();
     let (_, third_epoch) = taken_over_by(&c.server).await;
     assert!(third_epoch > new_epoch);
     reattached_and_run_once(&c, &held, "go").await;
+    assert_eq!(c.finished(behind).await.state, TaskState::Succeeded);
+    let runs = c.runs();
+    let behind_runs = runs.iter().filter(|r| r.name == "behind-held").count();
+    assert_eq!(behind_runs, 1, "{runs:?}");
     let log = c.server.log_tail(400);
     assert!(
         log.contains("reading the journal from the warm copy"),
@@ -174,9 +182,14 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
 }
 
 /// The same takeover read cold (`[server] warm_standby = false`: every
-/// journal record looked up from the stream's leader): attempts running
-/// when the leader is killed are re-attached and run once, and a task
-/// that succeeded before the kill is not run again.
+/// journal record looked up from the stream's leader, the result batches
+/// read first): attempts running when the leader is killed are
+/// re-attached and run once, and the tasks that succeeded before the kill
+/// are not run again — one whose submission was purged, and one whose
+/// submission is still in the stream (behind the held ones) and whose
+/// result is only in a result batch (`r.<epoch>.<n>`), not under its id.
+/// Both are still looked up after the takeover (through the successor's
+/// index of result batches).
 #[tokio::test]
 async fn a_cold_takeover_reattaches_running_attempts_and_skips_finished_tasks() {
     let t = ColdTakeover::stage().await;
@@ -193,6 +206,8 @@ struct ColdTakeover {
     second: CronoqServer,
     done: TaskId,
     held: Vec<TaskId>,
+    /// Finished while the held ones run: its submission stays.
+    done_after: TaskId,
 }
 
 impl ColdTakeover {
@@ -209,11 +224,14 @@ impl ColdTakeover {
         let done = c.submit_payload("done-before", "").await;
         assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
         let held = running_held(&c, "held", 3, "go").await;
+        let done_after = c.submit_payload("done-after", "").await;
+        assert_eq!(c.finished(done_after).await.state, TaskState::Succeeded);
         ColdTakeover {
             c,
             second,
             done,
             held,
+            done_after,
         }
     }
 
@@ -226,14 +244,16 @@ impl ColdTakeover {
             mut second,
             done,
             held,
+            done_after,
         } = self;
         c.server.kill9();
         taken_over_by(&second).await;
         std::mem::swap(&mut c.server, &mut second);
         reattached_and_run_once(&c, &held, "go").await;
         assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+        assert_eq!(c.finished(done_after).await.state, TaskState::Succeeded);
         let runs = c.runs();
-        assert_eq!(runs.len(), 4, "each ran once, as attempt 1: {runs:?}");
+        assert_eq!(runs.len(), 5, "each ran once, as attempt 1: {runs:?}");
         assert!(runs.iter().all(|r| r.attempt == 1), "{runs:?}");
         c.server.log_tail(400)
     }
@@ -263,10 +283,15 @@ async fn a_takeover_reads_start_records_and_skips_hostile_ones() {
         "the starts went into start records: {keys:?}"
     );
     // Held attempts have no record of their own yet: their starts are only
-    // in start records.
-    for id in held {
+    // in start records. Nor have the finished tasks: their results went
+    // into result batches.
+    for id in held.iter().chain([&done, &t.done_after]) {
         assert!(!keys.contains(&id.0.to_string()), "{id}: {keys:?}");
     }
+    assert!(
+        keys.iter().any(|k| k.starts_with("r.")),
+        "the results went into result batches: {keys:?}"
+    );
     let forged = cronoq::wire::StartRecords {
         v: 1,
         written_at: cronoq::core::Millis(1),

@@ -742,6 +742,52 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
             },
         ]),
     );
+    let finished = |id: u64, key: Option<&str>| cronoq::wire::TaskRecord {
+        key: key.map(str::to_string),
+        ..cronoq::wire::TaskRecord::of_outcome(&cronoq::task::Outcome {
+            id: TaskId(id),
+            pool: PoolName::new("gpu").unwrap(),
+            state: TaskState::Succeeded,
+            output: Some(bytes::Bytes::from_static(b"ok")),
+            error: None,
+            attempts: vec![cronoq::task::AttemptRecord {
+                ended_at: Some(Millis(1_764_000_000_050)),
+                outcome: Some("succeeded".into()),
+                ..started(id, Some("worker-1"), None).attempt
+            }],
+            deadline_missed: false,
+            schedule: None,
+        })
+    };
+    add(
+        "ResultRecords",
+        each([cronoq::wire::ResultRecords {
+            v: 1,
+            written_at: Millis(1_764_000_000_000),
+            results: vec![
+                finished(7, None),
+                cronoq::wire::TaskRecord {
+                    deadline_missed: true,
+                    // The type allows it; a result in a batch has none.
+                    written_at: Some(Millis(1_764_000_000_060)),
+                    schedule: Some("nightly".into()),
+                    scheduled_at: Some(Millis(1_764_000_000_000)),
+                    ..finished(8, Some("k"))
+                },
+                cronoq::wire::TaskRecord {
+                    state: TaskState::Failed,
+                    output: None,
+                    error: Some("exit 1".into()),
+                    attempts: vec![cronoq::task::AttemptRecord {
+                        ended_at: Some(Millis(1_764_000_000_050)),
+                        outcome: Some("failed".into()),
+                        ..started(9, Some("worker-1"), Some("exit 1")).attempt
+                    }],
+                    ..finished(9, None)
+                },
+            ],
+        }]),
+    );
     add("Snapshot", each(snapshots()));
     schedule_samples(&mut add, replies);
     all
@@ -1163,6 +1209,7 @@ fn asyncapi_names_every_subject() {
             // Stored in the results bucket, never sent on a subject.
             "TaskRecord",
             "StartRecords",
+            "ResultRecords",
         ];
         if !inner.contains(&name.as_str()) {
             assert!(

@@ -117,6 +117,7 @@ pub(super) async fn consume(
         last: startup_last,
         warm,
         starts,
+        batched,
         mut catch_up_to,
     } = startup;
     // Shared, not cloned per submission (a store clone copies its whole
@@ -177,6 +178,7 @@ pub(super) async fn consume(
             .map(|message| {
                 let results = results.clone();
                 let warm = warm.clone();
+                let batched = batched.clone();
                 let seal = api.inner.seal.clone();
                 async move {
                     let seq = message
@@ -184,7 +186,7 @@ pub(super) async fn consume(
                         .ok()
                         .and_then(|m| m.info().ok())
                         .map_or(u64::MAX, |i| i.stream_sequence);
-                    let record = known(&results, &warm, &seal, startup_last, seq).await;
+                    let record = known(&results, &warm, &batched, &seal, startup_last, seq).await;
                     (message, record)
                 }
             })
@@ -258,7 +260,16 @@ pub(super) async fn consume(
                         "submission read through the API: its headers reset the connection"
                     );
                     let seq = next_seq;
-                    match known(&results, &warm, &api.inner.seal, startup_last, seq).await {
+                    match known(
+                        &results,
+                        &warm,
+                        &batched,
+                        &api.inner.seal,
+                        startup_last,
+                        seq,
+                    )
+                    .await
+                    {
                         Ok(record) => {
                             next_seq = seq + 1;
                             stalls = 0;
@@ -296,12 +307,16 @@ struct Taker<'a> {
 async fn known(
     results: &kv::Store,
     warm: &Option<warm::WarmJournal>,
+    batched: &BatchedResults,
     seal: &seal::Seal,
     startup_last: u64,
     seq: u64,
 ) -> Result<warm::Known, String> {
     if seq > startup_last {
         return Ok(warm::Known::None);
+    }
+    if let Some(record) = batched.get(&seq) {
+        return Ok(warm::Known::Finished(record.clone()));
     }
     match warm {
         Some(warm) => Ok(warm.known(seq)),

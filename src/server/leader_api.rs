@@ -37,6 +37,8 @@ pub(super) struct LeaderInner {
     pub(super) guard: Arc<Guard>,
     /// The servers' storage key.
     pub(super) seal: seal::Seal,
+    /// Which result batch holds a finished task's result.
+    pub(super) index: result_index::ResultIndex,
     /// Local callers waiting on the driver's replies, by request id.
     pub(super) replies: Replies,
 }
@@ -172,14 +174,35 @@ impl LeaderApi {
             .map_err(|e| unavailable(format!("submit stream: {e}")))
     }
 
-    /// A finished task's result from the bucket.
+    /// A finished task's result from the bucket: under its own id, or in
+    /// the result batch the index names.
     pub(super) async fn stored_result(&self, id: TaskId) -> Result<Option<TaskStatus>, WireError> {
         let key = id.to_string();
-        match self.inner.results.get(&key).await {
-            Ok(Some(bytes)) => match self.inner.seal.open(&key, &bytes) {
-                Ok(body) => Ok(Some(wire::TaskRecord::decode(body)?.into_status())),
+        if let Some(body) = self.stored(&key).await? {
+            return Ok(Some(wire::TaskRecord::decode(&body)?.into_status()));
+        }
+        let Some(batch) = self.inner.index.lookup(id.0) else {
+            return Ok(None);
+        };
+        let Some(body) = self.stored(&batch).await? else {
+            return Ok(None);
+        };
+        let batch: wire::ResultRecords = wire::decode(&body)?;
+        Ok(batch
+            .results
+            .into_iter()
+            .find(|r| r.id == id)
+            .map(wire::TaskRecord::into_status))
+    }
+
+    /// The body stored under `key` in the results bucket, its seal
+    /// checked (one not sealed with the storage key is none).
+    async fn stored(&self, key: &str) -> Result<Option<Bytes>, WireError> {
+        match self.inner.results.get(key).await {
+            Ok(Some(bytes)) => match self.inner.seal.open(key, &bytes) {
+                Ok(body) => Ok(Some(bytes.slice_ref(body))),
                 Err(why) => {
-                    seal::log_refused("stored result", &key, why);
+                    seal::log_refused("stored result", key, why);
                     Ok(None)
                 }
             },

@@ -74,6 +74,8 @@ pub(super) async fn lead(
             // compete with the batch for the leader subject (10164 on a
             // replicated stream). Record by record, one write per turn.
             group_starts: !base.atomic_batches,
+            // Likewise the small results of a turn: one write for them all.
+            group_results: !base.atomic_batches,
             max_schedules: s.max_schedules,
             schedules_refused: (base.auth.required() && !base.seal.is_set()).then(|| {
                 "schedules need [server] storage_key_env when credentials are required: \
@@ -112,6 +114,7 @@ pub(super) async fn lead(
             journal_pending: journal_pending.clone(),
             guard: guard.clone(),
             seal: base.seal.clone(),
+            index: base.index.clone(),
             replies: Replies::default(),
         }),
     };
@@ -139,6 +142,21 @@ pub(super) async fn lead(
         Some(_) => read_starts(&base.results, &base.seal).await?,
         None => wire::StartIndex::default(),
     };
+    // Without a warm copy, the result batches: a task finished in one has
+    // no record of its own to say so.
+    let batched = match (&warm, catch_up_to) {
+        (None, Some(upto)) => {
+            read_results(
+                &base.results,
+                &base.seal,
+                &base.index,
+                startup.first_sequence,
+                upto,
+            )
+            .await?
+        }
+        _ => BatchedResults::default(),
+    };
     // The schedules (few keys; read whether the stream holds anything or
     // not): they step once the journal is read.
     driver.restore_schedules(read_schedules(&base.results, &base.seal).await?);
@@ -153,6 +171,7 @@ pub(super) async fn lead(
             last: startup_last,
             warm,
             starts: Arc::new(starts),
+            batched: Arc::new(batched),
             catch_up_to,
         },
         inputs.clone(),
@@ -210,6 +229,7 @@ pub(super) async fn lead(
             subjects: base.subjects.clone(),
             guard,
             seal: base.seal.clone(),
+            index: base.index.clone(),
             tenure: tenure.clone(),
             replies: api.inner.replies.clone(),
         },

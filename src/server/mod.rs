@@ -46,6 +46,7 @@
 //! | `consumer.rs` | the submit consumer |
 //! | `takeover.rs` | reading the journal back at a takeover |
 //! | `warm.rs` | a standby's warm copy of the journal |
+//! | `result_index.rs` | which result batch holds a finished task's result |
 //! | `requests.rs` | worker and client requests over NATS |
 //! | `guard.rs` | credentials, nonces and sessions of one leadership |
 //! | `fires.rs` | schedule fires the leader publishes, sealed; telling them from forgeries |
@@ -69,6 +70,7 @@ mod leadership;
 mod node;
 mod process;
 mod requests;
+mod result_index;
 mod runner;
 pub mod seal;
 #[cfg(test)]

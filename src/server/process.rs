@@ -282,6 +282,9 @@ pub async fn serve(
         node.inner.missing.clone(),
     ));
     let (warm_paused, warm_paused_rx) = watch::channel(false);
+    let ttl = config.server.results_ttl;
+    let index =
+        result_index::ResultIndex::new((!ttl.is_zero()).then(|| Millis::from_duration(ttl)));
     let base = Base {
         config: config.clone(),
         pools,
@@ -298,7 +301,8 @@ pub async fn serve(
         atomic_batches,
         takeovers: Arc::default(),
         auth,
-        warm: warm::WarmJournal::sealed(seal.clone()),
+        warm: warm::WarmJournal::sealed(seal.clone(), index.clone()),
+        index,
         warm_paused,
         seal: seal.clone(),
     };
@@ -463,6 +467,8 @@ pub(super) struct Base {
     pub(super) auth: Arc<Authenticator>,
     /// This process's warm copy of the journal.
     pub(super) warm: warm::WarmJournal,
+    /// Which result batch holds which finished task's result.
+    pub(super) index: result_index::ResultIndex,
     /// The servers' storage key.
     pub(super) seal: seal::Seal,
     /// True while this process leads: the copy is not followed

@@ -145,6 +145,14 @@ pub(super) async fn drive(
                 Output::PersistStarts { slot, record } => {
                     turn.records.push(Item::Starts(slot, record).record())
                 }
+                Output::PersistResults { n, record } => {
+                    // Marked before the floor can pass them (below).
+                    let pending = pending.get_or_insert_with(|| {
+                        pending_results.lock().unwrap_or_else(|e| e.into_inner())
+                    });
+                    pending.extend(record.results.iter().map(|r| r.id.0));
+                    turn.records.push(Item::Results(n, record).record())
+                }
                 Output::PersistSchedule { name, stored } => {
                     turn.records.push(Item::Schedule(name, stored).record())
                 }
@@ -171,7 +179,10 @@ pub(super) async fn drive(
 fn is_record(output: &Output) -> bool {
     matches!(
         output,
-        Output::Persist { .. } | Output::PersistStarts { .. } | Output::PersistSchedule { .. }
+        Output::Persist { .. }
+            | Output::PersistStarts { .. }
+            | Output::PersistResults { .. }
+            | Output::PersistSchedule { .. }
     )
 }
 

@@ -1,4 +1,4 @@
-//! Reading the journal back at a takeover: a task's record from the stream leader, the start-record slots, and the warm copy a standby kept.
+//! Reading the journal back at a takeover: a task's record from the stream leader, the start-record slots, the result batches, and the warm copy a standby kept.
 
 use super::*;
 
@@ -32,6 +32,7 @@ pub(super) async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
             live,
             finished,
             keyed,
+            indexed_results = base.index.len(),
             "reading the journal from the warm copy"
         );
         Some(base.warm.clone())
@@ -119,6 +120,62 @@ pub(super) fn kv_tombstone(headers: Option<&async_nats::HeaderMap>) -> bool {
         .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE")
 }
 
+/// The tasks finished in result batches (`r.<epoch>.<n>`), as a takeover
+/// without a warm copy reads them: by submission sequence, with the record
+/// when it names a key (it binds again).
+pub(super) type BatchedResults = rustc_hash::FxHashMap<u64, Option<Box<wire::TaskRecord>>>;
+
+/// Every result batch of the results bucket at this takeover, read from
+/// the stream's leader like the start records, and indexed for lookups:
+/// the tasks in them numbered `from..=upto` (the submissions still in the
+/// stream) are finished, whatever their own keys hold. Retries while NATS
+/// does not answer; an error after about 10 s (taking over without them
+/// could run a finished task again).
+pub(super) async fn read_results(
+    results: &kv::Store,
+    seal: &seal::Seal,
+    index: &result_index::ResultIndex,
+    from: u64,
+    upto: u64,
+) -> Result<BatchedResults, Error> {
+    let read = read_retrying(|| async {
+        let mut finished = BatchedResults::default();
+        read_keys(results, "r.>", |key, value| {
+            let Some(value) = value.filter(|_| wire::is_result_key(key)) else {
+                return;
+            };
+            let body = match seal.open(key, value) {
+                Ok(body) => body,
+                Err(why) => return seal::log_refused("result batch", key, why),
+            };
+            let batch = match wire::decode::<wire::ResultRecords>(body) {
+                Ok(batch) => batch,
+                Err(e) => return tracing::warn!(key, error = %e, "unreadable result batch ignored"),
+            };
+            index.add(
+                key,
+                batch.written_at,
+                batch.results.iter().map(|r| r.id.0).collect(),
+            );
+            for record in batch.results {
+                let seq = record.id.0;
+                if record.state.is_terminal() && (from..=upto).contains(&seq) {
+                    finished.insert(seq, record.key.is_some().then(|| Box::new(record)));
+                }
+            }
+        })
+        .await?;
+        Ok(finished)
+    })
+    .await
+    .map_err(|e| Error::Nats {
+        context: "reading the journal's result batches".into(),
+        source: e.into(),
+    })?;
+    tracing::info!(finished = read.len(), "result batches read");
+    Ok(read)
+}
+
 /// What the submit stream held when a leadership began.
 pub(super) struct Startup {
     /// Its last sequence: submissions up to it may have journal records.
@@ -128,6 +185,8 @@ pub(super) struct Startup {
     pub(super) warm: Option<warm::WarmJournal>,
     /// The start records ([`wire::StartRecords`]) the bucket held.
     pub(super) starts: Arc<wire::StartIndex>,
+    /// Without a warm copy: the tasks the bucket's result batches finish.
+    pub(super) batched: Arc<BatchedResults>,
     /// When to tell the driver it has read them all (`None`: nothing to
     /// read).
     pub(super) catch_up_to: Option<u64>,

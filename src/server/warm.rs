@@ -50,6 +50,22 @@ struct Copy {
     seen: u64,
 }
 
+impl Copy {
+    /// Task `record.id` is finished (`whole`: keep its record if it names
+    /// a key, else only its id).
+    fn finish(&mut self, record: TaskRecord, whole: bool) {
+        let seq = record.id.0;
+        self.live.remove(&seq);
+        self.finished.insert(seq);
+        if record.key.is_some() {
+            self.keyed.insert(seq, whole.then(|| Box::new(record)));
+            if self.keyed.len() > KEYED_KEPT {
+                self.keyed.pop_first();
+            }
+        }
+    }
+}
+
 /// What the journal says of a submission (the warm copy, or a lookup).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Known {
@@ -82,13 +98,20 @@ pub(crate) struct WarmJournal {
     copy: Arc<Mutex<Copy>>,
     /// The servers' storage key: an entry not sealed with it is none.
     seal: super::seal::Seal,
+    /// Fed the result batches the watch sees (lookups once leading).
+    index: super::result_index::ResultIndex,
 }
 
 impl WarmJournal {
-    /// An empty copy that takes only entries sealed with `seal`.
-    pub(crate) fn sealed(seal: super::seal::Seal) -> WarmJournal {
+    /// An empty copy that takes only entries sealed with `seal`, and
+    /// indexes the result batches it sees in `index`.
+    pub(crate) fn sealed(
+        seal: super::seal::Seal,
+        index: super::result_index::ResultIndex,
+    ) -> WarmJournal {
         WarmJournal {
             seal,
+            index,
             ..WarmJournal::default()
         }
     }
@@ -102,6 +125,12 @@ impl WarmJournal {
     fn apply(&self, entry: &kv::Entry) {
         let mut copy = self.lock();
         copy.seen = copy.seen.max(entry.revision);
+        if crate::wire::is_result_key(&entry.key) {
+            if entry.operation == kv::Operation::Put {
+                self.apply_results(&mut copy, &entry.key, &entry.value);
+            }
+            return;
+        }
         let Ok(seq) = entry.key.parse::<u64>() else {
             return;
         };
@@ -119,15 +148,13 @@ impl WarmJournal {
         match entry.operation {
             kv::Operation::Put => match TaskRecord::decode(body.unwrap_or_default()) {
                 Ok(record) if record.state.is_terminal() => {
-                    copy.live.remove(&seq);
-                    copy.finished.insert(seq);
-                    if record.key.is_some() {
-                        let small = body.is_some_and(|b| b.len() <= KEPT_RECORD_BYTES);
-                        copy.keyed.insert(seq, small.then(|| Box::new(record)));
-                        if copy.keyed.len() > KEYED_KEPT {
-                            copy.keyed.pop_first();
-                        }
-                    }
+                    let small = body.is_some_and(|b| b.len() <= KEPT_RECORD_BYTES);
+                    copy.finish(record, small);
+                }
+                // A task finished in a result batch has no record of its
+                // own to come; never let one undo the mark.
+                Ok(record) if copy.finished.contains(&seq) => {
+                    tracing::warn!(seq, state = %record.state, "live record of a finished task ignored");
                 }
                 Ok(record) => {
                     copy.live.insert(seq, record);
@@ -142,6 +169,27 @@ impl WarmJournal {
                 copy.live.remove(&seq);
                 copy.finished.remove(&seq);
                 copy.keyed.remove(&seq);
+            }
+        }
+    }
+
+    /// Applies a result batch (`r.<epoch>.<n>`): each task in it is
+    /// finished; the batch is indexed for lookups.
+    fn apply_results(&self, copy: &mut Copy, key: &str, value: &[u8]) {
+        let body = match self.seal.open(key, value) {
+            Ok(body) => body,
+            Err(why) => return super::seal::log_refused("result batch", key, why),
+        };
+        let batch = match crate::wire::decode::<crate::wire::ResultRecords>(body) {
+            Ok(batch) => batch,
+            Err(e) => return tracing::warn!(key, error = %e, "unreadable result batch ignored"),
+        };
+        let ids = batch.results.iter().map(|r| r.id.0).collect();
+        self.index.add(key, batch.written_at, ids);
+        for record in batch.results {
+            if record.state.is_terminal() {
+                // Small by the leader's rule: kept whole.
+                copy.finish(record, true);
             }
         }
     }
@@ -371,6 +419,42 @@ mod tests {
         let kept = warm.keyed_finished(u64::MAX);
         assert_eq!(kept.len(), KEYED_KEPT);
         assert_eq!(kept[0].0, 10);
+    }
+
+    #[test]
+    fn a_result_batch_finishes_each_of_its_tasks_and_is_indexed() {
+        let index = crate::server::result_index::ResultIndex::new(None);
+        let warm = WarmJournal::sealed(crate::server::seal::Seal::default(), index.clone());
+        warm.apply(&entry("3", 1, Some(&record(3, TaskState::Running))));
+        let batch = crate::wire::ResultRecords {
+            v: crate::wire::PROTOCOL_VERSION,
+            written_at: crate::core::Millis(5),
+            results: vec![record(3, TaskState::Succeeded), keyed(4, "k4")],
+        };
+        let mut e = entry("r.7.1", 2, None);
+        e.value = crate::wire::encode(&batch).into();
+        e.operation = kv::Operation::Put;
+        warm.apply(&e);
+        assert_eq!(warm.seen(), 2);
+        assert_eq!(warm.known(3), Known::Finished(None));
+        assert_eq!(warm.known(4), Known::Finished(None));
+        assert_eq!(
+            warm.keyed_finished(10),
+            vec![(4, Some(Box::new(keyed(4, "k4"))))],
+            "kept whole: a takeover binds its key without a lookup"
+        );
+        assert_eq!(index.lookup(3).as_deref(), Some("r.7.1"));
+        assert_eq!(index.lookup(4).as_deref(), Some("r.7.1"));
+        // A live record under its id afterwards does not undo it.
+        warm.apply(&entry("3", 3, Some(&record(3, TaskState::Running))));
+        assert_eq!(warm.known(3), Known::Finished(None));
+        // An unreadable batch changes nothing but `seen`.
+        let mut bad = entry("r.7.2", 4, None);
+        bad.value = bytes::Bytes::from_static(b"\xc1 not a batch");
+        bad.operation = kv::Operation::Put;
+        warm.apply(&bad);
+        assert_eq!(warm.seen(), 4);
+        assert_eq!(warm.len(), (0, 2, 1));
     }
 
     #[test]

@@ -389,6 +389,10 @@ mod tests {
         index.set(2, None);
         assert_eq!(index.len(), 2);
         assert_eq!(parse_start_key(&start_key(17)), Some(17));
+        assert!(is_result_key(&result_key(3, 17)));
+        for key in ["r.", "r.1", "r.1.", "r..1", "r.a.1", "r.1.1.1", "s.1", "17"] {
+            assert!(!is_result_key(key), "{key}");
+        }
         for key in ["s.", "s.01", "s.x", "17", "s.-1", "_leader"] {
             assert_eq!(parse_start_key(key), None, "{key}");
         }

@@ -27,8 +27,8 @@ use cronoq::wire::{
     Ack, AttemptReport, AttemptReports, AttemptReportsReply, BackfillSchedule, Cancel, Challenge,
     ChallengeReply, CreateSchedule, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply,
     Lease, Leases, ListSchedules, ListTasks, Register, RegisterReply, Renew, RenewReply, Reply,
-    Revoke, ScheduleName, SessionGrant, StartRecords, Subjects, Submit, TaskEvent, TaskList,
-    TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
+    ResultRecords, Revoke, ScheduleName, SessionGrant, StartRecords, Subjects, Submit, TaskEvent,
+    TaskList, TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
 
 /// The reply body of `P.api.schedule_list`: a page of list lines.
@@ -148,6 +148,10 @@ fn bodies() -> Vec<Body> {
         body!(
             StartRecords,
             "values of the results bucket under `s.<n>` (MessagePack): the attempts one leader turn started"
+        ),
+        body!(
+            ResultRecords,
+            "values of the results bucket under `r.<epoch>.<n>` (MessagePack): the small results of tasks one leader turn finished"
         ),
         body!(Snapshot, "`GET /v1/snapshot` (JSON)"),
         body!(
@@ -927,7 +931,10 @@ fn asyncapi(subjects: &Subjects) -> Value {
         attempts while live, its result once finished (kept `results_ttl`); and under \
         `s.<n>` the attempts one leader turn started (`StartRecords`, \
         `schemas/StartRecords.json`), each counting while it follows the last attempt of its \
-        task's own record; history 1; written only by the leader, fenced on `_leader` |\n\
+        task's own record; under `r.<epoch>.<n>` the small results of tasks one leader turn \
+        finished that have no record of their own (`ResultRecords`, \
+        `schemas/ResultRecords.json`): a task named there is finished; history 1; written only \
+        by the leader, fenced on `_leader` |\n\
         | `{state}` | key-value bucket | `epoch`: the leadership epoch as decimal text, bumped \
         (compare-and-set) by every server start |\n\n\
         **Epochs.** Each leadership has an epoch, carried by `RegisterReply`, `HeartbeatReply`, \

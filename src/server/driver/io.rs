@@ -214,6 +214,12 @@ pub(crate) enum Output {
     /// bucket's key `s.<slot>` (`Settings::group_starts`): like `Persist`,
     /// before anything of the turn is announced.
     PersistStarts { slot: u32, record: StartRecords },
+    /// Store the small results of tasks this turn finished that have no
+    /// record of their own together under the results bucket's key
+    /// `r.<epoch>.<n>` (`Settings::group_results`): like `Persist`, before
+    /// anything of the turn is announced; then their submissions may be
+    /// purged.
+    PersistResults { n: u64, record: ResultRecords },
     /// Drop a submission that duplicated another task (no result kept).
     Discard { seq: u64 },
     /// Hand a result to the local caller waiting on request `id`.
@@ -244,6 +250,9 @@ impl std::fmt::Debug for Output {
             Output::Persist { seq, record, .. } => write!(f, "Persist({seq}, {})", record.state),
             Output::PersistStarts { slot, record } => {
                 write!(f, "PersistStarts(s.{slot}, {} starts)", record.starts.len())
+            }
+            Output::PersistResults { n, record } => {
+                write!(f, "PersistResults(r.{n}, {} results)", record.results.len())
             }
             Output::Discard { seq } => write!(f, "Discard({seq})"),
             Output::Reply { id, reply } => write!(f, "Reply({id}, {reply:?})"),
@@ -287,6 +296,10 @@ pub(crate) struct Settings {
     /// (a task's own record is written when the attempt ends) instead of
     /// one record per task.
     pub group_starts: bool,
+    /// Journal the small results of a turn's tasks that have no record
+    /// of their own in one [`ResultRecords`] write instead of one record
+    /// per task.
+    pub group_results: bool,
     /// The most schedules (`[server] max_schedules`).
     pub max_schedules: usize,
     /// Why schedules cannot be created here, if they cannot (credentials

@@ -40,8 +40,8 @@ use crate::ledger::Ledger;
 use crate::task::{Outcome, Task, TaskStatus};
 use crate::wire::{
     self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
-    Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, StartRecord, StartRecords,
-    Subjects, TaskRecord, WireError, PROTOCOL_VERSION,
+    Register, RegisterReply, Renew, RenewReply, ResultRecords, Revoke, RunningAttempt, StartRecord,
+    StartRecords, Subjects, TaskRecord, WireError, PROTOCOL_VERSION,
 };
 
 mod io;
@@ -187,6 +187,8 @@ pub(crate) struct Driver {
     /// What the journal holds of each live task (start records on).
     journaled: FxHashMap<TaskId, Journaled>,
     slots: Slots,
+    /// Result batches written by this leadership (`r.<epoch>.<n>`).
+    result_batches: u64,
     /// Payloads, attempts, outputs, keys and finished tasks: the same
     /// records as embedded keeps.
     /// (Beside each task: the trace context given at submit.)
@@ -258,6 +260,7 @@ impl Driver {
             turn: 0,
             journaled: FxHashMap::default(),
             slots: Slots::default(),
+            result_batches: 0,
             ledger: Ledger::new(retain),
             cancel_on_arrival: FxHashSet::default(),
             dirty: FxHashSet::default(),
@@ -328,6 +331,44 @@ impl Driver {
         let turn = self.turn;
         out.reserve(self.dirty.len() + self.out.len() + 1);
         let refresh_at = self.now.plus(self.settings.record_refresh);
+        // Results (and refusals) first: the task's journal state ends with
+        // them, and whether it has a record of its own must be known
+        // before the loop below forgets it. A small result of a task with
+        // no record of its own goes into the turn's result batch; the
+        // other outputs go on as they are, in order.
+        let mut results = Vec::new();
+        let mut pending = std::mem::take(&mut self.out);
+        for output in pending.drain(..) {
+            let Output::Persist {
+                seq,
+                record,
+                dead_letter,
+            } = output
+            else {
+                out.push(output);
+                continue;
+            };
+            let own = self
+                .journaled
+                .get(&TaskId(seq))
+                .is_some_and(|j| j.attempts > 0);
+            self.forget_journaled(TaskId(seq), turn);
+            if self.settings.group_results
+                && dead_letter.is_none()
+                && !own
+                && record.state.is_terminal()
+                && record.estimated_size() <= MAX_BATCHED_RESULT_BYTES
+            {
+                results.push(record);
+            } else {
+                out.push(Output::Persist {
+                    seq,
+                    record,
+                    dead_letter,
+                });
+            }
+        }
+        self.out = pending;
         let mut dirty = std::mem::take(&mut self.dirty);
         let mut starts = if self.settings.group_starts {
             Vec::with_capacity(dirty.len())
@@ -386,14 +427,19 @@ impl Driver {
         }
         // Kept for its allocation (nothing above marks a task).
         self.dirty = dirty;
-        // Results (and refusals): the task's journal state ends with them.
-        for i in 0..self.out.len() {
-            if let Output::Persist { seq, .. } = self.out[i] {
-                self.forget_journaled(TaskId(seq), turn);
-            }
-        }
         let budget = start_record_budget(self.settings.max_reply_bytes);
-        for chunk in start_chunks(starts, budget) {
+        for chunk in chunks(results, budget, TaskRecord::estimated_size) {
+            self.result_batches += 1;
+            out.push(Output::PersistResults {
+                n: self.result_batches,
+                record: ResultRecords {
+                    v: PROTOCOL_VERSION,
+                    written_at: self.now,
+                    results: chunk,
+                },
+            });
+        }
+        for chunk in chunks(starts, budget, start_size) {
             let slot = self.slots.take(chunk.len() as u32);
             for start in &chunk {
                 if let Some(j) = self.journaled.get_mut(&start.id) {
@@ -409,7 +455,6 @@ impl Driver {
                 },
             });
         }
-        out.append(&mut self.out);
     }
 
     /// The turns so far: [`Input::Stored`] names one.

@@ -20,23 +20,28 @@ pub(super) fn start_size(start: &StartRecord) -> usize {
     16 + start.pool.as_str().len() + start.attempt.estimated_size()
 }
 
-/// Splits a turn's starts into writes of at most
+/// A result larger than this (roughly, encoded) is written as its task's
+/// own record rather than in a result batch: a standby keeps small results
+/// of keyed tasks whole, and a batch stays well inside one message.
+pub(super) const MAX_BATCHED_RESULT_BYTES: usize = crate::server::warm::KEPT_RECORD_BYTES;
+
+/// Splits a turn's starts (or results) into writes of at most
 /// [`MAX_STARTS_PER_RECORD`] entries and about `budget` bytes (a single
 /// larger entry goes alone).
-pub(super) fn start_chunks(starts: Vec<StartRecord>, budget: usize) -> Vec<Vec<StartRecord>> {
+pub(super) fn chunks<T>(items: Vec<T>, budget: usize, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
     let mut chunks = Vec::new();
-    let mut rest = starts;
+    let mut rest = items;
     while !rest.is_empty() {
-        // The first chunk's length; a turn's starts usually make one
+        // The first chunk's length; a turn's entries usually make one
         // chunk, which is then `rest` itself (no copy).
-        let mut size = 0;
+        let mut total = 0;
         let mut len = 0;
-        for start in &rest {
-            let more = start_size(start);
-            if len > 0 && (size + more > budget || len == MAX_STARTS_PER_RECORD) {
+        for item in &rest {
+            let more = size(item);
+            if len > 0 && (total + more > budget || len == MAX_STARTS_PER_RECORD) {
                 break;
             }
-            size += more;
+            total += more;
             len += 1;
         }
         let tail = rest.split_off(len);

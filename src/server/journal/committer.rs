@@ -24,6 +24,9 @@ pub(in crate::server) enum Item {
     Task(Persisted),
     /// The starts of a turn under a start-record slot (`s.<n>`).
     Starts(u32, wire::StartRecords),
+    /// The small results of a turn under a result batch's key
+    /// (`r.<epoch>.<n>`).
+    Results(u64, wire::ResultRecords),
     /// A schedule's record (`sched.<name>`, JSON); `None`: deleted.
     Schedule(String, Option<Box<crate::schedule::StoredSchedule>>),
 }
@@ -36,12 +39,21 @@ impl Item {
             Item::Task(p) => pipeline::Record {
                 task: Some(p.seq),
                 terminal: p.record.state.is_terminal(),
+                finished: Vec::new(),
                 alone: p.dead_letter.is_some(),
+                body: self,
+            },
+            Item::Results(_, records) => pipeline::Record {
+                task: None,
+                terminal: false,
+                finished: records.results.iter().map(|r| r.id.0).collect(),
+                alone: false,
                 body: self,
             },
             Item::Starts(..) | Item::Schedule(..) => pipeline::Record {
                 task: None,
                 terminal: false,
+                finished: Vec::new(),
                 alone: false,
                 body: self,
             },
@@ -77,6 +89,8 @@ pub(in crate::server) struct CommitCtx {
     pub(in crate::server) guard: Arc<Guard>,
     /// Seals every record written (the servers' storage key).
     pub(in crate::server) seal: seal::Seal,
+    /// Where each result batch's results are (lookups).
+    pub(in crate::server) index: result_index::ResultIndex,
     /// A turn is announced only while the leadership may act: its writes
     /// may have been stored just before a pause, and a lease or reply sent
     /// after it would come from a deposed leader.
@@ -217,7 +231,7 @@ async fn start_write(
                     ctx.seal
                         .seal(&p.seq.to_string(), wire::encode(&p.record).into()),
                 )),
-                Item::Starts(..) | Item::Schedule(..) => None,
+                Item::Starts(..) | Item::Results(..) | Item::Schedule(..) => None,
             })
             .collect();
         let ctx = ctx.clone();
@@ -238,6 +252,14 @@ async fn start_write(
         }
         Item::Task(p) => (Key::Task(p.seq), wire::encode(&p.record).into()),
         Item::Starts(slot, starts) => (Key::Slot(slot), wire::encode(&starts).into()),
+        Item::Results(n, records) => {
+            let key = wire::result_key(ctx.results.epoch, n);
+            // Indexed as it is written: a lookup reaches for it only once
+            // the leader no longer retains the result, long after.
+            let ids = records.results.iter().map(|r| r.id.0).collect();
+            ctx.index.add(&key, records.written_at, ids);
+            (Key::Named(key), wire::encode(&records).into())
+        }
         Item::Schedule(name, stored) => {
             let json = serde_json::to_vec(&stored).expect("a stored schedule serializes");
             (Key::Named(schedule_key(&name)), json.into())
@@ -361,6 +383,7 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
             }
             Output::Persist { .. }
             | Output::PersistStarts { .. }
+            | Output::PersistResults { .. }
             | Output::PersistSchedule { .. }
             | Output::Discard { .. } => continue,
         };

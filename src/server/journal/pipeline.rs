@@ -43,6 +43,9 @@ pub(crate) struct Record<W> {
     pub(crate) task: Option<u64>,
     /// The task's result: once stored, its submission may be purged.
     pub(crate) terminal: bool,
+    /// Other tasks whose results it stores (a result batch's): once
+    /// stored, their submissions may be purged.
+    pub(crate) finished: Vec<u64>,
     /// Written by itself and never left out for a later record of its
     /// task (a refused submission's: its dead letter goes first).
     pub(crate) alone: bool,
@@ -214,6 +217,7 @@ impl<W, A> Pipeline<W, A> {
             if record.terminal {
                 terminal.extend(record.task);
             }
+            terminal.extend_from_slice(&record.finished);
             if batches && !record.alone && record.task.is_some() {
                 let full = batch
                     .as_ref()

@@ -16,6 +16,7 @@ fn rec(task: u64, body: &'static str) -> Record<&'static str> {
     Record {
         task: Some(task),
         terminal: false,
+        finished: Vec::new(),
         alone: false,
         body,
     }
@@ -24,6 +25,7 @@ fn rec(task: u64, body: &'static str) -> Record<&'static str> {
 fn done(task: u64, body: &'static str) -> Record<&'static str> {
     Record {
         terminal: true,
+        finished: Vec::new(),
         ..rec(task, body)
     }
 }
@@ -32,6 +34,7 @@ fn slot(body: &'static str) -> Record<&'static str> {
     Record {
         task: None,
         terminal: false,
+        finished: Vec::new(),
         alone: false,
         body,
     }
@@ -260,6 +263,7 @@ fn random_landing_orders_keep_both_rules() {
                         Record {
                             task: Some(task),
                             terminal: false,
+                            finished: Vec::new(),
                             alone: next(10) == 0,
                             body: (task, *n),
                         }

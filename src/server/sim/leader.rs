@@ -193,14 +193,23 @@ impl World {
                 Output::Persist { seq, record, .. } => turn.records.push(Record {
                     task: Some(seq),
                     terminal: record.state.is_terminal(),
+                    finished: Vec::new(),
                     alone: false,
                     body: Write::Record(seq, record),
                 }),
                 Output::PersistStarts { slot, record } => turn.records.push(Record {
                     task: None,
                     terminal: false,
+                    finished: Vec::new(),
                     alone: false,
                     body: Write::Starts(slot, record),
+                }),
+                Output::PersistResults { record, .. } => turn.records.push(Record {
+                    task: None,
+                    terminal: false,
+                    finished: record.results.iter().map(|r| r.id.0).collect(),
+                    alone: false,
+                    body: Write::Results(record.results),
                 }),
                 Output::Discard { seq } => {
                     self.counts.duplicates_discarded += 1;
@@ -209,6 +218,7 @@ impl World {
                 Output::PersistSchedule { name, stored } => turn.records.push(Record {
                     task: None,
                     terminal: false,
+                    finished: Vec::new(),
                     alone: false,
                     body: Write::Schedule(name, stored),
                 }),
@@ -316,6 +326,7 @@ impl World {
                     } => self.publish_fire(name, tick, kind, *task),
                     Output::Persist { .. }
                     | Output::PersistStarts { .. }
+                    | Output::PersistResults { .. }
                     | Output::PersistSchedule { .. }
                     | Output::Discard { .. } => {}
                 }
@@ -434,32 +445,26 @@ impl World {
     fn store(&mut self, epoch: u64, write: Write) {
         assert_eq!(epoch, self.journal.fence, "a deposed leader acted");
         match write {
-            Write::Record(seq, record) => {
-                if let Some((old, _)) = self.journal.records.get(&seq) {
-                    if old.state.is_terminal() {
-                        assert_eq!(old, &record, "task {seq}: a terminal record was rewritten");
+            Write::Record(seq, record) => self.store_record(seq, record),
+            Write::Results(results) => {
+                for record in results {
+                    let seq = record.id.0;
+                    // Only a task with no record of its own (or one the
+                    // bucket's max age has expired) has its result in a
+                    // batch: nothing under its id can contradict it.
+                    if let Some((old, at)) = self.journal.records.get(&seq) {
+                        assert!(
+                            self.now >= at + RECORD_TTL,
+                            "task {seq}: result batched beside its own record {old:?}"
+                        );
                     }
+                    assert!(
+                        record.state.is_terminal(),
+                        "task {seq}: a live record in a result batch"
+                    );
+                    self.counts.batched_results += 1;
+                    self.store_record(seq, record);
                 }
-                match record.state {
-                    TaskState::Succeeded => {
-                        self.journal.succeeded.insert(seq);
-                    }
-                    TaskState::Cancelled => self.counts.cancelled += 1,
-                    _ => {}
-                }
-                let timed_out = record
-                    .attempts
-                    .iter()
-                    .filter(|a| a.error.as_deref() == Some(crate::ledger::TIMEOUT))
-                    .count() as u64;
-                let before = self.journal.records.get(&seq).map_or(0, |(r, _)| {
-                    r.attempts
-                        .iter()
-                        .filter(|a| a.error.as_deref() == Some(crate::ledger::TIMEOUT))
-                        .count() as u64
-                });
-                self.counts.timeouts += timed_out.saturating_sub(before);
-                self.journal.records.insert(seq, (record, self.now));
             }
             Write::Starts(slot, record) => {
                 if self.journal.starts.contains_key(&slot) {
@@ -473,6 +478,35 @@ impl World {
                     .insert(name, (stored.map(|s| *s), self.now));
             }
         }
+    }
+
+    /// Stores task `seq`'s record (its own, or from a result batch).
+    fn store_record(&mut self, seq: u64, record: TaskRecord) {
+        if let Some((old, _)) = self.journal.records.get(&seq) {
+            if old.state.is_terminal() {
+                assert_eq!(old, &record, "task {seq}: a terminal record was rewritten");
+            }
+        }
+        match record.state {
+            TaskState::Succeeded => {
+                self.journal.succeeded.insert(seq);
+            }
+            TaskState::Cancelled => self.counts.cancelled += 1,
+            _ => {}
+        }
+        let timed_out = record
+            .attempts
+            .iter()
+            .filter(|a| a.error.as_deref() == Some(crate::ledger::TIMEOUT))
+            .count() as u64;
+        let before = self.journal.records.get(&seq).map_or(0, |(r, _)| {
+            r.attempts
+                .iter()
+                .filter(|a| a.error.as_deref() == Some(crate::ledger::TIMEOUT))
+                .count() as u64
+        });
+        self.counts.timeouts += timed_out.saturating_sub(before);
+        self.journal.records.insert(seq, (record, self.now));
     }
 
     /// The leader dies.

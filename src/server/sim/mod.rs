@@ -115,6 +115,7 @@ fn settings(group_starts: bool) -> Settings {
         events: crate::server::config::Events::All,
         record_refresh: Millis(RECORD_TTL / 3),
         group_starts: group_starts && std::env::var("SIM_NOGROUP").is_err(),
+        group_results: group_starts && std::env::var("SIM_NOGROUP").is_err(),
         max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         schedules_refused: None,
     }
@@ -148,6 +149,7 @@ struct Journal {
 enum Write {
     Record(u64, TaskRecord),
     Starts(u32, StartRecords),
+    Results(Vec<TaskRecord>),
     Schedule(String, Option<Box<crate::schedule::StoredSchedule>>),
 }
 
@@ -160,6 +162,8 @@ struct Counts {
     from_starts: u64,
     /// Start-record slots written again.
     slot_rewrites: u64,
+    /// Results stored in a result batch (not under their task's own id).
+    batched_results: u64,
     /// Paused leaders that resumed deposed (and emitted nothing).
     resumed_deposed: u64,
     /// Attempts a newer leader leased again to the worker running them
@@ -217,6 +221,7 @@ impl Counts {
             reruns,
             from_starts,
             slot_rewrites,
+            batched_results,
             resumed_deposed,
             restarts,
             failures,
@@ -542,6 +547,7 @@ fn failover_simulation() {
             ("a retry", t.reruns),
             ("a start record read back", t.from_starts),
             ("a start-record slot written again", t.slot_rewrites),
+            ("a result stored in a result batch", t.batched_results),
             ("a paused leader resumed deposed", t.resumed_deposed),
             ("a failed attempt", t.failures),
             ("a renewal", t.renewals),

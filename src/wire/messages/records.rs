@@ -212,7 +212,8 @@ impl TaskRecord {
     }
 
     /// Roughly the encoded size.
-    fn estimated_size(&self) -> usize {
+    /// Roughly its encoded size (MessagePack with field names).
+    pub fn estimated_size(&self) -> usize {
         let attempts: usize = self
             .attempts
             .iter()
@@ -270,6 +271,42 @@ pub struct StartRecord {
     pub pool: PoolName,
     /// The attempt as started (no outcome).
     pub attempt: crate::task::AttemptRecord,
+}
+
+/// The results of tasks one leader turn finished, stored together in the
+/// results bucket under a key used once, `r.<epoch>.<n>`
+/// ([`result_key`]): one journal write for the small results of a turn
+/// instead of one per task. A task's result goes here only if the task
+/// has no record of its own in the bucket (its attempts, if any, were
+/// journaled in start records only), so nothing older under its id can
+/// contradict it; like a task's own record it expires with the bucket's
+/// max age (`results_ttl`). A takeover reads these before it trusts a
+/// task's own key: a task named here is finished.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ResultRecords {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// When the leader wrote it (ms since the epoch).
+    pub written_at: Millis,
+    /// The finished tasks' records (each terminal).
+    pub results: Vec<TaskRecord>,
+}
+
+/// The results-bucket key of result batch `n` of the leadership of
+/// `epoch`: never written twice.
+pub fn result_key(epoch: u64, n: u64) -> String {
+    format!("r.{epoch}.{n}")
+}
+
+/// Whether a results-bucket key is a result batch's (`r.<epoch>.<n>`).
+pub fn is_result_key(key: &str) -> bool {
+    key.strip_prefix("r.")
+        .and_then(|rest| rest.split_once('.'))
+        .is_some_and(|(epoch, n)| {
+            let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            digits(epoch) && digits(n)
+        })
 }
 
 /// The results-bucket key of start-record slot `n`.

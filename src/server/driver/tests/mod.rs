@@ -32,6 +32,7 @@ fn settings() -> Settings {
         events: crate::server::config::Events::All,
         record_refresh: Millis(8 * 3_600_000),
         group_starts: false,
+        group_results: false,
         max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         schedules_refused: None,
     }
@@ -1373,6 +1374,107 @@ fn a_due_rewrite_or_an_end_goes_to_the_tasks_own_record() {
     );
 }
 
+/// Result batches: the results of a turn's tasks that have no record of
+/// their own (their attempt only in a start record, or never started) go
+/// together under `r.<epoch>.<n>`, each batch a new `n`, covering their
+/// start entries like a record would; a task with a record of its own
+/// (here: its record came due while it ran) and a large result are
+/// written under their own ids.
+#[test]
+fn small_results_of_tasks_without_their_own_record_are_journaled_in_one_batch() {
+    let period = 1_000;
+    let mut d = driver_with(
+        7,
+        Settings {
+            group_results: true,
+            ..grouping_driver(period).settings.clone()
+        },
+    );
+    register(&mut d, "w", "", 8);
+    submit(&mut d, 10, 1, "");
+    submit(&mut d, 10, 2, "");
+    let _ = d.take_outputs();
+    submit(&mut d, 500, 3, "");
+    let _ = d.take_outputs();
+    // Tasks 1 and 2's records come due while they run: they have their
+    // own now; task 3 has only its start record.
+    d.housekeeping(Millis(10 + period));
+    let _ = d.take_outputs();
+    let (tx, _rx) = local::<()>();
+    let big = AttemptResult::Succeeded {
+        output: Bytes::from(vec![b'x'; MAX_BATCHED_RESULT_BYTES]),
+    };
+    submit(&mut d, 1_100, 4, "");
+    let _ = d.take_outputs();
+    d.handle(
+        Millis(1_200),
+        Input::Outcome(
+            AttemptReport {
+                v: 1,
+                worker_id: "w".into(),
+                task_id: TaskId(4),
+                attempt: 1,
+                epoch: 7,
+                result: big,
+            },
+            tx,
+        ),
+    );
+    for task in 1..=3 {
+        succeed(&mut d, 1_200, task, 1);
+    }
+    // Task 5 is cancelled before it ever starts.
+    submit(&mut d, 1_200, 5, "gpu=none");
+    d.handle(Millis(1_200), Input::CancelOnArrival(TaskId(5)));
+    let mut own = Vec::new();
+    let mut batches = Vec::new();
+    for output in d.take_outputs() {
+        match output {
+            Output::Persist { seq, record, .. } => own.push((seq, record.state)),
+            Output::PersistResults { n, record } => batches.push((
+                n,
+                record
+                    .results
+                    .iter()
+                    .map(|r| (r.id.0, r.state))
+                    .collect::<Vec<_>>(),
+            )),
+            _ => {}
+        }
+    }
+    own.sort_by_key(|(seq, _)| *seq);
+    assert_eq!(
+        own,
+        vec![
+            (1, TaskState::Succeeded),
+            (2, TaskState::Succeeded),
+            (4, TaskState::Succeeded)
+        ],
+        "tasks 1 and 2 have records of their own; task 4's result is large"
+    );
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    let (n, mut results) = batches.pop().unwrap();
+    results.sort_by_key(|(seq, _)| *seq);
+    assert_eq!(n, 1);
+    assert_eq!(
+        results,
+        vec![(3, TaskState::Succeeded), (5, TaskState::Cancelled)]
+    );
+    // The next batch has the next number.
+    submit(&mut d, 1_300, 6, "");
+    let _ = d.take_outputs();
+    succeed(&mut d, 1_400, 6, 1);
+    let next: Vec<u64> = d
+        .take_outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::PersistResults { n, .. } => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(next, vec![2]);
+}
+
 /// A takeover's recovered attempt that came from a start record holds its
 /// slot: the new leader writes other starts elsewhere until that attempt's
 /// end is stored.
@@ -1435,10 +1537,10 @@ fn start_records_are_split_to_fit_a_nats_message() {
         })
         .collect();
     let budget = start_record_budget(1 << 20);
-    let chunks = start_chunks(starts, budget);
-    assert!(chunks.len() > 2, "{} writes", chunks.len());
-    assert_eq!(chunks.iter().map(Vec::len).sum::<usize>(), 512);
-    for chunk in chunks {
+    let split = chunks(starts, budget, start_size);
+    assert!(split.len() > 2, "{} writes", split.len());
+    assert_eq!(split.iter().map(Vec::len).sum::<usize>(), 512);
+    for chunk in split {
         let body = wire::encode(&StartRecords {
             v: PROTOCOL_VERSION,
             written_at: Millis(1),
@@ -1463,7 +1565,10 @@ fn start_records_are_split_to_fit_a_nats_message() {
             },
         })
         .collect();
-    let sizes: Vec<usize> = start_chunks(small, budget).iter().map(Vec::len).collect();
+    let sizes: Vec<usize> = chunks(small, budget, start_size)
+        .iter()
+        .map(Vec::len)
+        .collect();
     assert_eq!(
         sizes,
         vec![MAX_STARTS_PER_RECORD, 600 - MAX_STARTS_PER_RECORD]
