@@ -74,8 +74,10 @@ pub(super) async fn lead(
             // compete with the batch for the leader subject (10164 on a
             // replicated stream). Record by record, one write per turn.
             group_starts: !base.atomic_batches,
-            // Likewise the small results of a turn: one write for them all.
-            group_results: !base.atomic_batches,
+            // The small results of a turn in one record: one write for
+            // them all, or one message of the atomic batch instead of one
+            // per result (each replicated on a cluster).
+            group_results: true,
             max_schedules: s.max_schedules,
             schedules_refused: (base.auth.required() && !base.seal.is_set()).then(|| {
                 "schedules need [server] storage_key_env when credentials are required: \

@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use bytes::Bytes;
 
+use super::acks::Key;
 use crate::server::Fenced;
 
 /// The most records in one batch: nats-server's default limit.
@@ -150,12 +151,12 @@ pub(in crate::server) enum BatchError {
 }
 
 impl Fenced {
-    /// Stores `records` (task id, body) if this server still leads, in
+    /// Stores `records` (key, body) if this server still leads, in
     /// atomic batches fenced on the leader subject. `Ok(false)`: refused, a
     /// successor took over (and `lost` is set).
     pub(in crate::server) async fn put_batch(
         &self,
-        records: &[(u64, Bytes)],
+        records: &[(Key, Bytes)],
     ) -> Result<bool, BatchError> {
         let mut rest = records;
         while !rest.is_empty() {
@@ -179,7 +180,7 @@ impl Fenced {
     }
 
     /// One atomic batch: the records, the first fenced, the last the commit.
-    async fn put_atomic(&self, records: &[(u64, Bytes)]) -> Result<Chunk, BatchError> {
+    async fn put_atomic(&self, records: &[(Key, Bytes)]) -> Result<Chunk, BatchError> {
         loop {
             let expected = self.fence.load(Ordering::SeqCst);
             if expected == 0 {

@@ -222,16 +222,21 @@ async fn start_write(
     let id = write.id;
     if write.batch {
         // Encoded here: the future keeps the bytes, not the records.
-        let records: Vec<(u64, Bytes)> = write
+        let records: Vec<(Key, Bytes)> = write
             .records
             .into_iter()
             .filter_map(|r| match r.body {
                 Item::Task(p) => Some((
-                    p.seq,
+                    Key::Task(p.seq),
                     ctx.seal
                         .seal(&p.seq.to_string(), wire::encode(&p.record).into()),
                 )),
-                Item::Starts(..) | Item::Results(..) | Item::Schedule(..) => None,
+                Item::Results(n, records) => {
+                    let key = results_key(ctx, n, &records);
+                    let body = ctx.seal.seal(&key, wire::encode(&records).into());
+                    Some((Key::Named(key), body))
+                }
+                Item::Starts(..) | Item::Schedule(..) => None,
             })
             .collect();
         let ctx = ctx.clone();
@@ -253,11 +258,7 @@ async fn start_write(
         Item::Task(p) => (Key::Task(p.seq), wire::encode(&p.record).into()),
         Item::Starts(slot, starts) => (Key::Slot(slot), wire::encode(&starts).into()),
         Item::Results(n, records) => {
-            let key = wire::result_key(ctx.results.epoch, n);
-            // Indexed as it is written: a lookup reaches for it only once
-            // the leader no longer retains the result, long after.
-            let ids = records.results.iter().map(|r| r.id.0).collect();
-            ctx.index.add(&key, records.written_at, ids);
+            let key = results_key(ctx, n, &records);
             (Key::Named(key), wire::encode(&records).into())
         }
         Item::Schedule(name, stored) => {
@@ -277,6 +278,16 @@ async fn start_write(
         }
     };
     Some(Started::Future(write_fully(ctx, retry)))
+}
+
+/// The key of this leadership's result batch `n`, indexed as it is
+/// written: a lookup reaches for it only once the leader no longer
+/// retains the results, long after.
+fn results_key(ctx: &CommitCtx, n: u64, records: &wire::ResultRecords) -> String {
+    let key = wire::result_key(ctx.results.epoch, n);
+    let ids = records.results.iter().map(|r| r.id.0).collect();
+    ctx.index.add(&key, records.written_at, ids);
+    key
 }
 
 /// A record write the full way (`put_counted`: errors told apart, retried
@@ -522,7 +533,7 @@ pub(in crate::server) async fn put_counted(ctx: &CommitCtx, key: &str, body: &By
 /// Stores a batch of records (none with a dead letter), retrying while
 /// NATS is away; `false` if fenced out. Should the stream stop allowing
 /// atomic batches, one record after another.
-pub(in crate::server) async fn store_batch(ctx: &CommitCtx, records: Vec<(u64, Bytes)>) -> bool {
+pub(in crate::server) async fn store_batch(ctx: &CommitCtx, records: Vec<(Key, Bytes)>) -> bool {
     let mut delay = Duration::from_millis(100);
     let in_flight = &ctx.results.pending_records;
     let n = records.len() as u64;
@@ -535,8 +546,8 @@ pub(in crate::server) async fn store_batch(ctx: &CommitCtx, records: Vec<(u64, B
                     "the results stream no longer allows atomic batches; writing record by record"
                 );
                 let mut stored = true;
-                for (seq, body) in &records {
-                    if !put_retrying(ctx, *seq, body).await {
+                for (key, body) in &records {
+                    if !put_key_retrying(ctx, &key.to_string(), body).await {
                         stored = false;
                         break;
                     }
@@ -557,12 +568,6 @@ pub(in crate::server) async fn store_batch(ctx: &CommitCtx, records: Vec<(u64, B
 /// The longest pause between two tries of a journal write: once NATS is
 /// back (a restart), writes resume within it.
 pub(in crate::server) const JOURNAL_RETRY_MAX: Duration = Duration::from_secs(1);
-
-/// One fenced record write, retried while NATS is away; `false` if fenced
-/// out.
-pub(in crate::server) async fn put_retrying(ctx: &CommitCtx, seq: u64, body: &Bytes) -> bool {
-    put_key_retrying(ctx, &seq.to_string(), body).await
-}
 
 /// One fenced write under `key`, retried while NATS is away; `false` if
 /// fenced out.

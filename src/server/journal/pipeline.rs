@@ -218,7 +218,11 @@ impl<W, A> Pipeline<W, A> {
                 terminal.extend(record.task);
             }
             terminal.extend_from_slice(&record.finished);
-            if batches && !record.alone && record.task.is_some() {
+            // A task's record or a result batch joins the atomic batch; a
+            // record that must go alone, or one of neither kind (a
+            // schedule's), goes by itself.
+            let joins = record.task.is_some() || !record.finished.is_empty();
+            if batches && !record.alone && joins {
                 let full = batch
                     .as_ref()
                     .is_some_and(|b| b.records.len() >= self.limits.max_batch.max(1));

@@ -315,3 +315,41 @@ fn random_landing_orders_keep_both_rules() {
         assert_eq!(p.turns_waiting(), 0);
     }
 }
+
+/// A result batch names the tasks it finishes: once stored, their
+/// submissions may be purged (`terminal`); in batch mode it joins the
+/// atomic batch like a task's record, while a record of neither kind (a
+/// schedule's) goes by itself.
+#[test]
+fn a_result_batch_releases_its_tasks_and_joins_the_atomic_batch() {
+    let results = Record {
+        finished: vec![7, 8],
+        ..slot("results")
+    };
+    for batches in [false, true] {
+        let mut p = P::new(limits(10));
+        let writes = p.push(
+            vec![turn(
+                1,
+                vec![results.clone(), rec(2, "b1"), slot("schedule")],
+                vec!["lease"],
+            )],
+            batches,
+        );
+        let mut shapes = bodies(&writes);
+        shapes.sort();
+        if batches {
+            assert_eq!(shapes, [vec!["results", "b1"], vec!["schedule"]]);
+        } else {
+            assert_eq!(shapes, [vec!["b1"], vec!["results"], vec!["schedule"]]);
+        }
+        let mut next = Vec::new();
+        for w in &writes {
+            next.extend(p.stored(w.id));
+        }
+        assert!(next.is_empty());
+        let released = p.release().expect("stored");
+        assert_eq!(released.announce, ["lease"]);
+        assert_eq!(released.terminal, [7, 8]);
+    }
+}

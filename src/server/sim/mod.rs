@@ -115,7 +115,7 @@ fn settings(group_starts: bool) -> Settings {
         events: crate::server::config::Events::All,
         record_refresh: Millis(RECORD_TTL / 3),
         group_starts: group_starts && std::env::var("SIM_NOGROUP").is_err(),
-        group_results: group_starts && std::env::var("SIM_NOGROUP").is_err(),
+        group_results: std::env::var("SIM_NOGROUP").is_err(),
         max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         schedules_refused: None,
     }
