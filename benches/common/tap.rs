@@ -12,7 +12,8 @@
 //! inbox; for a batch, the commit's) → **lease** (`P.worker.<id>.lease` or
 //! `.leases`) → handler called; and after it: **outcome**
 //! (`P.w.<id>.outcome(s)`) → **end sent** (the task's record after its
-//! lease) → **end stored** → terminal event.
+//! lease, or the result batch naming it) → **end stored** → terminal
+//! event.
 //!
 //! Every stamp is the tap's receipt, so each carries the tap's own delivery
 //! delay; the stages compare with each other, and the tap costs nats-server
@@ -305,6 +306,11 @@ impl Seen {
             let tasks: Vec<(u64, Write)> = if let Some(_slot) = wire::parse_start_key(key) {
                 wire::decode::<StartRecords>(&m.payload)
                     .map(|r| r.starts.iter().map(|s| (s.id.0, Write::Start)).collect())
+                    .unwrap_or_default()
+            } else if wire::is_result_key(key) {
+                // A turn's results: each task's end.
+                wire::decode::<wire::ResultRecords>(&m.payload)
+                    .map(|r| r.results.iter().map(|t| (t.id.0, Write::End)).collect())
                     .unwrap_or_default()
             } else if let Ok(id) = key.parse::<u64>() {
                 // The task's own record: its end once its lease was seen.
