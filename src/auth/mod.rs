@@ -55,7 +55,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use async_nats::HeaderMap;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;

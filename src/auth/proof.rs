@@ -87,10 +87,7 @@ pub(super) fn hmac_verify(key: &[u8], input: &[u8], proof: &[u8]) -> bool {
 /// a nonce stays unpredictable without a `getrandom` syscall per call.
 pub fn client_nonce(now: SystemTime) -> String {
     use std::fmt::Write as _;
-    let ms = now
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let ms = Millis::since_epoch(now).0;
     let mut random = [0u8; 8];
     rand::thread_rng().fill_bytes(&mut random);
     // 13 digits of ms for centuries, the dot, 16 hex digits.

@@ -352,10 +352,7 @@ pub(super) fn session_sign(
     headers: &mut HeaderMap,
     body: &[u8],
 ) {
-    let ms = now
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let ms = Millis::since_epoch(now).0;
     let nonce = format!("{ms}.{count}");
     let input = signing_input("session", id, &nonce, subject, Some(headers), body);
     let proof = hmac_sign(key, &input);
@@ -469,10 +466,7 @@ impl WorkerSession {
         if !hmac_verify(&self.key, &input, &proof.proof) {
             return false;
         }
-        let now = Millis(
-            now.duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        );
+        let now = Millis::since_epoch(now);
         if check_nonce_time(&proof.nonce, now).is_err() {
             return false;
         }

@@ -68,12 +68,7 @@ fn signed(cred: &Credential, nonce: &str, subject: &str, body: &[u8]) -> HeaderM
 }
 
 fn now_ms() -> Millis {
-    Millis(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64,
-    )
+    Millis::since_epoch(SystemTime::now())
 }
 
 #[test]
@@ -539,7 +534,7 @@ fn hex_is_lower_case_two_digits_a_byte_and_nonces_are_fresh() {
     let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(hex(&bytes), expected);
     assert_eq!(hex(&[]), "");
-    let at = UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
     let (a, b) = (client_nonce(at), client_nonce(at));
     let (ms, random) = a.split_once('.').unwrap();
     assert_eq!(ms, "1700000000123");

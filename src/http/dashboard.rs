@@ -313,10 +313,7 @@ async fn view(
             ..SchedulesView::default()
         },
     };
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(Millis::from_duration)
-        .unwrap_or_default();
+    let now = Millis::since_epoch(SystemTime::now());
     Ok(Json(View {
         now,
         // This server's own health, whoever the caller is.

@@ -279,11 +279,7 @@ mod tests {
             Millis(10_000),
         );
         let at = std::time::SystemTime::now();
-        let now = Millis(
-            at.duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_millis() as u64,
-        );
+        let now = Millis::since_epoch(at);
         for _ in 0..20_000 {
             let nonce = crate::auth::client_nonce(at);
             lock(&guard.nonces).first_use(&nonce, now).unwrap();
