@@ -546,8 +546,11 @@ impl<X, R: Default> Ledger<X, R> {
             .insert(id, self.ring_base + self.ring.len() as u64);
         self.retained += 1;
         self.ring.push_back(Retained::Task(done));
-        // The aliases follow their original in the ring and leave after it.
-        self.ring.extend(aliases.into_iter().map(Retained::Alias));
+        // The aliases follow their original in the ring and leave after it
+        // (most tasks have none: no extend of an empty list per finish).
+        if !aliases.is_empty() {
+            self.ring.extend(aliases.into_iter().map(Retained::Alias));
+        }
         while self.retained > self.retain {
             match self.pop_front() {
                 Some(Retained::Task(old)) => {
