@@ -35,14 +35,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use futures_util::future::AbortHandle;
-use futures_util::FutureExt;
 use rustc_hash::FxHashMap;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
 use crate::core::{
-    Action, AttemptOutcome, Core, ErrorCode, Event, Labels, Millis, PoolConfig, PoolName,
-    Rejection, RevokeReason, Snapshot, TaskId, TaskState,
+    Action, Core, ErrorCode, Event, Labels, Millis, PoolConfig, PoolName, Rejection, RevokeReason,
+    Snapshot, TaskId, TaskState,
 };
 use crate::ledger::{Done, Ledger};
 pub use crate::task::TaskContext;
@@ -51,8 +49,9 @@ use crate::task::{Outcome, Task, TaskError, TaskStatus};
 mod api_impl;
 mod attempts;
 mod schedules;
+mod waiter;
 
-use attempts::{ended, launch, run_attempts, timer_loop, Batch, Ended, Launched, Work};
+use attempts::{timer_loop, Ended, StopCell, Work};
 
 /// An embedded scheduler error, with a stable [`ErrorCode`].
 #[derive(Debug, thiserror::Error)]
@@ -94,17 +93,17 @@ type ExecutorFn = Arc<dyn Fn(TaskContext, Bytes) -> BoxFuture + Send + Sync>;
 /// A waiter's end: the outcome goes over in its compact form, and the
 /// waiter's thread builds the [`Outcome`] (allocating its attempt list
 /// there, where it is freed).
-type OutcomeTx = oneshot::Sender<Done>;
+use waiter::OutcomeTx;
 
 /// What the embedded shell keeps beside the ledger's record of a live
 /// task: its first waiter (most tasks have exactly one).
 type Waiter = Option<OutcomeTx>;
 
-/// Kept once a task runs: the running attempt's abort handle, and waiters
+/// Kept once a task runs: the running attempt's stop switch, and waiters
 /// past the first.
 #[derive(Default)]
 struct RunExtra {
-    abort: Option<(u32, AbortHandle)>,
+    abort: Option<(u32, Arc<StopCell>)>,
     more_waiters: Vec<OutcomeTx>,
     /// The W3C trace context given at submit.
     traceparent: Option<String>,
@@ -156,10 +155,11 @@ struct Inner {
 
 /// A job to spawn once the lock is released.
 struct Job {
-    executor: ExecutorFn,
+    /// `None`: the one the runner that takes the job called last.
+    executor: Option<ExecutorFn>,
     ctx: TaskContext,
     payload: Bytes,
-    registration: futures_util::future::AbortRegistration,
+    stop: Arc<StopCell>,
 }
 
 /// The embedded scheduler: cheap to clone, safe to share.
@@ -369,12 +369,12 @@ impl Scheduler {
             if let Some(key) = task.key() {
                 if let Some(existing) = st.ledger.by_key(key) {
                     // The same task (live, or finished and retained).
-                    let (tx, rx) = oneshot::channel();
+                    let (tx, rx) = waiter::channel();
                     match st.ledger.get_mut(existing) {
                         Some(entry) => add_waiter(entry, tx),
                         None => {
                             if let Some(done) = st.ledger.outcome_done(existing) {
-                                let _ = tx.send(done);
+                                tx.send(done);
                             }
                         }
                     }
@@ -383,7 +383,7 @@ impl Scheduler {
             }
             inner.core_event(&mut st, now, Event::Submitted(spec))?;
             st.next_id += 1;
-            let (tx, rx) = oneshot::channel();
+            let (tx, rx) = waiter::channel();
             st.ledger
                 .accept(id, &pool, task.payload.clone(), task.key(), Some(tx), now);
             st.ledger.set_schedule(id, task.schedule.clone());
@@ -469,7 +469,7 @@ impl Scheduler {
                 return Ok(done);
             }
             let entry = st.ledger.get_mut(id).ok_or(Error::NotFound(id))?;
-            let (tx, rx) = oneshot::channel();
+            let (tx, rx) = waiter::channel();
             add_waiter(entry, tx);
             rx
         };
@@ -498,7 +498,7 @@ impl State {
 /// A submitted task: its id, and a way to wait for its outcome.
 pub struct TaskHandle {
     id: TaskId,
-    rx: oneshot::Receiver<Done>,
+    rx: waiter::OutcomeRx,
 }
 
 impl TaskHandle {
@@ -554,7 +554,11 @@ impl Inner {
 
     /// [`Inner::carry_out`] into `work`.
     fn carry_out_into(&self, st: &mut State, now: Millis, work: &mut Work) {
-        let Work { jobs, outcomes } = work;
+        let Work {
+            jobs,
+            outcomes,
+            reuse,
+        } = work;
         let mut actions = std::mem::take(&mut st.actions);
         for action in actions.drain(..) {
             match action {
@@ -565,16 +569,27 @@ impl Inner {
                 } => {
                     let pool = st.core.group_pool(group).clone();
                     let labels = st.core.group_labels(group).clone();
-                    let Some(executor) = st.executors.get(&pool).cloned() else {
+                    let Some(found) = st.executors.get(&pool) else {
                         continue;
+                    };
+                    // No clone (and drop after the call) of the executor a
+                    // runner already holds: its count is shared by threads.
+                    let executor = match &reuse.executor {
+                        Some(held) if Arc::ptr_eq(held, found) => None,
+                        _ => Some(found.clone()),
                     };
                     let entry = st
                         .ledger
                         .started(task, attempt, labels.clone(), None, None, now)
                         .expect("started task has an entry");
-                    let (abort, registration) = AbortHandle::new_pair();
+                    // Sent to when the task finishes, usually at this
+                    // attempt's end: in cache by then (see `waiter`).
+                    if let Some(tx) = &entry.extra {
+                        tx.prefetch();
+                    }
+                    let stop = StopCell::reuse(&mut reuse.stop);
                     let run = entry.run_extra();
-                    run.abort = Some((attempt, abort));
+                    run.abort = Some((attempt, stop.clone()));
                     let traceparent = run.traceparent.clone();
                     let schedule = entry.schedule().cloned();
                     tracing::debug!(task_id = %task, attempt, pool = %pool, group = %labels, "attempt started");
@@ -589,7 +604,7 @@ impl Inner {
                             schedule,
                         },
                         payload: entry.payload.clone(),
-                        registration,
+                        stop,
                     });
                 }
                 Action::Revoke {
@@ -605,7 +620,7 @@ impl Inner {
                     let run = st.ledger.get_mut(task).map(|e| e.run_extra());
                     if let Some((a, handle)) = run.and_then(|r| r.abort.as_ref()) {
                         if *a == attempt {
-                            handle.abort();
+                            handle.stop();
                         }
                     }
                 }
@@ -646,86 +661,8 @@ impl Inner {
         }
     }
 
-    /// Delivers outcomes and spawns attempts, outside the lock.
-    fn spawn_all(self: &Arc<Self>, mut work: Work) {
-        self.deliver(&mut work);
-    }
-
-    /// [`Inner::spawn_all`], leaving `work` empty for reuse.
-    fn deliver(self: &Arc<Self>, work: &mut Work) {
-        work.outcomes.for_each(|(outcome, waiter, more)| {
-            // Copies for the waiters past the first; the first gets it.
-            for tx in more {
-                let _ = tx.send(outcome.copy());
-            }
-            if let Some(tx) = waiter {
-                let _ = tx.send(outcome);
-            }
-        });
-        work.jobs.for_each(|job| {
-            let inner = self.clone();
-            tokio::spawn(async move {
-                let (task, attempt, launched) = launch(job);
-                run_attempts(inner, task, attempt, launched).await;
-            });
-        });
-    }
-
-    /// Starts the attempts a submission started, polling each once here:
-    /// an attempt that finishes at its first poll (most short executors)
-    /// is recorded at once, with no tokio task and no hand-off to another
-    /// thread; one that does not goes on in a tokio task of its own (which
-    /// polls it again with its own waker). Attempts that the recorded ends
-    /// started go to tokio tasks, so a submission does a bounded amount of
-    /// other work.
-    fn start_eagerly(self: &Arc<Self>, work: Work) {
-        if !self.eager_start {
-            return self.spawn_all(work);
-        }
-        let Work { mut jobs, outcomes } = work;
-        self.spawn_all(Work {
-            jobs: Batch::default(),
-            outcomes,
-        });
-        jobs.for_each(|job| {
-            let (task, attempt, launched) = launch(job);
-            let result = match launched {
-                Launched::Done(result) => result,
-                Launched::Running(mut future) => match (&mut future).now_or_never() {
-                    Some(result) => ended(result),
-                    None => {
-                        tokio::spawn(run_attempts(
-                            self.clone(),
-                            task,
-                            attempt,
-                            Launched::Running(future),
-                        ));
-                        return;
-                    }
-                },
-            };
-            let (outcome, output, error) = result;
-            let more = self.attempt_ended(task, attempt, outcome, output, error);
-            self.spawn_all(more);
-        });
-    }
-
-    /// Records an attempt's end; returns what to do once the lock is
-    /// released.
-    fn attempt_ended(
-        &self,
-        task: TaskId,
-        attempt: u32,
-        outcome: AttemptOutcome,
-        output: Option<Bytes>,
-        error: Option<String>,
-    ) -> Work {
-        let mut work = Work::default();
-        self.attempt_ended_into(task, attempt, (outcome, output, error), &mut work);
-        work
-    }
-
-    /// [`Inner::attempt_ended`] into `work`.
+    /// Records an attempt's end; what to do once the lock is released
+    /// goes into `work`.
     fn attempt_ended_into(&self, task: TaskId, attempt: u32, ended: Ended, work: &mut Work) {
         let (outcome, output, error) = ended;
         let now = self.clock.now();

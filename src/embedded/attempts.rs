@@ -1,19 +1,25 @@
 //! How the embedded scheduler runs attempts: an executor's call and
-//! future with panics caught and made abortable ([`launch`]), what a
-//! future came to ([`ended`]), the loop that runs attempt after attempt
-//! on one tokio task ([`run_attempts`]), what an end leaves to do once the
-//! lock is released ([`Work`]), and the timer loop that ticks the core at
-//! its next wakeup ([`timer_loop`]).
+//! future with panics caught and made stoppable ([`launch`], [`StopCell`]),
+//! what a future came to ([`ended`]), the loop that runs attempt after
+//! attempt on one tokio task ([`run_attempts`]), what an end leaves to do
+//! once the lock is released ([`Work`]) and doing it (delivering outcomes,
+//! spawning or eagerly polling attempts), and the timer loop that ticks the
+//! core at its next wakeup ([`timer_loop`]).
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::{Abortable, CatchUnwind};
+use futures_util::future::CatchUnwind;
+use futures_util::task::AtomicWaker;
 use futures_util::FutureExt;
 
-use super::{BoxFuture, Done, Inner, Job, OutcomeTx};
+use super::{BoxFuture, Done, ExecutorFn, Inner, Job, OutcomeTx};
 use crate::core::{AttemptOutcome, TaskId};
 use crate::task::TaskError;
 
@@ -58,11 +64,95 @@ impl<T> Batch<T> {
 pub(super) struct Work {
     pub(super) jobs: Batch<Job>,
     pub(super) outcomes: Batch<(Done, Option<OutcomeTx>, Vec<OutcomeTx>)>,
+    pub(super) reuse: Reuse,
 }
 
-/// A started attempt's future: the executor's, panics caught, abortable.
+/// What a runner keeps from one attempt for the next, so that a busy slot
+/// allocates nothing and touches no count shared with other threads per
+/// attempt: the executor it called last, and its last attempt's stop
+/// switch (taken again once nothing else holds it).
+#[derive(Default)]
+pub(super) struct Reuse {
+    pub(super) executor: Option<ExecutorFn>,
+    pub(super) stop: Option<Arc<StopCell>>,
+}
+
+/// A running attempt's stop switch (a revoke: cancel or attempt timeout):
+/// set under the lock, read by the attempt's future at each poll, which
+/// then ends as cancelled.
+#[derive(Default)]
+pub(crate) struct StopCell {
+    stopped: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl StopCell {
+    /// `spare` made ready for a new attempt if nothing else holds it (the
+    /// ledger let go of it when the attempt's end was recorded), a new
+    /// switch otherwise.
+    pub(super) fn reuse(spare: &mut Option<Arc<StopCell>>) -> Arc<StopCell> {
+        if let Some(mut cell) = spare.take() {
+            if let Some(only) = Arc::get_mut(&mut cell) {
+                *only = StopCell::default();
+                return cell;
+            }
+        }
+        Arc::new(StopCell::default())
+    }
+
+    /// Stops the attempt at its next poll.
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.waker.wake();
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+}
+
+/// The attempt was stopped.
+#[derive(Debug)]
+pub(super) struct Stopped;
+
+/// A started attempt's future: the executor's, panics caught, stoppable.
 /// `Unpin`, so it can be polled once where it starts and moved on.
-pub(super) type AttemptFuture = Abortable<CatchUnwind<AssertUnwindSafe<BoxFuture>>>;
+pub(super) struct AttemptFuture {
+    future: CatchUnwind<AssertUnwindSafe<BoxFuture>>,
+    stop: Arc<StopCell>,
+}
+
+/// What an attempt's future comes to.
+type Polled = Result<std::thread::Result<Result<Bytes, TaskError>>, Stopped>;
+
+impl Future for AttemptFuture {
+    type Output = Polled;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Polled> {
+        let this = self.get_mut();
+        if this.stop.is_stopped() {
+            return Poll::Ready(Err(Stopped));
+        }
+        if let Poll::Ready(out) = this.future.poll_unpin(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        this.stop.waker.register(cx.waker());
+        // A stop between the first check and the registration.
+        if this.stop.is_stopped() {
+            return Poll::Ready(Err(Stopped));
+        }
+        Poll::Pending
+    }
+}
+
+impl AttemptFuture {
+    /// Polls to the end; the stop switch goes back to `reuse`.
+    async fn finish(mut self, reuse: &mut Reuse) -> Ended {
+        let out = (&mut self).await;
+        reuse.stop = Some(self.stop);
+        ended(out)
+    }
+}
 
 /// How an attempt ended: outcome, output, error.
 pub(super) type Ended = (AttemptOutcome, Option<Bytes>, Option<String>);
@@ -74,22 +164,33 @@ pub(super) enum Launched {
     Running(AttemptFuture),
 }
 
-/// Calls the executor for a `Start`.
-pub(super) fn launch(job: Job) -> (TaskId, u32, Launched) {
+/// Calls the executor for a `Start` (the one in `reuse` when the job
+/// names none).
+pub(super) fn launch(job: Job, reuse: &mut Reuse) -> (TaskId, u32, Launched) {
     let Job {
         executor,
         ctx,
         payload,
-        registration,
+        stop,
     } = job;
+    if executor.is_some() {
+        reuse.executor = executor;
+    }
+    let executor = reuse
+        .executor
+        .as_ref()
+        .expect("a job without its executor goes to the runner that holds it");
     let (task, attempt) = (ctx.task_id, ctx.attempt);
     // The call itself may panic too, not only the future it returns.
     let launched = match std::panic::catch_unwind(AssertUnwindSafe(|| executor(ctx, payload))) {
-        Ok(future) => Launched::Running(Abortable::new(
-            AssertUnwindSafe(future).catch_unwind(),
-            registration,
-        )),
-        Err(panic) => Launched::Done(panicked(&*panic)),
+        Ok(future) => Launched::Running(AttemptFuture {
+            future: AssertUnwindSafe(future).catch_unwind(),
+            stop,
+        }),
+        Err(panic) => {
+            reuse.stop = Some(stop);
+            Launched::Done(panicked(&*panic))
+        }
     };
     (task, attempt, launched)
 }
@@ -106,9 +207,7 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> Ended {
 }
 
 /// What an attempt's future came to.
-pub(super) fn ended(
-    result: Result<std::thread::Result<Result<Bytes, TaskError>>, futures_util::future::Aborted>,
-) -> Ended {
+pub(super) fn ended(result: Polled) -> Ended {
     match result {
         Ok(Ok(Ok(output))) => (AttemptOutcome::Succeeded, Some(output), None),
         Ok(Ok(Err(e))) => (
@@ -119,7 +218,7 @@ pub(super) fn ended(
             Some(e.to_string()),
         ),
         Ok(Err(panic)) => panicked(&*panic),
-        Err(_aborted) => (AttemptOutcome::Cancelled, None, None),
+        Err(Stopped) => (AttemptOutcome::Cancelled, None, None),
     }
 }
 
@@ -134,13 +233,17 @@ pub(super) async fn run_attempts(
     mut task: TaskId,
     mut attempt: u32,
     mut now: Launched,
+    reuse: Reuse,
 ) {
     // Refilled by each end: no moves of what it holds between calls.
-    let mut work = Work::default();
+    let mut work = Work {
+        reuse,
+        ..Work::default()
+    };
     loop {
         let mut result = match now {
             Launched::Done(result) => result,
-            Launched::Running(future) => ended(future.await),
+            Launched::Running(future) => future.finish(&mut work.reuse).await,
         };
         // Attempts that end at once (a panic before the future) are
         // reported in turn, without awaiting.
@@ -150,7 +253,7 @@ pub(super) async fn run_attempts(
             inner.deliver(&mut work);
             let Some(next) = next else { return };
             let launched;
-            (task, attempt, launched) = launch(next);
+            (task, attempt, launched) = launch(next, &mut work.reuse);
             match launched {
                 Launched::Done(r) => result = r,
                 running => {
@@ -160,6 +263,88 @@ pub(super) async fn run_attempts(
             }
         }
         tokio::task::consume_budget().await;
+    }
+}
+
+impl Inner {
+    /// Delivers outcomes and spawns attempts, outside the lock.
+    pub(super) fn spawn_all(self: &Arc<Self>, mut work: Work) {
+        self.deliver(&mut work);
+    }
+
+    /// [`Inner::spawn_all`], leaving `work` empty for reuse.
+    pub(super) fn deliver(self: &Arc<Self>, work: &mut Work) {
+        work.outcomes.for_each(|(outcome, waiter, more)| {
+            // Copies for the waiters past the first; the first gets it.
+            for tx in more {
+                tx.send(outcome.copy());
+            }
+            if let Some(tx) = waiter {
+                tx.send(outcome);
+            }
+        });
+        let held = &work.reuse.executor;
+        work.jobs.for_each(|mut job| {
+            if job.executor.is_none() {
+                job.executor = held.clone();
+            }
+            let inner = self.clone();
+            tokio::spawn(async move {
+                let mut reuse = Reuse::default();
+                let (task, attempt, launched) = launch(job, &mut reuse);
+                run_attempts(inner, task, attempt, launched, reuse).await;
+            });
+        });
+    }
+
+    /// Starts the attempts a submission started, polling each once here:
+    /// an attempt that finishes at its first poll (most short executors)
+    /// is recorded at once, with no tokio task and no hand-off to another
+    /// thread; one that does not goes on in a tokio task of its own (which
+    /// polls it again with its own waker). Attempts that the recorded ends
+    /// started go to tokio tasks, so a submission does a bounded amount of
+    /// other work.
+    pub(super) fn start_eagerly(self: &Arc<Self>, work: Work) {
+        if !self.eager_start {
+            return self.spawn_all(work);
+        }
+        let Work {
+            mut jobs,
+            outcomes,
+            mut reuse,
+        } = work;
+        self.spawn_all(Work {
+            outcomes,
+            ..Work::default()
+        });
+        jobs.for_each(|job| {
+            let (task, attempt, launched) = launch(job, &mut reuse);
+            let result = match launched {
+                Launched::Done(result) => result,
+                Launched::Running(mut future) => match (&mut future).now_or_never() {
+                    Some(result) => {
+                        reuse.stop = Some(future.stop);
+                        ended(result)
+                    }
+                    None => {
+                        let runner = Reuse {
+                            executor: reuse.executor.clone(),
+                            stop: None,
+                        };
+                        let running = Launched::Running(future);
+                        tokio::spawn(run_attempts(self.clone(), task, attempt, running, runner));
+                        return;
+                    }
+                },
+            };
+            let mut more = Work {
+                reuse: std::mem::take(&mut reuse),
+                ..Work::default()
+            };
+            self.attempt_ended_into(task, attempt, result, &mut more);
+            self.deliver(&mut more);
+            reuse = more.reuse;
+        });
     }
 }
 

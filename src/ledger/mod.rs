@@ -542,13 +542,11 @@ impl<X, R: Default> Ledger<X, R> {
                 *entry = Retained::Replaced;
             }
         }
-        self.finished
-            .insert(id, self.ring_base + self.ring.len() as u64);
-        self.retained += 1;
-        self.ring.push_back(Retained::Task(done));
-        // The aliases follow their original in the ring and leave after it.
-        self.ring.extend(aliases.into_iter().map(Retained::Alias));
-        while self.retained > self.retain {
+        // The oldest leave before the newest comes in: in a full ring the
+        // newest then takes the very place the oldest left, which its
+        // eviction has just brought into cache (the ring, 96 bytes an
+        // entry, is far bigger than the L2 cache).
+        while self.retained >= self.retain {
             match self.pop_front() {
                 Some(Retained::Task(old)) => {
                     self.finished.remove(old.id);
@@ -565,6 +563,21 @@ impl<X, R: Default> Ledger<X, R> {
                 Some(Retained::Replaced) => {}
                 None => break,
             }
+        }
+        if self.ring.len() == self.ring.capacity() && self.ring.len() < self.retain {
+            // Grown by doubling, but to exactly `retain` at the last step:
+            // full, the ring then reuses places instead of moving on.
+            let more = self.ring.len().max(4).min(self.retain - self.ring.len());
+            self.ring.reserve_exact(more);
+        }
+        self.finished
+            .insert(id, self.ring_base + self.ring.len() as u64);
+        self.retained += 1;
+        self.ring.push_back(Retained::Task(done));
+        // The aliases follow their original in the ring and leave after it
+        // (most tasks have none: no extend of an empty list per finish).
+        if !aliases.is_empty() {
+            self.ring.extend(aliases.into_iter().map(Retained::Alias));
         }
         // Aliases at the front stood for tasks already gone.
         while let Some(Retained::Alias(_) | Retained::Replaced) = self.ring.front() {

@@ -148,6 +148,23 @@ fn the_ring_stays_bounded() {
     assert!(l.keys.len() <= 3 && l.aliases.len() <= 4 && l.ring.len() <= 7);
 }
 
+#[test]
+fn a_full_ring_reuses_its_places_and_keeps_the_newest() {
+    let mut l = ledger(1_000);
+    for id in 1..=5_000 {
+        accept(&mut l, id, None, 0);
+        finish(&mut l, id, TaskState::Succeeded);
+    }
+    // Grown to exactly the bound: the newest takes the place the oldest
+    // left.
+    assert_eq!(
+        (l.retained, l.ring.len(), l.ring.capacity()),
+        (1_000, 1_000, 1_000)
+    );
+    assert!(l.outcome(TaskId(4_000)).is_none());
+    assert!((4_001..=5_000).all(|id| l.outcome(TaskId(id)).is_some()));
+}
+
 fn figures(l: &Ledger<(), ()>) -> crate::metrics::PoolMetrics {
     l.metrics().pools.into_iter().next().expect("one pool")
 }
