@@ -19,6 +19,13 @@
 //! its journal lookup), and `CRONOQ_BENCH_STATE_KILLS` (3) more kill -9
 //! rounds; their median is compared with the empty kill -9 median.
 //!
+//! `CRONOQ_BENCH_LOG_DIR`: each server logs there (`<id>.log`, at
+//! `CRONOQ_BENCH_LOG`, default `info`) and each round prints the kill and
+//! the first lease as seconds since the epoch, to read a successor's
+//! takeover phases against (election won `leading`, `reading the journal
+//! from the warm copy`, `taking submissions from the standby's copy`,
+//! `journal read; serving workers`, `worker registered`).
+//!
 //! `CRONOQ_BENCH_ELECTION_MS` (default 750, the server's default) sets
 //! `election_timeout`. Target: kill → first lease under 1 s median with
 //! default settings. A missing `nats-server` skips the bench with the

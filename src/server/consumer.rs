@@ -173,18 +173,18 @@ pub(super) async fn consume(
         starts: &starts,
         inputs: &inputs,
     };
+    let journaled = |seq| {
+        known(
+            &results,
+            &warm,
+            &batched,
+            &api.inner.seal,
+            startup_last,
+            seq,
+        )
+    };
     let mut next_seq = 1u64;
     if let Some(copied) = copied {
-        let journaled = |seq| {
-            known(
-                &results,
-                &warm,
-                &batched,
-                &api.inner.seal,
-                startup_last,
-                seq,
-            )
-        };
         match take_copied(&taker, &mut catch_up_to, copied, journaled, &beat).await {
             Some(next) => next_seq = next,
             None => return,
@@ -200,25 +200,10 @@ pub(super) async fn consume(
         // connection count and start over from `next_seq` at once.
         let connects = client.statistics().connects.load(Ordering::Relaxed);
         let mut reconnect_check = tokio::time::interval(Duration::from_millis(250));
-        let consumer = stream
-            .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: next_seq,
-                },
-                ..Default::default()
-            })
-            .await;
-        let messages = match consumer {
-            Ok(c) => match c.messages().await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(error = %e, "submit consumer failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            },
+        let messages = match submissions_from(&stream, next_seq).await {
+            Ok(m) => m,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot create the submit consumer; retrying");
+                tracing::warn!(error = %e, "retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
@@ -304,16 +289,7 @@ pub(super) async fn consume(
                         "submission read through the API: its headers reset the connection"
                     );
                     let seq = next_seq;
-                    match known(
-                        &results,
-                        &warm,
-                        &batched,
-                        &api.inner.seal,
-                        startup_last,
-                        seq,
-                    )
-                    .await
-                    {
+                    match journaled(seq).await {
                         Ok(record) => {
                             next_seq = seq + 1;
                             stalls = 0;
@@ -336,6 +312,26 @@ pub(super) async fn consume(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The messages of an ordered consumer of the submit stream from
+/// sequence `from` on.
+pub(super) async fn submissions_from(
+    stream: &stream::Stream,
+    from: u64,
+) -> Result<jetstream::consumer::pull::Ordered, String> {
+    stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: from,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("cannot create the submit consumer: {e}"))?
+        .messages()
+        .await
+        .map_err(|e| format!("the submit consumer failed: {e}"))
 }
 
 /// What the consumer hands submissions to.

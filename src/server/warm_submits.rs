@@ -31,7 +31,7 @@ use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
 use tokio::sync::watch;
 
-use super::consumer::{decode, read_raw, Decoded};
+use super::consumer::{decode, read_raw, submissions_from, Decoded};
 use super::guard::Guard;
 use crate::wire::Subjects;
 
@@ -104,16 +104,7 @@ impl WarmSubmissions {
 
     /// Waits until the copy has seen sequence `upto`; false after `wait`.
     pub(crate) async fn caught_up(&self, upto: u64, wait: Duration) -> bool {
-        let until = tokio::time::Instant::now() + wait;
-        loop {
-            if self.seen() >= upto {
-                return true;
-            }
-            if tokio::time::Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        super::warm::poll_until(wait, || self.seen() >= upto).await
     }
 
     /// Takes the copy's submissions from `first` (the stream's first
@@ -168,24 +159,8 @@ pub(crate) async fn follow(
         let generation = copy.generation();
         let from = copy.seen() + 1;
         let connects = source.client.statistics().connects.load(Ordering::Relaxed);
-        let consumer = source
-            .stream
-            .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-                ..Default::default()
-            })
-            .await;
-        let mut messages = match consumer {
-            Ok(c) => match c.messages().await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot follow the submit stream; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            },
+        let mut messages = match submissions_from(&source.stream, from).await {
+            Ok(m) => m,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot follow the submit stream; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
