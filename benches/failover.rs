@@ -19,6 +19,13 @@
 //! its journal lookup), and `CRONOQ_BENCH_STATE_KILLS` (3) more kill -9
 //! rounds; their median is compared with the empty kill -9 median.
 //!
+//! `CRONOQ_BENCH_LOG_DIR`: each server logs there (`<id>.log`, at
+//! `CRONOQ_BENCH_LOG`, default `info`) and each round prints the kill and
+//! the first lease as seconds since the epoch, to read a successor's
+//! takeover phases against (election won `leading`, `reading the journal
+//! from the warm copy`, `taking submissions from the standby's copy`,
+//! `journal read; serving workers`, `worker registered`).
+//!
 //! `CRONOQ_BENCH_ELECTION_MS` (default 750, the server's default) sets
 //! `election_timeout`. Target: kill → first lease under 1 s median with
 //! default settings. A missing `nats-server` skips the bench with the
@@ -44,15 +51,29 @@ struct Server {
     child: Child,
 }
 
+/// With `CRONOQ_BENCH_LOG_DIR` set, each server logs to `<dir>/<id>.log`
+/// at `CRONOQ_BENCH_LOG` (default `info`), and each round prints its kill
+/// and first-lease instants since the epoch, to read the successor's
+/// takeover phases against.
 fn start_server(config: &Path, nats: &str, id: &str) -> Server {
     let http = format!("127.0.0.1:{}", free_port());
+    let (level, stderr) = match std::env::var_os("CRONOQ_BENCH_LOG_DIR") {
+        Some(dir) => (
+            std::env::var("CRONOQ_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+            Stdio::from(
+                std::fs::File::create(Path::new(&dir).join(format!("{id}.log")))
+                    .expect("creating a server log"),
+            ),
+        ),
+        None => ("warn".into(), Stdio::null()),
+    };
     let child = Command::new(env!("CARGO_BIN_EXE_cronoq"))
         .args(["server", "--config"])
         .arg(config)
         .args(["--nats", nats, "--http", &http, "--id", id])
-        .env("CRONOQ_LOG", "warn")
+        .env("CRONOQ_LOG", level)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("starting cronoq server");
     Server {
@@ -156,6 +177,7 @@ fn main() {
                     .expect("the leader is one of ours");
                 let pid = servers[at].child.id().to_string();
                 let t0 = Instant::now();
+                let wall0 = std::time::SystemTime::now();
                 let _ = Command::new("kill").args([signal, &pid]).status();
                 let name = format!("{kind}-{round}");
                 run_one(name.clone()).await;
@@ -163,6 +185,13 @@ fn main() {
                 let took = t1.duration_since(t0).as_secs_f64() * 1e3;
                 times.push(took);
                 eprintln!("  {kind} round {round}: {took:.0} ms");
+                if std::env::var_os("CRONOQ_BENCH_LOG_DIR").is_some() {
+                    let secs = |t: std::time::SystemTime| {
+                        t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+                    };
+                    let wall1 = wall0 + t1.duration_since(t0);
+                    eprintln!("    killed {} at {:.3}, first lease at {:.3}", servers[at].id, secs(wall0), secs(wall1));
+                }
                 let mut old = servers.remove(at);
                 let _ = old.child.wait();
                 next_id += 1;

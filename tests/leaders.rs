@@ -515,3 +515,76 @@ async fn readyz_fails_without_a_stream_a_leader_or_a_genuine_leader_record() {
     assert!(line.contains("not written by a cronoq server"), "{line}");
     forger.abort();
 }
+
+/// Issue 22: a warm standby keeps the submit stream decoded, and its
+/// takeover hands that copy to the driver instead of reading the stream
+/// again. What the copy held comes through as a read of the stream would
+/// bring it: a running attempt is re-attached and runs once, waiting tasks
+/// still wait, a finished task does not run again, and a task submitted
+/// while nobody leads (after the copy was taken, or in it) runs.
+#[tokio::test]
+async fn a_takeover_takes_submissions_from_the_standbys_copy() {
+    let mut c = Cluster::start(&[("cpu", "", 2)]).await;
+    let mut second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
+    leader_seen_by(&second).await.expect("follower's view");
+    let done = c.submit_payload("done-before", "").await;
+    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+    let held = running_held(&c, "held", 1, "go").await;
+    let mut waiting = Vec::new();
+    for i in 0..5 {
+        waiting.push(c.submit_payload(&format!("waits-{i}"), "gpu=none").await);
+    }
+    for id in &waiting {
+        c.task_until(*id, "queued", |s| s.state == TaskState::Queued)
+            .await;
+    }
+
+    c.server.kill9();
+    let during = c.submit_payload("during-takeover", "").await;
+    taken_over_by(&second).await;
+    std::mem::swap(&mut c.server, &mut second);
+    reattached_and_run_once(&c, &held, "go").await;
+    assert_eq!(c.succeeded(during).await, "during-takeover on [] by cpu");
+    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+    for id in &waiting {
+        assert_eq!(c.status(*id).await.state, TaskState::Queued);
+    }
+    let runs = c.runs();
+    for name in ["done-before", "held-0", "during-takeover"] {
+        let n = runs.iter().filter(|r| r.name == name).count();
+        assert_eq!(n, 1, "{name} ran once: {runs:?}");
+    }
+    assert!(
+        !runs.iter().any(|r| r.name.starts_with("waits-")),
+        "{runs:?}"
+    );
+    let log = strip_ansi(&c.server.log_tail(400));
+    let taken = log
+        .lines()
+        .find(|l| l.contains("submissions taken from the standby's copy"))
+        .unwrap_or_else(|| panic!("no takeover from the copy:\n{log}"));
+    // The held task and the waiting ones at least (the finished one may
+    // have been purged).
+    let held_n: usize = taken
+        .split("held=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{taken}"));
+    assert!(held_n > waiting.len(), "{taken}");
+    drop(second);
+}
+
+/// `text` without its terminal colour codes (`ESC [ … m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

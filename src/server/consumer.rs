@@ -2,22 +2,59 @@
 
 use super::*;
 
-/// Reads the submit stream from its first message, forever; recreates the
-/// consumer from the next sequence after errors and after every reconnect
-/// (a NATS restart).
-/// The driver's input for submission `seq` (with its journal record, if
-/// an earlier leadership wrote one). Decoding is checked arithmetic
+/// A submission decoded and checked: everything the driver's input for it
+/// holds but its journal record, which only a takeover can look up. The
+/// same for a leader's consumer and a standby's copy
+/// ([`super::warm_submits`]): decoding depends on the message alone, and
+/// the credential check on the message, its stored time and the process's
+/// `[auth]` and storage key — [`Guard::submission`] and
+/// [`Guard::owner_of`] read no nonce or session of a leadership.
+#[derive(Clone, Debug)]
+pub(super) struct Decoded {
+    pub(super) pool: PoolName,
+    pub(super) task: Result<Task, WireError>,
+    /// Refused with nobody to attribute it to ([`unattributed`]).
+    pub(super) unattributed: bool,
+}
+
+impl Decoded {
+    /// The driver's input for submission `seq` (with its journal record,
+    /// if an earlier leadership wrote one).
+    pub(super) fn into_input(
+        self,
+        seq: u64,
+        journaled: Option<wire::TaskRecord>,
+        start_slot: Option<u32>,
+    ) -> Input {
+        let Decoded {
+            pool,
+            task,
+            unattributed,
+        } = self;
+        match (journaled, task) {
+            (Some(record), task) => Input::Recovered {
+                seq,
+                pool,
+                task,
+                record,
+                start_slot,
+            },
+            (None, Err(error)) if unattributed => Input::Unattributed { seq, error },
+            (None, task) => Input::Submitted { seq, pool, task },
+        }
+    }
+}
+
+/// Submission `seq` decoded and checked. Decoding is checked arithmetic
 /// throughout; should anything in it still panic, that message fails alone
 /// (refused) — the consumer goes on.
-pub(super) fn submission_input(
+pub(super) fn decode(
     subjects: &Subjects,
     guard: &Guard,
     m: &async_nats::Message,
     seq: u64,
     published: SystemTime,
-    journaled: Option<wire::TaskRecord>,
-    start_slot: Option<u32>,
-) -> Input {
+) -> Decoded {
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wire::decode_submission(
             subjects,
@@ -58,20 +95,14 @@ pub(super) fn submission_input(
             )
         }
     };
-    match journaled {
-        Some(record) => Input::Recovered {
-            seq,
-            pool,
-            task,
-            record,
-            start_slot,
-        },
-        None => match task {
-            Err(error) if unattributed(guard, m, published, &error) => {
-                Input::Unattributed { seq, error }
-            }
-            task => Input::Submitted { seq, pool, task },
-        },
+    let unattributed = task
+        .as_ref()
+        .err()
+        .is_some_and(|error| unattributed(guard, m, published, error));
+    Decoded {
+        pool,
+        task,
+        unattributed,
     }
 }
 
@@ -99,6 +130,10 @@ pub(super) fn unattributed(
         .is_none()
 }
 
+/// Reads the submit stream from its first message, forever (what a
+/// standby's copy holds of it, `startup.copied`, from memory first);
+/// recreates the consumer from the next sequence after errors and after
+/// every reconnect (a NATS restart).
 pub(super) async fn consume(
     client: async_nats::Client,
     stream: stream::Stream,
@@ -119,6 +154,7 @@ pub(super) async fn consume(
         starts,
         batched,
         mut catch_up_to,
+        copied,
     } = startup;
     // Shared, not cloned per submission (a store clone copies its whole
     // stream configuration).
@@ -137,7 +173,23 @@ pub(super) async fn consume(
         starts: &starts,
         inputs: &inputs,
     };
+    let journaled = |seq| {
+        known(
+            &results,
+            &warm,
+            &batched,
+            &api.inner.seal,
+            startup_last,
+            seq,
+        )
+    };
     let mut next_seq = 1u64;
+    if let Some(copied) = copied {
+        match take_copied(&taker, &mut catch_up_to, copied, journaled, &beat).await {
+            Some(next) => next_seq = next,
+            None => return,
+        }
+    }
     let mut stalls = 0u32;
     loop {
         beat();
@@ -148,25 +200,10 @@ pub(super) async fn consume(
         // connection count and start over from `next_seq` at once.
         let connects = client.statistics().connects.load(Ordering::Relaxed);
         let mut reconnect_check = tokio::time::interval(Duration::from_millis(250));
-        let consumer = stream
-            .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: next_seq,
-                },
-                ..Default::default()
-            })
-            .await;
-        let messages = match consumer {
-            Ok(c) => match c.messages().await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(error = %e, "submit consumer failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            },
+        let messages = match submissions_from(&stream, next_seq).await {
+            Ok(m) => m,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot create the submit consumer; retrying");
+                tracing::warn!(error = %e, "retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
@@ -229,16 +266,8 @@ pub(super) async fn consume(
                 }
             };
             next_seq = seq + 1;
-            if !take(
-                &taker,
-                &mut catch_up_to,
-                &message.message,
-                seq,
-                published,
-                record,
-            )
-            .await
-            {
+            let decoded = || decode(taker.subjects, taker.guard, &message, seq, published);
+            if !take(&taker, &mut catch_up_to, seq, record, decoded).await {
                 return;
             }
         }
@@ -260,22 +289,13 @@ pub(super) async fn consume(
                         "submission read through the API: its headers reset the connection"
                     );
                     let seq = next_seq;
-                    match known(
-                        &results,
-                        &warm,
-                        &batched,
-                        &api.inner.seal,
-                        startup_last,
-                        seq,
-                    )
-                    .await
-                    {
+                    match journaled(seq).await {
                         Ok(record) => {
                             next_seq = seq + 1;
                             stalls = 0;
-                            if !take(&taker, &mut catch_up_to, &message, seq, published, record)
-                                .await
-                            {
+                            let decoded =
+                                || decode(taker.subjects, taker.guard, &message, seq, published);
+                            if !take(&taker, &mut catch_up_to, seq, record, decoded).await {
                                 return;
                             }
                         }
@@ -292,6 +312,26 @@ pub(super) async fn consume(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The messages of an ordered consumer of the submit stream from
+/// sequence `from` on.
+pub(super) async fn submissions_from(
+    stream: &stream::Stream,
+    from: u64,
+) -> Result<jetstream::consumer::pull::Ordered, String> {
+    stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: from,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("cannot create the submit consumer: {e}"))?
+        .messages()
+        .await
+        .map_err(|e| format!("the submit consumer failed: {e}"))
 }
 
 /// What the consumer hands submissions to.
@@ -327,15 +367,15 @@ async fn known(
 }
 
 /// Hands submission `seq` to the driver, with its journal record if an
-/// earlier leadership wrote one (the start that follows it merged in).
-/// False once the driver is gone.
+/// earlier leadership wrote one (the start that follows it merged in);
+/// `decoded` runs only for a task that is not finished. False once the
+/// driver is gone.
 async fn take(
     to: &Taker<'_>,
     catch_up_to: &mut Option<u64>,
-    message: &async_nats::Message,
     seq: u64,
-    published: SystemTime,
     record: warm::Known,
+    decoded: impl FnOnce() -> Decoded,
 ) -> bool {
     let journaled = match record {
         // Finished before, not yet purged: its key binds again
@@ -355,26 +395,69 @@ async fn take(
         warm::Known::None => Some(to.starts.merge(TaskId(seq), None)),
     };
     if let Some((journaled, start_slot)) = journaled {
-        let input = submission_input(
-            to.subjects,
-            to.guard,
-            message,
-            seq,
-            published,
-            journaled,
-            start_slot,
-        );
+        let input = decoded().into_input(seq, journaled, start_slot);
         if to.inputs.send(input).await.is_err() {
             return false;
         }
     }
     if catch_up_to.is_some_and(|last| seq >= last) {
-        *catch_up_to = None;
-        if to.inputs.send(Input::CaughtUp).await.is_err() {
-            return false;
-        }
+        return caught_up(to, catch_up_to, seq).await;
     }
     true
+}
+
+/// Tells the driver it has every submission of the takeover (`seq`, the
+/// last, among them). False once the driver is gone.
+async fn caught_up(to: &Taker<'_>, catch_up_to: &mut Option<u64>, seq: u64) -> bool {
+    *catch_up_to = None;
+    tracing::info!(seq, "the takeover's submissions handed to the driver");
+    to.inputs.send(Input::CaughtUp).await.is_ok()
+}
+
+/// Hands the driver the submissions a standby's copy held
+/// ([`warm_submits::Copied`]), each with what `known` says of it, as
+/// [`take`] would have from the stream; the sequence to read the stream
+/// from next (`None`: the driver is gone). A journal record that cannot be
+/// read stops it there: the stream is read from that submission on.
+async fn take_copied<F, Fut>(
+    to: &Taker<'_>,
+    catch_up_to: &mut Option<u64>,
+    copied: warm_submits::Copied,
+    known: F,
+    beat: &impl Fn(),
+) -> Option<u64>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<warm::Known, String>>,
+{
+    let started = std::time::Instant::now();
+    let held = copied.submissions.len();
+    for (seq, decoded) in copied.submissions {
+        beat();
+        match known(seq).await {
+            Ok(record) => {
+                if !take(to, catch_up_to, seq, record, || decoded).await {
+                    return None;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(seq, error = %e, "reading the journal failed; reading the submit stream from there");
+                return Some(seq);
+            }
+        }
+    }
+    tracing::info!(
+        held,
+        seen = copied.seen,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "submissions taken from the standby's copy"
+    );
+    if catch_up_to.is_some_and(|last| copied.seen >= last)
+        && !caught_up(to, catch_up_to, copied.seen).await
+    {
+        return None;
+    }
+    Some(copied.seen + 1)
 }
 
 /// Submission `seq` read through the JetStream API (`STREAM.MSG.GET`, JSON
@@ -383,7 +466,7 @@ async fn take(
 /// before it, a line break inside a value reads as a space, a header whose
 /// name NATS would not take is left out (so a proof over it fails) — so
 /// that no header can stop the consumer. `None`: no such message (purged).
-async fn read_raw(
+pub(super) async fn read_raw(
     js: &jetstream::Context,
     stream: &str,
     seq: u64,
@@ -506,4 +589,105 @@ async fn bind_finished_keys(
         "keys of finished tasks bound again"
     );
     true
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    pub(in crate::server) fn decoded(name: &str) -> Decoded {
+        Decoded {
+            pool: PoolName::default(),
+            task: Ok(Task::new(name.to_string())),
+            unattributed: false,
+        }
+    }
+
+    /// What `take_copied` hands the driver of a copy holding `held` up to
+    /// `seen`, with the takeover's last submission at `last`: task 2 is
+    /// finished, and the journal cannot be read for `fails`. The
+    /// sequence it reads the stream from next, and the inputs (`s<seq>`
+    /// for a submission, `caught up`).
+    async fn hand_over(held: &[u64], seen: u64, last: u64, fails: u64) -> (u64, Vec<String>) {
+        let subjects = Subjects::new("cronoq").unwrap();
+        let guard = Guard::new(
+            Arc::new(Authenticator::disabled()),
+            subjects.clone(),
+            Millis(10_000),
+        );
+        let starts = wire::StartIndex::default();
+        let (tx, mut rx) = mpsc::channel(100);
+        let copied = warm_submits::Copied {
+            submissions: held
+                .iter()
+                .map(|seq| (*seq, decoded(&format!("t{seq}"))))
+                .collect::<BTreeMap<_, _>>(),
+            seen,
+        };
+        let journal = |seq: u64| async move {
+            match seq {
+                _ if seq == fails => Err("no answer".to_string()),
+                2 => Ok(warm::Known::Finished(None)),
+                _ => Ok(warm::Known::None),
+            }
+        };
+        let next = {
+            let taker = Taker {
+                subjects: &subjects,
+                guard: &guard,
+                starts: &starts,
+                inputs: &tx,
+            };
+            take_copied(&taker, &mut Some(last), copied, journal, &|| {})
+                .await
+                .expect("the driver is there")
+        };
+        drop(tx);
+        let mut inputs = Vec::new();
+        while let Some(input) = rx.recv().await {
+            inputs.push(match input {
+                Input::Submitted { seq, task, .. } => {
+                    let payload = task.unwrap().payload().to_vec();
+                    assert_eq!(payload, format!("t{seq}").into_bytes());
+                    format!("s{seq}")
+                }
+                Input::CaughtUp => "caught up".into(),
+                other => panic!("{other:?}"),
+            });
+        }
+        (next, inputs)
+    }
+
+    #[tokio::test]
+    async fn a_whole_copy_is_handed_over_and_the_stream_read_after_it() {
+        let (next, inputs) = hand_over(&[1, 2, 3, 4], 4, 4, 0).await;
+        assert_eq!(next, 5);
+        assert_eq!(inputs, ["s1", "s3", "s4", "caught up"]);
+        // Its last submission purged: caught up all the same.
+        let (next, inputs) = hand_over(&[1, 2, 3], 4, 4, 0).await;
+        assert_eq!(next, 5);
+        assert_eq!(inputs, ["s1", "s3", "caught up"]);
+        // Beyond the takeover's last: caught up in order, then the newer.
+        let (next, inputs) = hand_over(&[1, 3, 4, 5, 6], 6, 4, 0).await;
+        assert_eq!(next, 7);
+        assert_eq!(inputs, ["s1", "s3", "s4", "caught up", "s5", "s6"]);
+    }
+
+    #[tokio::test]
+    async fn a_copy_that_is_behind_is_trusted_only_as_far_as_it_got() {
+        // The stream held 5 at the takeover, the copy only up to 3: the
+        // driver is not caught up until the stream's 4 and 5 are read.
+        let (next, inputs) = hand_over(&[1, 2, 3], 3, 5, 0).await;
+        assert_eq!(next, 4);
+        assert_eq!(inputs, ["s1", "s3"]);
+        // An empty copy: the stream from its start.
+        let (next, inputs) = hand_over(&[], 0, 5, 0).await;
+        assert_eq!((next, inputs.len()), (1, 0));
+        // A record that cannot be read: never delivered as new; the
+        // stream is read from there.
+        let (next, inputs) = hand_over(&[1, 2, 3, 4], 4, 4, 3).await;
+        assert_eq!(next, 3);
+        assert_eq!(inputs, ["s1"]);
+    }
 }

@@ -164,6 +164,30 @@ pub(super) async fn lead(
     driver.restore_schedules(read_schedules(&base.results, &base.seal).await?);
     // The only writer now: no need to follow its own writes.
     base.warm_paused.send_replace(true);
+    // The standby's copy of the submit stream: taken (and so emptied)
+    // whatever follows, used with a warm journal only (it holds no
+    // records), as far as it got within a short wait.
+    let copied = match catch_up_to {
+        Some(upto) if warm.is_some() => {
+            let whole = base
+                .submissions
+                .caught_up(upto, warm_submits::CATCH_UP_WAIT)
+                .await;
+            let copied = base.submissions.take(startup.first_sequence);
+            tracing::info!(
+                upto,
+                seen = copied.seen,
+                held = copied.submissions.len(),
+                whole,
+                "taking submissions from the standby's copy"
+            );
+            Some(copied)
+        }
+        _ => {
+            base.submissions.take(u64::MAX);
+            None
+        }
+    };
     let consumer = tokio::spawn(consume(
         base.inbound.clone(),
         base.inbound_submit.clone(),
@@ -175,6 +199,7 @@ pub(super) async fn lead(
             starts: Arc::new(starts),
             batched: Arc::new(batched),
             catch_up_to,
+            copied,
         },
         inputs.clone(),
         api.clone(),

@@ -46,6 +46,7 @@
 //! | `consumer.rs` | the submit consumer |
 //! | `takeover.rs` | reading the journal back at a takeover |
 //! | `warm.rs` | a standby's warm copy of the journal |
+//! | `warm_submits.rs` | a standby's copy of the submit stream, decoded |
 //! | `result_index.rs` | which result batch holds a finished task's result |
 //! | `requests.rs` | worker and client requests over NATS |
 //! | `guard.rs` | credentials, nonces and sessions of one leadership |
@@ -77,6 +78,7 @@ pub mod seal;
 mod sim;
 mod takeover;
 mod warm;
+mod warm_submits;
 
 pub use config::*;
 

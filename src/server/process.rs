@@ -305,6 +305,7 @@ pub async fn serve(
         index,
         warm_paused,
         seal: seal.clone(),
+        submissions: warm_submits::WarmSubmissions::default(),
     };
     // Standing by warm: the journal is followed from the start, so a
     // takeover reads it from memory.
@@ -313,6 +314,27 @@ pub async fn serve(
             base.results.clone(),
             base.submit_stream.clone(),
             base.warm.clone(),
+            warm_paused_rx.clone(),
+        ))
+    });
+    // And the submit stream, decoded, so a takeover need not read it.
+    let submissions_follower = base.config.server.warm_standby.then(|| {
+        let source = warm_submits::Source {
+            client: base.inbound.clone(),
+            stream: base.inbound_submit.clone(),
+            subjects: base.subjects.clone(),
+            guard: Arc::new(
+                Guard::new(
+                    base.auth.clone(),
+                    base.subjects.clone(),
+                    Millis::from_duration(s.worker_timeout),
+                )
+                .with_seal(base.seal.clone()),
+            ),
+        };
+        tokio::spawn(warm_submits::follow(
+            source,
+            base.submissions.clone(),
             warm_paused_rx,
         ))
     });
@@ -356,7 +378,7 @@ pub async fn serve(
         base.warm_paused.send_replace(false);
         election.fence.store(0, Ordering::SeqCst);
     }
-    if let Some(follower) = follower {
+    for follower in [follower, submissions_follower].into_iter().flatten() {
         follower.abort();
     }
     assets.abort();
@@ -472,8 +494,10 @@ pub(super) struct Base {
     /// The servers' storage key.
     pub(super) seal: seal::Seal,
     /// True while this process leads: the copy is not followed
-    /// ([`warm::follow`]).
+    /// ([`warm::follow`], [`warm_submits::follow`]).
     pub(super) warm_paused: watch::Sender<bool>,
+    /// This process's copy of the submit stream, decoded.
+    pub(super) submissions: warm_submits::WarmSubmissions,
 }
 
 /// Gets or creates a stream, then brings an existing one's limits up to

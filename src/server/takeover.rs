@@ -190,6 +190,10 @@ pub(super) struct Startup {
     /// When to tell the driver it has read them all (`None`: nothing to
     /// read).
     pub(super) catch_up_to: Option<u64>,
+    /// What a standby's copy of the submit stream held, decoded (only with
+    /// a warm copy of the journal): handed over before the stream is read
+    /// on from after it.
+    pub(super) copied: Option<warm_submits::Copied>,
 }
 
 /// Every start record (`s.<n>`) of the results bucket at this takeover,

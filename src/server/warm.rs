@@ -235,22 +235,27 @@ impl WarmJournal {
 
     /// Waits until the copy has seen revision `upto`; false after `wait`.
     pub(crate) async fn caught_up(&self, upto: u64, wait: Duration) -> bool {
-        let until = tokio::time::Instant::now() + wait;
-        loop {
-            if self.seen() >= upto {
-                return true;
-            }
-            if tokio::time::Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        poll_until(wait, || self.seen() >= upto).await
     }
 
     /// How many tasks it holds (live, finished, finished with a key).
     pub(crate) fn len(&self) -> (usize, usize, usize) {
         let copy = self.lock();
         (copy.live.len(), copy.finished.len(), copy.keyed.len())
+    }
+}
+
+/// Whether `done` holds within `wait` (checked every 5 ms).
+pub(crate) async fn poll_until(wait: Duration, done: impl Fn() -> bool) -> bool {
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        if done() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

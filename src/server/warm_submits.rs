@@ -1,0 +1,272 @@
+//! A standby's copy of the submit stream, decoded (issue 22: "warm
+//! standbys must really be warm"). Beside the journal's warm copy
+//! ([`super::warm`]), every server that stands by follows the submit
+//! stream with an ordered consumer and keeps each submission as the
+//! leader's consumer would hand it to the driver, less its journal record
+//! ([`Decoded`]: decoded, credentials checked — the same answer as at a
+//! takeover, see there). A takeover takes the copy whole and hands it to
+//! the driver with each submission's record from the journal's warm copy,
+//! then reads from the stream only what came after the copy's last
+//! sequence: reading, decoding and checking 100,000 submissions again was
+//! most of a large takeover.
+//!
+//! The copy holds every message the stream held from the first it
+//! delivered up to `seen` (an ordered consumer delivers each in order and
+//! starts over from the next after a gap), so a takeover that hands over
+//! the copy's submissions from the stream's first sequence on and reads
+//! the stream from `seen + 1` sees exactly what reading the whole stream
+//! would. It is pruned below the stream's first sequence every
+//! [`PRUNE_EVERY`] (the purge drops only finished submissions), so it
+//! holds no more than the stream held a second or two before. Taking it
+//! empties it: the follow starts over from the stream's first message once
+//! this process stands by again (while it leads, the follow is paused with
+//! the journal's).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_nats::jetstream::{self, stream};
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+use super::consumer::{decode, read_raw, submissions_from, Decoded};
+use super::guard::Guard;
+use crate::wire::Subjects;
+
+/// How often the copy forgets submissions purged from the stream (as
+/// often as the leader purges: a submission kept costs about 1 KiB, the
+/// task decoded, and a busy stream purges tens of thousands a second).
+pub(crate) const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a takeover waits for the copy to reach the stream's last
+/// sequence; past it, the copy is handed over as far as it got and the
+/// stream read from there.
+pub(crate) const CATCH_UP_WAIT: Duration = Duration::from_millis(250);
+
+#[derive(Default)]
+struct Copy {
+    submissions: BTreeMap<u64, Decoded>,
+    /// The last stream sequence delivered.
+    seen: u64,
+    /// Bumped when a takeover takes the copy: a follow begun before stops.
+    generation: u64,
+}
+
+/// What a takeover took from the copy.
+pub(crate) struct Copied {
+    /// The copy's submissions from the stream's first sequence on.
+    pub(crate) submissions: BTreeMap<u64, Decoded>,
+    /// Every message of the stream up to this sequence is in
+    /// `submissions`, or was purged.
+    pub(crate) seen: u64,
+}
+
+/// The copy, shared by the follow and the takeover.
+#[derive(Clone, Default)]
+pub(crate) struct WarmSubmissions {
+    copy: Arc<Mutex<Copy>>,
+}
+
+impl WarmSubmissions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Copy> {
+        self.copy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last stream sequence the copy holds (or skipped, purged).
+    pub(crate) fn seen(&self) -> u64 {
+        self.lock().seen
+    }
+
+    fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Adds submission `seq`, delivered by a follow begun at
+    /// `generation`; false if a takeover took the copy since (that follow
+    /// must stop).
+    fn apply(&self, generation: u64, seq: u64, decoded: Decoded) -> bool {
+        let mut copy = self.lock();
+        if copy.generation != generation {
+            return false;
+        }
+        if seq > copy.seen {
+            copy.seen = seq;
+            copy.submissions.insert(seq, decoded);
+        }
+        true
+    }
+
+    /// Forgets submissions below `first` (purged from the stream).
+    fn prune_below(&self, first: u64) {
+        let mut copy = self.lock();
+        copy.submissions = copy.submissions.split_off(&first);
+    }
+
+    /// Waits until the copy has seen sequence `upto`; false after `wait`.
+    pub(crate) async fn caught_up(&self, upto: u64, wait: Duration) -> bool {
+        super::warm::poll_until(wait, || self.seen() >= upto).await
+    }
+
+    /// Takes the copy's submissions from `first` (the stream's first
+    /// sequence at this takeover) on; the copy is empty afterwards, and a
+    /// follow begun before it stops.
+    pub(crate) fn take(&self, first: u64) -> Copied {
+        let mut copy = self.lock();
+        let taken = std::mem::take(&mut *copy);
+        copy.generation = taken.generation + 1;
+        let mut submissions = taken.submissions;
+        Copied {
+            submissions: submissions.split_off(&first),
+            seen: taken.seen,
+        }
+    }
+}
+
+/// What the follow needs: the connection others publish to (a submission
+/// whose headers reset a connection resets this one, not the journal's),
+/// the submit stream seen through it, and the checks of the consumer.
+pub(crate) struct Source {
+    pub(crate) client: async_nats::Client,
+    pub(crate) stream: stream::Stream,
+    pub(crate) subjects: Subjects,
+    /// Only its checks of submissions are used: the same per process.
+    pub(crate) guard: Arc<Guard>,
+}
+
+/// Keeps `copy` up to date with the submit stream, for the life of the
+/// process, while `paused` is false (this process stands by); starts over
+/// after the last sequence seen when the consumer breaks or NATS
+/// reconnects. A submission no client can read (its headers reset the
+/// connection: the follow stalls on it twice) is read through the
+/// JetStream API, as the leader's consumer does.
+pub(crate) async fn follow(
+    source: Source,
+    copy: WarmSubmissions,
+    mut paused: watch::Receiver<bool>,
+) {
+    let js = jetstream::new(source.client.clone());
+    let stream_name = source.subjects.submit_stream();
+    let mut prune = tokio::time::interval(PRUNE_EVERY);
+    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stalls = 0u32;
+    loop {
+        if *paused.borrow_and_update() {
+            if paused.wait_for(|p| !*p).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let generation = copy.generation();
+        let from = copy.seen() + 1;
+        let connects = source.client.statistics().connects.load(Ordering::Relaxed);
+        let mut messages = match submissions_from(&source.stream, from).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot follow the submit stream; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let mut reconnect_check = tokio::time::interval(Duration::from_millis(250));
+        let mut interrupted = false;
+        loop {
+            tokio::select! {
+                message = messages.next() => match message {
+                    Some(Ok(m)) => {
+                        let Ok(info) = m.info() else { continue };
+                        let (seq, published) = (info.stream_sequence, SystemTime::from(info.published));
+                        let decoded = decode(&source.subjects, &source.guard, &m.message, seq, published);
+                        if !copy.apply(generation, seq, decoded) {
+                            break;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "following the submit stream interrupted; resuming");
+                        interrupted = true;
+                        break;
+                    }
+                    None => {
+                        interrupted = true;
+                        break;
+                    }
+                },
+                _ = paused.changed() => break,
+                _ = reconnect_check.tick() => {
+                    if source.client.statistics().connects.load(Ordering::Relaxed) != connects {
+                        interrupted = true;
+                        break;
+                    }
+                }
+                _ = prune.tick() => {
+                    let mut stream = source.stream.clone();
+                    if let Ok(info) = stream.info().await {
+                        copy.prune_below(info.state.first_sequence);
+                    }
+                }
+            }
+        }
+        drop(messages);
+        stalls = if interrupted && copy.seen() + 1 == from {
+            stalls + 1
+        } else {
+            0
+        };
+        if stalls >= 2 {
+            if let Ok(Some((m, published))) = read_raw(&js, &stream_name, from).await {
+                tracing::warn!(
+                    seq = from,
+                    "submission read through the API: its headers reset the connection"
+                );
+                let decoded = decode(&source.subjects, &source.guard, &m, from, published);
+                copy.apply(generation, from, decoded);
+                stalls = 0;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::consumer::tests::decoded;
+
+    fn seqs(copied: &Copied) -> Vec<u64> {
+        copied.submissions.keys().copied().collect()
+    }
+
+    #[test]
+    fn a_takeover_takes_the_copy_from_the_streams_first_and_leaves_it_empty() {
+        let copy = WarmSubmissions::default();
+        let generation = copy.generation();
+        for seq in [3, 4, 5, 7] {
+            assert!(copy.apply(generation, seq, decoded("t")));
+        }
+        // A redelivery changes nothing.
+        assert!(copy.apply(generation, 4, decoded("again")));
+        copy.prune_below(4);
+        assert_eq!(copy.seen(), 7);
+        let copied = copy.take(5);
+        assert_eq!((seqs(&copied), copied.seen), (vec![5, 7], 7));
+        // The follow begun before the takeover stops; a new one starts
+        // over from the stream's start.
+        assert!(!copy.apply(generation, 8, decoded("t")));
+        assert_eq!(copy.seen(), 0);
+        let copied = copy.take(0);
+        assert_eq!((seqs(&copied), copied.seen), (vec![], 0));
+    }
+
+    #[tokio::test]
+    async fn catching_up_waits_for_the_last_sequence_and_no_longer() {
+        let copy = WarmSubmissions::default();
+        let generation = copy.generation();
+        copy.apply(generation, 1, decoded("t"));
+        assert!(!copy.caught_up(2, Duration::from_millis(20)).await);
+        assert!(copy.caught_up(1, Duration::ZERO).await);
+        let later = copy.clone();
+        tokio::spawn(async move { later.apply(generation, 2, decoded("t")) });
+        assert!(copy.caught_up(2, Duration::from_secs(30)).await);
+    }
+}
