@@ -156,9 +156,6 @@ pub(super) async fn consume(
         mut catch_up_to,
         copied,
     } = startup;
-    // Shared, not cloned per submission (a store clone copies its whole
-    // stream configuration).
-    let results = Arc::new(results);
     if let Some(warm) = &warm {
         let keyed = warm.keyed_finished(startup_last);
         if !bind_finished_keys(keyed, &results, &api.inner.seal, &inputs, &beat).await {
@@ -173,6 +170,8 @@ pub(super) async fn consume(
         starts: &starts,
         inputs: &inputs,
     };
+    // Borrowed by every lookup, never cloned per submission (a store
+    // clone copies its whole stream configuration).
     let journaled = |seq| {
         known(
             &results,
@@ -213,18 +212,14 @@ pub(super) async fn consume(
         // a takeover with many unfinished tasks slow).
         let mut messages = messages
             .map(|message| {
-                let results = results.clone();
-                let warm = warm.clone();
-                let batched = batched.clone();
-                let seal = api.inner.seal.clone();
+                let journaled = &journaled;
                 async move {
                     let seq = message
                         .as_ref()
                         .ok()
                         .and_then(|m| m.info().ok())
                         .map_or(u64::MAX, |i| i.stream_sequence);
-                    let record = known(&results, &warm, &batched, &seal, startup_last, seq).await;
-                    (message, record)
+                    (message, journaled(seq).await)
                 }
             })
             .buffered(128);

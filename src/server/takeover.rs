@@ -144,19 +144,9 @@ pub(super) async fn read_results(
             let Some(value) = value.filter(|_| wire::is_result_key(key)) else {
                 return;
             };
-            let body = match seal.open(key, value) {
-                Ok(body) => body,
-                Err(why) => return seal::log_refused("result batch", key, why),
+            let Some(batch) = warm::open_result_batch(seal, index, key, value) else {
+                return;
             };
-            let batch = match wire::decode::<wire::ResultRecords>(body) {
-                Ok(batch) => batch,
-                Err(e) => return tracing::warn!(key, error = %e, "unreadable result batch ignored"),
-            };
-            index.add(
-                key,
-                batch.written_at,
-                batch.results.iter().map(|r| r.id.0).collect(),
-            );
             for record in batch.results {
                 let seq = record.id.0;
                 if record.state.is_terminal() && (from..=upto).contains(&seq) {

@@ -66,6 +66,38 @@ impl Copy {
     }
 }
 
+/// Result batch `key` as stored (`value`), its seal checked and its
+/// results indexed; `None` (logged) if it is not sealed with the storage
+/// key or cannot be read. The one reading of a batch for the watch and
+/// for a cold takeover.
+pub(crate) fn open_result_batch(
+    seal: &super::seal::Seal,
+    index: &super::result_index::ResultIndex,
+    key: &str,
+    value: &[u8],
+) -> Option<crate::wire::ResultRecords> {
+    let body = match seal.open(key, value) {
+        Ok(body) => body,
+        Err(why) => {
+            super::seal::log_refused("result batch", key, why);
+            return None;
+        }
+    };
+    let batch = match crate::wire::decode::<crate::wire::ResultRecords>(body) {
+        Ok(batch) => batch,
+        Err(e) => {
+            tracing::warn!(key, error = %e, "unreadable result batch ignored");
+            return None;
+        }
+    };
+    index.add(
+        key,
+        batch.written_at,
+        batch.results.iter().map(|r| r.id.0).collect(),
+    );
+    Some(batch)
+}
+
 /// What the journal says of a submission (the warm copy, or a lookup).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Known {
@@ -176,16 +208,9 @@ impl WarmJournal {
     /// Applies a result batch (`r.<epoch>.<n>`): each task in it is
     /// finished; the batch is indexed for lookups.
     fn apply_results(&self, copy: &mut Copy, key: &str, value: &[u8]) {
-        let body = match self.seal.open(key, value) {
-            Ok(body) => body,
-            Err(why) => return super::seal::log_refused("result batch", key, why),
+        let Some(batch) = open_result_batch(&self.seal, &self.index, key, value) else {
+            return;
         };
-        let batch = match crate::wire::decode::<crate::wire::ResultRecords>(body) {
-            Ok(batch) => batch,
-            Err(e) => return tracing::warn!(key, error = %e, "unreadable result batch ignored"),
-        };
-        let ids = batch.results.iter().map(|r| r.id.0).collect();
-        self.index.add(key, batch.written_at, ids);
         for record in batch.results {
             if record.state.is_terminal() {
                 // Small by the leader's rule: kept whole.
