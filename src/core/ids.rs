@@ -50,6 +50,11 @@ pub(crate) struct IdIndex {
 }
 
 impl IdIndex {
+    /// Room for `additional` more ids in the window.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.window.reserve(additional);
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.in_window + self.others.len()
     }

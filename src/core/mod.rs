@@ -374,6 +374,16 @@ impl Core {
         }
     }
 
+    /// Room for `additional` more live tasks, allocated now: a takeover
+    /// that reads back many waiting tasks grows its slab once instead of
+    /// copying it at each doubling (a slot is cache-line aligned, so the
+    /// allocator cannot grow it in place).
+    pub fn make_room(&mut self, additional: usize) {
+        self.tasks
+            .reserve(additional.saturating_sub(self.free_slab.len()));
+        self.by_id.reserve(additional);
+    }
+
     /// The limits in force.
     pub fn limits(&self) -> Limits {
         self.limits

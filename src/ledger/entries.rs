@@ -37,6 +37,11 @@ impl<T> Default for Entries<T> {
 }
 
 impl<T> Entries<T> {
+    /// Room for `additional` more entries in the window.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.window.reserve(additional);
+    }
+
     /// Adds the entry of a new task; ids only grow.
     pub(crate) fn insert(&mut self, id: TaskId, entry: T) {
         if self.window.is_empty() {

@@ -259,6 +259,11 @@ impl<X, R: Default> Ledger<X, R> {
         self.finished.get(self.resolve(id)).is_some()
     }
 
+    /// Room for `additional` more live tasks, allocated now.
+    pub fn reserve(&mut self, additional: usize) {
+        self.live.reserve(additional);
+    }
+
     /// Known at all (live, retained, or an alias of either).
     pub fn knows(&self, id: TaskId) -> bool {
         self.is_live(id) || self.is_finished(id) || self.aliases.contains_key(&id)

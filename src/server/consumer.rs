@@ -164,12 +164,14 @@ pub(super) async fn consume(
     }
     let js = jetstream::new(client.clone());
     let stream_name = subjects.submit_stream();
-    let taker = Taker {
+    let mut taker = Taker {
         subjects: &subjects,
         guard: &api.inner.guard,
         starts: &starts,
         inputs: &inputs,
+        staged: None,
     };
+    let (subjects, guard) = (taker.subjects, taker.guard);
     // Borrowed by every lookup, never cloned per submission (a store
     // clone copies its whole stream configuration).
     let journaled = |seq| {
@@ -184,7 +186,7 @@ pub(super) async fn consume(
     };
     let mut next_seq = 1u64;
     if let Some(copied) = copied {
-        match take_copied(&taker, &mut catch_up_to, copied, journaled, &beat).await {
+        match take_copied(&mut taker, &mut catch_up_to, copied, journaled, &beat).await {
             Some(next) => next_seq = next,
             None => return,
         }
@@ -261,8 +263,8 @@ pub(super) async fn consume(
                 }
             };
             next_seq = seq + 1;
-            let decoded = || decode(taker.subjects, taker.guard, &message, seq, published);
-            if !take(&taker, &mut catch_up_to, seq, record, decoded).await {
+            let decoded = || decode(subjects, guard, &message, seq, published);
+            if !take(&mut taker, &mut catch_up_to, seq, record, decoded).await {
                 return;
             }
         }
@@ -288,9 +290,8 @@ pub(super) async fn consume(
                         Ok(record) => {
                             next_seq = seq + 1;
                             stalls = 0;
-                            let decoded =
-                                || decode(taker.subjects, taker.guard, &message, seq, published);
-                            if !take(&taker, &mut catch_up_to, seq, record, decoded).await {
+                            let decoded = || decode(subjects, guard, &message, seq, published);
+                            if !take(&mut taker, &mut catch_up_to, seq, record, decoded).await {
                                 return;
                             }
                         }
@@ -335,6 +336,39 @@ struct Taker<'a> {
     guard: &'a Guard,
     starts: &'a wire::StartIndex,
     inputs: &'a mpsc::Sender<Input>,
+    /// Inputs held back while a standby's copy is handed over, sent
+    /// [`STAGED`] at a time in one [`Input::Batch`] (`None`: each input
+    /// is sent alone). A channel hop per input kept both the consumer and
+    /// the driver waiting on each other at a takeover.
+    staged: Option<Vec<Input>>,
+}
+
+/// The inputs of one [`Input::Batch`] at a takeover.
+const STAGED: usize = 1024;
+
+impl Taker<'_> {
+    /// Hands `input` to the driver, or stages it. False once the driver
+    /// is gone.
+    async fn hand(&mut self, input: Input) -> bool {
+        match &mut self.staged {
+            Some(staged) => {
+                staged.push(input);
+                staged.len() < STAGED || self.flush().await
+            }
+            None => self.inputs.send(input).await.is_ok(),
+        }
+    }
+
+    /// Sends what is staged. False once the driver is gone.
+    async fn flush(&mut self) -> bool {
+        let batch = match &mut self.staged {
+            Some(staged) if !staged.is_empty() => {
+                std::mem::replace(staged, Vec::with_capacity(STAGED))
+            }
+            _ => return true,
+        };
+        self.inputs.send(Input::Batch(batch)).await.is_ok()
+    }
 }
 
 /// What an earlier leadership journaled of submission `seq` (nothing for
@@ -366,7 +400,7 @@ async fn known(
 /// `decoded` runs only for a task that is not finished. False once the
 /// driver is gone.
 async fn take(
-    to: &Taker<'_>,
+    to: &mut Taker<'_>,
     catch_up_to: &mut Option<u64>,
     seq: u64,
     record: warm::Known,
@@ -380,7 +414,7 @@ async fn take(
                 seq,
                 record: *record,
             };
-            if to.inputs.send(input).await.is_err() {
+            if !to.hand(input).await {
                 return false;
             }
             None
@@ -391,7 +425,7 @@ async fn take(
     };
     if let Some((journaled, start_slot)) = journaled {
         let input = decoded().into_input(seq, journaled, start_slot);
-        if to.inputs.send(input).await.is_err() {
+        if !to.hand(input).await {
             return false;
         }
     }
@@ -403,10 +437,10 @@ async fn take(
 
 /// Tells the driver it has every submission of the takeover (`seq`, the
 /// last, among them). False once the driver is gone.
-async fn caught_up(to: &Taker<'_>, catch_up_to: &mut Option<u64>, seq: u64) -> bool {
+async fn caught_up(to: &mut Taker<'_>, catch_up_to: &mut Option<u64>, seq: u64) -> bool {
     *catch_up_to = None;
     tracing::info!(seq, "the takeover's submissions handed to the driver");
-    to.inputs.send(Input::CaughtUp).await.is_ok()
+    to.flush().await && to.inputs.send(Input::CaughtUp).await.is_ok()
 }
 
 /// Hands the driver the submissions a standby's copy held
@@ -415,7 +449,7 @@ async fn caught_up(to: &Taker<'_>, catch_up_to: &mut Option<u64>, seq: u64) -> b
 /// from next (`None`: the driver is gone). A journal record that cannot be
 /// read stops it there: the stream is read from that submission on.
 async fn take_copied<F, Fut>(
-    to: &Taker<'_>,
+    to: &mut Taker<'_>,
     catch_up_to: &mut Option<u64>,
     copied: warm_submits::Copied,
     known: F,
@@ -427,19 +461,30 @@ where
 {
     let started = std::time::Instant::now();
     let held = copied.submissions.len();
-    for (seq, decoded) in copied.submissions {
-        beat();
-        match known(seq).await {
-            Ok(record) => {
-                if !take(to, catch_up_to, seq, record, || decoded).await {
-                    return None;
+    to.staged = Some(Vec::with_capacity(STAGED.min(held)));
+    let stopped = 'copy: {
+        for (seq, decoded) in copied.submissions {
+            beat();
+            match known(seq).await {
+                Ok(record) => {
+                    if !take(to, catch_up_to, seq, record, || decoded).await {
+                        return None;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(seq, error = %e, "reading the journal failed; reading the submit stream from there");
+                    break 'copy Some(seq);
                 }
             }
-            Err(e) => {
-                tracing::warn!(seq, error = %e, "reading the journal failed; reading the submit stream from there");
-                return Some(seq);
-            }
         }
+        None
+    };
+    if !to.flush().await {
+        return None;
+    }
+    to.staged = None;
+    if stopped.is_some() {
+        return stopped;
     }
     tracing::info!(
         held,
@@ -628,19 +673,27 @@ pub(super) mod tests {
             }
         };
         let next = {
-            let taker = Taker {
+            let mut taker = Taker {
                 subjects: &subjects,
                 guard: &guard,
                 starts: &starts,
                 inputs: &tx,
+                staged: None,
             };
-            take_copied(&taker, &mut Some(last), copied, journal, &|| {})
+            take_copied(&mut taker, &mut Some(last), copied, journal, &|| {})
                 .await
                 .expect("the driver is there")
         };
         drop(tx);
         let mut inputs = Vec::new();
+        let mut received = Vec::new();
         while let Some(input) = rx.recv().await {
+            match input {
+                Input::Batch(batch) => received.extend(batch),
+                input => received.push(input),
+            }
+        }
+        for input in received {
             inputs.push(match input {
                 Input::Submitted { seq, task, .. } => {
                     let payload = task.unwrap().payload().to_vec();

@@ -133,7 +133,7 @@ pub(super) async fn lead(
     // records) before serving workers, who list their attempts once.
     let catch_up_to = (startup.messages > 0).then_some(startup_last);
     if catch_up_to.is_some() {
-        driver.catch_up_first();
+        driver.catch_up_first(usize::try_from(startup.messages).unwrap_or(usize::MAX));
     }
     // Also with no submission left: the warm copy hands over the keys of
     // finished tasks, whose submissions were purged (`consume`).

@@ -67,17 +67,15 @@ pub(super) async fn drive(
         if let Some(input) = input {
             // The right to act is judged before every input: a pause
             // (SIGSTOP, a stalled VM) can fall between any two.
-            if !tenure.check(&mut driver) {
+            if !feed(&mut driver, &tenure, input) {
                 return;
             }
-            handle_guarded(&mut driver, wall_now(), input);
             for _ in 0..1024 {
                 match inputs.try_recv() {
                     Ok(input) => {
-                        if !tenure.check(&mut driver) {
+                        if !feed(&mut driver, &tenure, input) {
                             return;
                         }
-                        handle_guarded(&mut driver, wall_now(), input)
                     }
                     Err(_) => break,
                 }
@@ -184,6 +182,22 @@ fn is_record(output: &Output) -> bool {
             | Output::PersistResults { .. }
             | Output::PersistSchedule { .. }
     )
+}
+
+/// Hands `input` to the driver (each of a batch's, in order), the right
+/// to act judged before each one. False once that right is lost.
+fn feed(driver: &mut Driver, tenure: &Tenure, input: Input) -> bool {
+    let mut one = |input| {
+        if !tenure.check(driver) {
+            return false;
+        }
+        handle_guarded(driver, wall_now(), input);
+        true
+    };
+    match input {
+        Input::Batch(inputs) => inputs.into_iter().all(one),
+        input => one(input),
+    }
 }
 
 /// Hands one input to the driver. A panic (a bug: every input is checked)

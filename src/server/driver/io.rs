@@ -156,6 +156,10 @@ pub(crate) enum Input {
         seq: u64,
         record: TaskRecord,
     },
+    /// Several inputs handed over at once, taken in order as if each came
+    /// alone: a takeover's submissions from a standby's copy, so that
+    /// hundreds of thousands of them cost no channel hop each.
+    Batch(Vec<Input>),
 }
 
 /// Who registered a worker: its credential and that credential's bounds

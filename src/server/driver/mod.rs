@@ -157,6 +157,9 @@ struct LeaseState {
     reattached: bool,
 }
 
+/// The most live tasks [`Driver::catch_up_first`] makes room for ahead.
+const MAX_RESERVED: usize = 1 << 20;
+
 /// The leader's state beside the core.
 pub(crate) struct Driver {
     core: Core,
@@ -649,9 +652,15 @@ impl Driver {
     }
 
     /// Reads back an earlier leadership's state before serving workers:
-    /// until [`Input::CaughtUp`].
-    pub(crate) fn catch_up_first(&mut self) {
+    /// until [`Input::CaughtUp`]. `expected`: how many submissions it may
+    /// read back (the submit stream's messages), room made for them now.
+    pub(crate) fn catch_up_first(&mut self, expected: usize) {
         self.catching_up = true;
+        // Bounded: the stream also holds finished tasks above the purge
+        // floor, which need no room.
+        let room = expected.min(MAX_RESERVED);
+        self.core.make_room(room);
+        self.ledger.reserve(room);
     }
 
     pub(crate) fn handle(&mut self, now: Millis, input: Input) {
@@ -684,6 +693,11 @@ impl Driver {
                 }
             }
             Input::Submitted { seq, pool, task } => self.submitted(now, seq, pool, task),
+            Input::Batch(inputs) => {
+                for input in inputs {
+                    self.handle(now, input);
+                }
+            }
             Input::Unattributed { seq, error } => self.unattributed(seq, error),
             Input::Recovered {
                 seq,

@@ -60,7 +60,7 @@ impl World {
             Millis(self.now),
         );
         if !self.submissions.is_empty() {
-            driver.catch_up_first();
+            driver.catch_up_first(self.submissions.len());
         }
         driver.restore_schedules(self.stored_schedules());
         let mut starts = StartIndex::default();

@@ -433,6 +433,38 @@ fn labeled_and_unlabeled_go_to_their_workers() {
 }
 
 #[test]
+fn a_batch_of_inputs_is_taken_as_each_input_alone_in_order() {
+    let input = |seq: u64, labels: &str| Input::Submitted {
+        seq,
+        pool: PoolName::new("p").unwrap(),
+        task: Ok(Task::new(format!("t{seq}")).pool("p").label_text(labels)),
+    };
+    let run = |batched: bool| {
+        let mut d = driver();
+        d.catch_up_first(3);
+        let inputs = vec![input(1, "gpu=a100"), input(2, "gpu=h100"), input(3, "gpu=a100")];
+        if batched {
+            d.handle(Millis(1), Input::Batch(inputs));
+        } else {
+            for i in inputs {
+                d.handle(Millis(1), i);
+            }
+        }
+        d.handle(Millis(1), Input::CaughtUp);
+        register(&mut d, "a", "gpu=a100", 2);
+        leases(&mut d)
+            .into_iter()
+            .map(|(subject, lease)| (subject, lease.task_id, lease.payload))
+            .collect::<Vec<_>>()
+    };
+    let alone = run(false);
+    assert_eq!(alone.len(), 2, "{alone:?}");
+    assert_eq!(alone[0].1, TaskId(1));
+    assert_eq!(alone[1].1, TaskId(3));
+    assert_eq!(run(true), alone);
+}
+
+#[test]
 fn silent_worker_is_removed_and_its_attempt_retried_elsewhere() {
     let mut d = driver();
     register(&mut d, "a", "gpu=a100", 1);
@@ -661,7 +693,7 @@ fn a_finished_result_names_its_key_and_binds_it_in_a_successor() {
     assert_eq!(keys, vec![(1, Some("k".to_string())), (2, None)]);
 
     let mut b = driver();
-    b.catch_up_first();
+    b.catch_up_first(0);
     let (_, record) = finished[0].clone();
     b.handle(Millis(10), Input::FinishedBefore { seq: 1, record });
     // Out of stream order: how far the stream was read does not move.
@@ -916,7 +948,7 @@ fn every_attempt_change_is_journaled_in_its_turn() {
 #[test]
 fn registrations_wait_until_the_journal_is_read() {
     let mut d = driver();
-    d.catch_up_first();
+    d.catch_up_first(0);
     let (tx, mut rx) = local::<RegisterReply>();
     d.handle(
         Millis(1),
@@ -970,7 +1002,7 @@ fn submissions_read_back_at_takeover_are_not_announced_again() {
             .collect()
     }
     let mut d = driver();
-    d.catch_up_first();
+    d.catch_up_first(0);
     submit(&mut d, 1, 1, "gpu=none");
     submit(&mut d, 1, 2, "gpu=none");
     assert_eq!(events(&mut d), Vec::<String>::new());
@@ -1166,7 +1198,7 @@ fn a_live_tasks_record_is_written_again_before_the_bucket_expires_it() {
             ..settings()
         },
     );
-    d.catch_up_first();
+    d.catch_up_first(0);
     recover(&mut d, 100, journaled(5, 2, "w", false));
     d.handle(Millis(100), Input::CaughtUp);
     let _ = d.take_outputs();
@@ -1195,7 +1227,7 @@ fn a_successor_keeps_the_pace_of_record_rewrites() {
             ..settings()
         },
     );
-    d.catch_up_first();
+    d.catch_up_first(0);
     let mut overdue = journaled(5, 1, "w", true);
     overdue.written_at = Some(Millis(10));
     let mut fresh = journaled(6, 1, "w", false);
@@ -1481,7 +1513,7 @@ fn small_results_of_tasks_without_their_own_record_are_journaled_in_one_batch() 
 #[test]
 fn a_recovered_start_holds_its_slot_until_covered() {
     let mut d = grouping_driver(3_600_000);
-    d.catch_up_first();
+    d.catch_up_first(0);
     let record = journaled(1, 1, "w", true);
     d.handle(
         Millis(0),

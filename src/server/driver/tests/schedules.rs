@@ -151,7 +151,7 @@ fn a_successor_decides_again_only_the_ticks_whose_fire_was_not_stored() {
     assert!(turn(&mut d).1.is_empty());
 
     let mut successor = driver();
-    successor.catch_up_first();
+    successor.catch_up_first(0);
     successor.restore_schedules(vec![written]);
     // Nothing fires while the journal is read.
     successor.housekeeping(Millis(1_400));
@@ -294,7 +294,7 @@ fn refused_schedule_requests_change_nothing() {
     assert_eq!(e.code, ErrorCode::FAILED_PRECONDITION);
     // While the journal is read: UNAVAILABLE.
     let mut reading = driver();
-    reading.catch_up_first();
+    reading.catch_up_first(0);
     let e = ask(&mut reading, 0, create()).unwrap_err();
     assert_eq!(e.code, ErrorCode::UNAVAILABLE);
     assert!(turn(&mut reading).1.is_empty());
