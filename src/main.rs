@@ -5,6 +5,17 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// jemalloc, not the system allocator: a server's work is many small
+/// allocations freed on another thread than made them (a submission
+/// decoded by one task, admitted and dropped by the driver). With glibc's
+/// allocator a takeover that admits 200,000 waiting tasks spent half its
+/// time in `malloc`/`free` and took about 280 ms; with jemalloc about
+/// 125 ms (docs/benchmarks.md). The library (embedded, Python) leaves the
+/// choice to whoever links it.
+#[cfg(all(unix, feature = "jemalloc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = cronoq::cli::Cli::parse();
     // Long-running commands log what they do; one-shot client commands

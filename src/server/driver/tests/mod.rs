@@ -442,7 +442,11 @@ fn a_batch_of_inputs_is_taken_as_each_input_alone_in_order() {
     let run = |batched: bool| {
         let mut d = driver();
         d.catch_up_first(3);
-        let inputs = vec![input(1, "gpu=a100"), input(2, "gpu=h100"), input(3, "gpu=a100")];
+        let inputs = vec![
+            input(1, "gpu=a100"),
+            input(2, "gpu=h100"),
+            input(3, "gpu=a100"),
+        ];
         if batched {
             d.handle(Millis(1), Input::Batch(inputs));
         } else {
