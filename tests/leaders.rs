@@ -9,6 +9,7 @@
 mod procs;
 
 use cronoq::core::{TaskId, TaskState};
+use cronoq::Task;
 use procs::{
     describe, eventually, hold, http_get, leader_seen_by, taken_over_by, Cluster, CronoqServer,
 };
@@ -572,6 +573,60 @@ async fn a_takeover_takes_submissions_from_the_standbys_copy() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{taken}"));
     assert!(held_n > waiting.len(), "{taken}");
+    drop(second);
+}
+
+/// Issue 22 (warm standbys): a standby is ready (`/readyz` 200) only once
+/// its copies of the submit stream and the journal have caught up, so a
+/// rolling restart that waits for readiness before stopping the next
+/// server leaves a standby that takes over from memory. One started after
+/// 1,000 waiting submissions logs "standby warm" with all of them before
+/// `start_follower` sees it ready, and a kill -9 of the leader right then
+/// is taken over from its copies, whole.
+#[tokio::test]
+async fn a_standby_is_ready_only_once_its_copies_caught_up() {
+    let mut c = Cluster::start(&[("cpu", "", 2)]).await;
+    let n = 1_000;
+    let submits = (0..n).map(|i| {
+        let client = c.client.clone();
+        async move {
+            client
+                .submit(Task::new(format!("waits-{i}")).label("gpu", "none"))
+                .await
+                .expect("submitted")
+        }
+    });
+    let ids = futures_util::future::join_all(submits).await;
+    c.task_until(ids[n - 1], "queued", |s| s.state == TaskState::Queued)
+        .await;
+    let mut second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
+    let log = strip_ansi(&second.log_tail(20_000));
+    let warm = log
+        .lines()
+        .find(|l| l.contains("standby warm"))
+        .unwrap_or_else(|| panic!("ready before it was warm:\n{log}"));
+    let copied: usize = warm
+        .split("submissions=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{warm}"));
+    assert!(copied >= n, "{warm}");
+
+    c.server.kill9();
+    taken_over_by(&second).await;
+    std::mem::swap(&mut c.server, &mut second);
+    let log = strip_ansi(&c.server.log_tail(20_000));
+    assert!(
+        log.contains("reading the journal from the warm copy"),
+        "{log}"
+    );
+    let taking = log
+        .lines()
+        .find(|l| l.contains("taking submissions from the standby's copy"))
+        .unwrap_or_else(|| panic!("no takeover from the copy:\n{log}"));
+    assert!(taking.contains("whole=true"), "{taking}");
+    assert_eq!(c.status(ids[0]).await.state, TaskState::Queued);
     drop(second);
 }
 

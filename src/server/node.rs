@@ -23,6 +23,10 @@ pub(super) struct NodeInner {
     /// The JetStream streams cronoq needs that are missing (looked at every
     /// couple of seconds by [`watch_assets`]); `None`: all there.
     pub(super) missing: Arc<std::sync::RwLock<Option<String>>>,
+    /// A standby's copies of the submit stream and the journal have caught
+    /// up since it last stood by ([`watch_standby`]); always true with
+    /// `warm_standby = false`.
+    pub(super) standby_warm: Arc<AtomicBool>,
 }
 
 impl NodeApi {
@@ -74,7 +78,22 @@ impl NodeApi {
                 ready: false,
                 detail: "not connected to NATS".into(),
             },
-            (true, Some(seen)) => follower_health(&seen, self.inner.election_timeout),
+            (true, Some(seen)) => {
+                let health = follower_health(&seen, self.inner.election_timeout);
+                if health.ready && !self.inner.standby_warm.load(Ordering::Relaxed) {
+                    // Not ready until it could take over quickly: a rolling
+                    // restart that waits for readiness never leaves only
+                    // a standby still copying what the leader holds.
+                    return Health {
+                        live: true,
+                        ready: false,
+                        detail: "standing by: its copies of the submit stream and the journal are \
+                                 catching up"
+                            .into(),
+                    };
+                }
+                health
+            }
             (true, None) => Health {
                 live: true,
                 ready: false,
@@ -117,6 +136,83 @@ pub(super) fn follower_health(seen: &election::Seen, election_timeout: Duration)
         live: true,
         ready: true,
         detail: format!("follower of {} (epoch {})", record.id, o.epoch()),
+    }
+}
+
+/// How many messages of `stream` a copy that has seen up to sequence
+/// `seen` still lacks: none when the stream is empty (a journal whose
+/// newest entry aged out has nothing left to copy), and none below its
+/// first sequence (purged).
+pub(super) fn copy_behind(stream: &stream::State, seen: u64) -> u64 {
+    behind(
+        stream.messages,
+        stream.first_sequence,
+        stream.last_sequence,
+        seen,
+    )
+}
+
+/// [`copy_behind`] of a stream holding `messages` from `first` to `last`.
+fn behind(messages: u64, first: u64, last: u64, seen: u64) -> u64 {
+    match messages {
+        0 => 0,
+        _ => last.saturating_sub(seen.max(first.saturating_sub(1))),
+    }
+}
+
+/// Every half second while this process stands by, whether its copies
+/// ([`warm::follow`], [`warm_submits::follow`]) have caught up with the
+/// submit stream and the journal; `warm` is set once they have (and
+/// logged), and cleared while this process leads (they start over when it
+/// stands by again). A follower is ready only once warm (`/readyz`).
+pub(super) async fn watch_standby(
+    js: jetstream::Context,
+    submit_stream: stream::Stream,
+    journal_stream: String,
+    copies: (warm::WarmJournal, warm_submits::WarmSubmissions),
+    mut leading: watch::Receiver<bool>,
+    warm: Arc<AtomicBool>,
+) {
+    let (journal, submissions) = copies;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut since = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                warm.store(false, Ordering::Relaxed);
+                since = std::time::Instant::now();
+                continue;
+            }
+        }
+        if *leading.borrow() || warm.load(Ordering::Relaxed) {
+            continue;
+        }
+        let mut submit = submit_stream.clone();
+        let (Ok(submit), Ok(mut journal_info)) =
+            (submit.info().await, js.get_stream(&journal_stream).await)
+        else {
+            continue;
+        };
+        let Ok(journal_info) = journal_info.info().await else {
+            continue;
+        };
+        let behind = copy_behind(&submit.state, submissions.seen())
+            + copy_behind(&journal_info.state, journal.seen());
+        if behind == 0 && !*leading.borrow() {
+            let (live, finished, _) = journal.len();
+            tracing::info!(
+                elapsed_ms = since.elapsed().as_millis() as u64,
+                submissions = submit.state.messages,
+                live,
+                finished,
+                "standby warm: its copies of the submit stream and the journal caught up"
+            );
+            warm.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -256,3 +352,22 @@ macro_rules! to_leader {
     };
 }
 use to_leader;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_is_behind_by_the_messages_it_has_not_seen_and_no_others() {
+        // Seen up to 60 of 40..=100: 40 behind.
+        assert_eq!(behind(61, 40, 100, 60), 40);
+        assert_eq!(behind(61, 40, 100, 100), 0);
+        // A copy that starts from scratch waits for what the stream still
+        // holds, not for what was purged below its first sequence.
+        assert_eq!(behind(61, 40, 100, 0), 61);
+        // An empty stream (everything purged, or a journal whose newest
+        // entry aged out): nothing to wait for, whatever was seen.
+        assert_eq!(behind(0, 101, 100, 0), 0);
+        assert_eq!(behind(0, 0, 0, 0), 0);
+    }
+}

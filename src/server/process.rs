@@ -239,6 +239,7 @@ pub async fn serve(
             seen: seen_rx,
             election_timeout: s.election_timeout,
             missing: Arc::default(),
+            standby_warm: Arc::new(AtomicBool::new(!config.server.warm_standby)),
         }),
     };
 
@@ -338,6 +339,16 @@ pub async fn serve(
             warm_paused_rx,
         ))
     });
+    let standby = base.config.server.warm_standby.then(|| {
+        tokio::spawn(watch_standby(
+            base.js.clone(),
+            base.submit_stream.clone(),
+            format!("KV_{}", base.subjects.results_bucket()),
+            (base.warm.clone(), base.submissions.clone()),
+            base.warm_paused.subscribe(),
+            node.inner.standby_warm.clone(),
+        ))
+    });
     loop {
         tracing::info!("standing by");
         let (epoch, sent) = tokio::select! {
@@ -378,7 +389,10 @@ pub async fn serve(
         base.warm_paused.send_replace(false);
         election.fence.store(0, Ordering::SeqCst);
     }
-    for follower in [follower, submissions_follower].into_iter().flatten() {
+    for follower in [follower, submissions_follower, standby]
+        .into_iter()
+        .flatten()
+    {
         follower.abort();
     }
     assets.abort();
