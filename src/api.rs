@@ -38,7 +38,9 @@ pub type ApiFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ApiError>> + S
 pub struct Health {
     /// The process works.
     pub live: bool,
-    /// Connected, and leader or following a known leader.
+    /// Connected, and leader or following a known leader (a server's
+    /// follower also once its copies of the submit stream and the journal
+    /// have caught up: it could take over from memory).
     pub ready: bool,
     /// Why not ready, or what it is.
     pub detail: String,
