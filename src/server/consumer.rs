@@ -186,7 +186,20 @@ pub(super) async fn consume(
     };
     let mut next_seq = 1u64;
     if let Some(copied) = copied {
-        match take_copied(&mut taker, &mut catch_up_to, copied, journaled, &beat).await {
+        let taking = take_copied(&mut taker, &mut catch_up_to, copied, journaled, &beat);
+        // Handing over a large copy is CPU work of its own while the driver
+        // admits what it was handed: on a multi-threaded runtime it keeps
+        // this worker thread (the driver's task moves to another) instead
+        // of sharing one with the driver, which tokio's scheduler tends to
+        // wake on the thread that sent to it.
+        let handle = tokio::runtime::Handle::current();
+        let taken = match handle.runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| handle.block_on(taking))
+            }
+            _ => taking.await,
+        };
+        match taken {
             Some(next) => next_seq = next,
             None => return,
         }

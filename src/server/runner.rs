@@ -184,20 +184,25 @@ fn is_record(output: &Output) -> bool {
     )
 }
 
-/// Hands `input` to the driver (each of a batch's, in order), the right
-/// to act judged before each one. False once that right is lost.
+/// Hands `input` to the driver, the right to act judged first; a batch's
+/// inputs in order, judged and stamped once for the batch (handed over at
+/// one moment, they only fill the driver's memory: what the driver sends
+/// is judged again before the turn's outputs go out). False once that
+/// right is lost.
 fn feed(driver: &mut Driver, tenure: &Tenure, input: Input) -> bool {
-    let mut one = |input| {
-        if !tenure.check(driver) {
-            return false;
-        }
-        handle_guarded(driver, wall_now(), input);
-        true
-    };
-    match input {
-        Input::Batch(inputs) => inputs.into_iter().all(one),
-        input => one(input),
+    if !tenure.check(driver) {
+        return false;
     }
+    let now = wall_now();
+    match input {
+        Input::Batch(inputs) => {
+            for input in inputs {
+                handle_guarded(driver, now, input);
+            }
+        }
+        input => handle_guarded(driver, now, input),
+    }
+    true
 }
 
 /// Hands one input to the driver. A panic (a bug: every input is checked)
