@@ -44,7 +44,7 @@ impl Core {
                             group.labels, set.labels
                         ));
                     }
-                    let indexed = set.free_groups.iter().any(|&(_, _, _, x)| x == gi);
+                    let indexed = set.free_groups.iter().any(|k| k.group() == gi);
                     if indexed != (matches && group.free() > 0) {
                         return Err(format!(
                             "free index wrong for group {} / reqset {}",

@@ -29,7 +29,6 @@
 //! group's place among equally preferred groups is its creation number
 //! (`Group::created`), not its (reused) index.
 
-use std::cmp::Reverse;
 use std::collections::{BTreeSet, VecDeque};
 
 use rustc_hash::FxHashMap;
@@ -54,8 +53,30 @@ pub struct GroupId(pub u32);
 
 /// Preference order among free groups (SPEC §2 rule 2): fewest labels, then
 /// most free slots, then the group that appeared first (its creation
-/// number), then its index.
-pub(crate) type FreeKey = (u32, Reverse<u32>, u32, u32);
+/// number), then its index — packed into one integer, high field first, so
+/// that the order is one 128-bit comparison (each attempt moves its group
+/// in every reqset the group serves, twice: a tuple of four fields compared
+/// field by field was 8 % of the embedded bench).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct FreeKey(u128);
+
+impl FreeKey {
+    pub(crate) fn new(labels: u32, free: u32, created: u32, group: u32) -> FreeKey {
+        // More free slots first: the complement ascends as `free` descends.
+        let fewer_free_first = u32::MAX - free;
+        FreeKey(
+            u128::from(labels) << 96
+                | u128::from(fewer_free_first) << 64
+                | u128::from(created) << 32
+                | u128::from(group),
+        )
+    }
+
+    /// The group's index.
+    pub(crate) fn group(&self) -> u32 {
+        self.0 as u32
+    }
+}
 
 /// What a freed slot reads of its group, in one cache line: a group with
 /// up to three labels lists its reqsets inline. Its interned label pairs,
@@ -82,12 +103,7 @@ impl Group {
     }
 
     fn free_key(&self, id: u32) -> FreeKey {
-        (
-            self.labels.len() as u32,
-            Reverse(self.free()),
-            self.created,
-            id,
-        )
+        FreeKey::new(self.labels.len() as u32, self.free(), self.created, id)
     }
 
     fn vacant() -> Group {
@@ -580,6 +596,20 @@ mod tests {
         assert!(!is_subset(&[1], &[]));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn a_free_key_orders_as_fewest_labels_most_free_first_created_index(
+            a in proptest::array::uniform4(proptest::prelude::any::<u32>()),
+            b in proptest::array::uniform4(proptest::prelude::any::<u32>()),
+        ) {
+            use std::cmp::Reverse;
+            let tuple = |k: [u32; 4]| (k[0], Reverse(k[1]), k[2], k[3]);
+            let packed = |k: [u32; 4]| FreeKey::new(k[0], k[1], k[2], k[3]);
+            proptest::prop_assert_eq!(packed(a).cmp(&packed(b)), tuple(a).cmp(&tuple(b)));
+            proptest::prop_assert_eq!(packed(a).group(), a[3]);
+        }
+    }
+
     #[test]
     fn free_groups_keep_the_order_of_a_btree_through_moves_and_growth() {
         // A fixed pseudo-random walk of inserts, removes and moves over up
@@ -593,7 +623,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) % n
         };
-        let key = |g: u64, f: u64| (0, Reverse(f as u32), g as u32, g as u32);
+        let key = |g: u64, f: u64| FreeKey::new(0, f as u32, g as u32, g as u32);
         let mut slots = [0u64; 100];
         for _ in 0..20_000 {
             let g = next(100) as usize;

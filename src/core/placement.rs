@@ -15,7 +15,7 @@
 //! estimated run time that ends before the earliest due `start_at`
 //! (backfill).
 
-use super::groups::{is_subset, GroupId};
+use super::groups::{is_subset, FreeKey, GroupId};
 use super::queue::QueueKey;
 use super::Core;
 
@@ -68,7 +68,7 @@ impl Core {
         self.groups.reqsets[r as usize]
             .free_groups
             .first()
-            .map(|&(_, _, _, g)| g)
+            .map(FreeKey::group)
     }
 
     /// The waiter that a free slot of group `g` goes to, counting `extra`

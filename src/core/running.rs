@@ -4,6 +4,7 @@
 //! `impl Core`, split from `mod.rs` by concern; `waiting.rs` holds the
 //! way to a slot.
 
+use super::groups::FreeKey;
 use super::timers::TimerKind;
 use super::{
     Action, AttemptOutcome, Core, GroupId, Millis, Phase, RevokeReason, TaskId, TaskState, Tidy,
@@ -141,7 +142,7 @@ impl Core {
         let free: Vec<u32> = self.groups.reqsets[all as usize]
             .free_groups
             .iter()
-            .map(|&(_, _, _, g)| g)
+            .map(FreeKey::group)
             .collect();
         for g in free {
             self.fill_group(g, out);
