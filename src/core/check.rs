@@ -171,12 +171,20 @@ impl Core {
             .reqsets
             .iter()
             .enumerate()
-            .filter(|(r, s)| s.kept_idle && g.idle_reqsets.contains(&(*r as u32)))
+            .filter(|(r, s)| s.kept_idle && g.idle_reqsets.iter().any(|&(x, _)| x == *r as u32))
             .count();
-        if kept != listed || g.idle_reqsets.len() > super::groups::MAX_IDLE_REQSETS {
+        let entries: usize = g.idle_reqsets.iter().map(|&(_, n)| n as usize).sum();
+        let (max_kept, max_entries) = g.idle_bounds();
+        if kept != listed
+            || g.idle_reqsets.len() > max_kept
+            || entries != g.idle_entries
+            || entries > max_entries
+        {
             return Err(format!(
-                "{kept} reqsets kept idle, {listed} of them listed, {} in the idle list",
-                g.idle_reqsets.len()
+                "{kept} reqsets kept idle, {listed} of them listed, {} in the idle list \
+                 holding {entries} group entries (counted {})",
+                g.idle_reqsets.len(),
+                g.idle_entries
             ));
         }
         if g.pool_count() != g.live_pools().count() {

@@ -22,9 +22,13 @@
 //! was never configured and has neither groups nor live tasks are
 //! *forgotten* ([`Groups::forget_group`], [`Groups::forget_reqset`],
 //! [`Groups::forget_pool`]); their slots go on free lists and are reused.
-//! Idle reqsets are forgotten lazily: the last [`MAX_IDLE_REQSETS`] to
-//! become idle are kept ([`Groups::idle_reqsets`]), so a label set used by
-//! one task after another is not rebuilt for each.
+//! Idle reqsets are forgotten lazily: those that became idle last are kept
+//! ([`Groups::idle_reqsets`]), up to [`MAX_IDLE_REQSETS`] of them and
+//! [`IDLE_INDEX_BUDGET`] group entries in their indexes, so a label set
+//! used by one task after another is not rebuilt for each (a rebuild reads
+//! every group of the pool: 27 µs per submit with 10,000 groups, when the
+//! bound was 256 reqsets and `cargo bench --bench core_placement` cycles
+//! through 1,000).
 //! Label pairs are interned per pool, so they leave with their pool. A
 //! group's place among equally preferred groups is its creation number
 //! (`Group::created`), not its (reused) index.
@@ -42,7 +46,12 @@ use super::spec::PoolConfig;
 /// is forgotten: a label set that comes back (one task at a time, each
 /// finishing before the next arrives) finds its reqset and its index
 /// entries instead of rebuilding them per task.
-pub(crate) const MAX_IDLE_REQSETS: usize = 256;
+pub(crate) const MAX_IDLE_REQSETS: usize = 4_096;
+
+/// The most group entries the indexes of idle reqsets may hold together
+/// (each up to 20 bytes: its place in `ReqSet::groups` and in
+/// `free_groups`): about 20 MB at most, whatever label sets went by.
+pub(crate) const IDLE_INDEX_BUDGET: usize = 1 << 20;
 
 /// A group's handle, unique across pools of one core.
 #[derive(
@@ -334,11 +343,17 @@ pub(crate) struct Groups {
     /// Interned label pairs of each group, sorted: for fast subset tests.
     pub group_pairs: Vec<Box<[u32]>>,
     pub reqsets: Vec<ReqSet>,
-    /// Reqsets that lost their last live task, oldest first, kept for the
-    /// next task that requires the same labels (at most
-    /// [`MAX_IDLE_REQSETS`]; entries of reqsets used again or forgotten
-    /// since are skipped when they come out).
-    pub idle_reqsets: VecDeque<u32>,
+    /// Reqsets that lost their last live task, oldest first, each with the
+    /// group entries its index held then, kept for the next task that
+    /// requires the same labels (at most [`MAX_IDLE_REQSETS`] and
+    /// [`IDLE_INDEX_BUDGET`] entries; entries of reqsets used again or
+    /// forgotten since are skipped when they come out).
+    pub idle_reqsets: VecDeque<(u32, u32)>,
+    /// The sum of the entries counted in `idle_reqsets`.
+    pub idle_entries: usize,
+    /// Bounds other than ([`MAX_IDLE_REQSETS`], [`IDLE_INDEX_BUDGET`]):
+    /// smaller ones let a test reach them cheaply.
+    pub idle_bounds_set: Option<(usize, usize)>,
     vacant_pools: Vec<u32>,
     vacant_groups: Vec<u32>,
     vacant_reqsets: Vec<u32>,
@@ -363,6 +378,13 @@ pub(crate) fn is_subset(needle: &[u32], hay: &[u32]) -> bool {
 }
 
 impl Groups {
+    /// How many idle reqsets are kept, and how many group entries their
+    /// indexes may hold together.
+    pub(crate) fn idle_bounds(&self) -> (usize, usize) {
+        self.idle_bounds_set
+            .unwrap_or((MAX_IDLE_REQSETS, IDLE_INDEX_BUDGET))
+    }
+
     fn intern(&mut self, p: u32, labels: &Labels) -> Vec<u32> {
         let ids = &mut self.pools[p as usize].pair_ids;
         let mut pairs: Vec<u32> = labels
@@ -608,6 +630,67 @@ mod tests {
             proptest::prop_assert_eq!(packed(a).cmp(&packed(b)), tuple(a).cmp(&tuple(b)));
             proptest::prop_assert_eq!(packed(a).group(), a[3]);
         }
+    }
+
+    /// Label sets used one task at a time, each task finished before the
+    /// next: idle reqsets are kept up to the index budget, the oldest
+    /// forgotten past it, and the accounting stays exact.
+    #[test]
+    fn idle_reqsets_are_kept_up_to_their_index_budget() {
+        use crate::core::{AttemptOutcome, Core, Event, Millis, TaskId, TaskSpec};
+        let pool = PoolName::new("p").unwrap();
+        let common: Vec<(String, String)> = (0..10)
+            .map(|i| (format!("c{i}"), "1".to_string()))
+            .collect();
+        // 100 groups carrying the ten common labels: each non-empty subset
+        // of them is a label set matching every group (100 entries), with
+        // room for 20,000 entries (the real budget is 1,048,576).
+        const GROUPS: usize = 100;
+        const BUDGET: usize = 20_000;
+        let mut core = Core::new();
+        core.groups.idle_bounds_set = Some((MAX_IDLE_REQSETS, BUDGET));
+        for g in 0..GROUPS {
+            let mut pairs = common.clone();
+            pairs.push(("id".to_string(), g.to_string()));
+            core.handle(
+                Millis(0),
+                Event::CapacitySet {
+                    pool: pool.clone(),
+                    labels: Labels::from_iter(pairs),
+                    slots: 1,
+                },
+            )
+            .unwrap();
+        }
+        let kept_at_most = BUDGET / GROUPS;
+        for n in 1..=(kept_at_most + 40) as u64 {
+            let subset = common
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| n & (1 << i) != 0)
+                .map(|(_, p)| p.clone());
+            let mut spec = TaskSpec::new(TaskId(n), pool.clone());
+            spec.required = Labels::from_iter(subset);
+            let started = core.handle(Millis(0), Event::Submitted(spec)).unwrap();
+            assert!(!started.is_empty(), "task {n} starts at once");
+            core.handle(
+                Millis(0),
+                Event::AttemptEnded {
+                    task: TaskId(n),
+                    attempt: 1,
+                    outcome: AttemptOutcome::Succeeded,
+                },
+            )
+            .unwrap();
+        }
+        let g = &core.groups;
+        assert!(g.idle_entries <= BUDGET, "{}", g.idle_entries);
+        let kept = g.reqsets.iter().filter(|s| s.kept_idle).count();
+        assert_eq!(kept, kept_at_most, "the budget holds this many");
+        // The newest kept, the oldest forgotten.
+        let newest = g.idle_reqsets.back().unwrap().0;
+        assert!(g.reqsets[newest as usize].kept_idle);
+        core.check_invariants().unwrap();
     }
 
     #[test]

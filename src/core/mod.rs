@@ -516,13 +516,19 @@ impl Core {
                         && self.groups.pools[set.pool as usize].reqsets[0] != r
                     {
                         // Kept for the next task with these labels; the
-                        // oldest idle one beyond the bound is forgotten.
+                        // oldest idle ones beyond the bounds are forgotten.
+                        let entries = set.groups.len().min(u32::MAX as usize) as u32;
                         self.groups.reqsets[r as usize].kept_idle = true;
-                        self.groups.idle_reqsets.push_back(r);
-                        while self.groups.idle_reqsets.len() > groups::MAX_IDLE_REQSETS {
-                            let Some(old) = self.groups.idle_reqsets.pop_front() else {
+                        self.groups.idle_reqsets.push_back((r, entries));
+                        self.groups.idle_entries += entries as usize;
+                        let (max_kept, max_entries) = self.groups.idle_bounds();
+                        while self.groups.idle_reqsets.len() > max_kept
+                            || self.groups.idle_entries > max_entries
+                        {
+                            let Some((old, entries)) = self.groups.idle_reqsets.pop_front() else {
                                 break;
                             };
+                            self.groups.idle_entries -= entries as usize;
                             let set = &mut self.groups.reqsets[old as usize];
                             if !set.kept_idle {
                                 continue; // forgotten with its pool since
