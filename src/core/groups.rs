@@ -632,67 +632,6 @@ mod tests {
         }
     }
 
-    /// Label sets used one task at a time, each task finished before the
-    /// next: idle reqsets are kept up to the index budget, the oldest
-    /// forgotten past it, and the accounting stays exact.
-    #[test]
-    fn idle_reqsets_are_kept_up_to_their_index_budget() {
-        use crate::core::{AttemptOutcome, Core, Event, Millis, TaskId, TaskSpec};
-        let pool = PoolName::new("p").unwrap();
-        let common: Vec<(String, String)> = (0..10)
-            .map(|i| (format!("c{i}"), "1".to_string()))
-            .collect();
-        // 100 groups carrying the ten common labels: each non-empty subset
-        // of them is a label set matching every group (100 entries), with
-        // room for 20,000 entries (the real budget is 1,048,576).
-        const GROUPS: usize = 100;
-        const BUDGET: usize = 20_000;
-        let mut core = Core::new();
-        core.groups.idle_bounds_set = Some((MAX_IDLE_REQSETS, BUDGET));
-        for g in 0..GROUPS {
-            let mut pairs = common.clone();
-            pairs.push(("id".to_string(), g.to_string()));
-            core.handle(
-                Millis(0),
-                Event::CapacitySet {
-                    pool: pool.clone(),
-                    labels: Labels::from_iter(pairs),
-                    slots: 1,
-                },
-            )
-            .unwrap();
-        }
-        let kept_at_most = BUDGET / GROUPS;
-        for n in 1..=(kept_at_most + 40) as u64 {
-            let subset = common
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| n & (1 << i) != 0)
-                .map(|(_, p)| p.clone());
-            let mut spec = TaskSpec::new(TaskId(n), pool.clone());
-            spec.required = Labels::from_iter(subset);
-            let started = core.handle(Millis(0), Event::Submitted(spec)).unwrap();
-            assert!(!started.is_empty(), "task {n} starts at once");
-            core.handle(
-                Millis(0),
-                Event::AttemptEnded {
-                    task: TaskId(n),
-                    attempt: 1,
-                    outcome: AttemptOutcome::Succeeded,
-                },
-            )
-            .unwrap();
-        }
-        let g = &core.groups;
-        assert!(g.idle_entries <= BUDGET, "{}", g.idle_entries);
-        let kept = g.reqsets.iter().filter(|s| s.kept_idle).count();
-        assert_eq!(kept, kept_at_most, "the budget holds this many");
-        // The newest kept, the oldest forgotten.
-        let newest = g.idle_reqsets.back().unwrap().0;
-        assert!(g.reqsets[newest as usize].kept_idle);
-        core.check_invariants().unwrap();
-    }
-
     #[test]
     fn free_groups_keep_the_order_of_a_btree_through_moves_and_growth() {
         // A fixed pseudo-random walk of inserts, removes and moves over up
