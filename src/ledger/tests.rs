@@ -402,3 +402,50 @@ fn the_compact_outcome_gives_back_what_finished() {
     assert_eq!(got.attempts.len(), 1);
     assert_eq!(l.retained_key(TaskId(99)), None);
 }
+
+mod entries_window {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    proptest! {
+        /// Live entries answer like a map of id → entry however ids
+        /// arrive (rising, or below the window) and finish.
+        #[test]
+        fn entries_answer_like_an_ordered_map(ops in proptest::collection::vec((0u8..10, 0u64..1_000), 1..600)) {
+            let mut entries: Entries<u64> = Entries::default();
+            let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+            let mut next = 1_000u64;
+            for (op, n) in ops {
+                match op {
+                    // A new id from the counter, sometimes after a gap.
+                    0..=4 => {
+                        next += 1 + n % 3;
+                        entries.insert(TaskId(next), next * 10);
+                        model.insert(next, next * 10);
+                    }
+                    // An old id (below or inside the window) not held.
+                    5 => {
+                        let id = n + 1;
+                        if let std::collections::btree_map::Entry::Vacant(e) = model.entry(id) {
+                            e.insert(id * 10);
+                            entries.insert(TaskId(id), id * 10);
+                        }
+                    }
+                    // Finish one: mostly an old one.
+                    _ => {
+                        let held: Vec<u64> = model.keys().copied().collect();
+                        if !held.is_empty() {
+                            let id = held[(n as usize * n as usize) % held.len()];
+                            prop_assert_eq!(entries.remove(TaskId(id)), model.remove(&id));
+                        }
+                    }
+                }
+                for (&id, &v) in &model {
+                    prop_assert_eq!(entries.get(TaskId(id)), Some(&v));
+                }
+                prop_assert_eq!(entries.get(TaskId(next + 1)), None);
+            }
+        }
+    }
+}

@@ -44,6 +44,7 @@ use crate::wire::{
     StartRecords, Subjects, TaskRecord, WireError, PROTOCOL_VERSION,
 };
 
+mod floor;
 mod io;
 mod schedules;
 mod slots;
@@ -211,7 +212,7 @@ pub(crate) struct Driver {
     deferred: Vec<(Register, Registrant, Responder)>,
     /// Submit-stream sequences of unfinished tasks, and the next sequence
     /// not yet seen: together they bound what may be purged.
-    live_seqs: BTreeSet<u64>,
+    live_seqs: floor::LiveSeqs,
     next_unseen: u64,
     out: Vec<Output>,
     /// This leadership's right to act lapsed ([`Driver::step_down`]).
@@ -271,7 +272,7 @@ impl Driver {
             reattach_until,
             catching_up: false,
             deferred: Vec::new(),
-            live_seqs: BTreeSet::new(),
+            live_seqs: floor::LiveSeqs::default(),
             next_unseen: 1,
             out: Vec::new(),
             deposed: false,
@@ -510,10 +511,10 @@ impl Driver {
     /// Every submission below this stream sequence belongs to a finished
     /// task or a discarded duplicate: once their results are stored, the
     /// stream may purge them.
-    pub(crate) fn purge_floor(&self) -> u64 {
+    pub(crate) fn purge_floor(&mut self) -> u64 {
+        let ledger = &self.ledger;
         self.live_seqs
-            .first()
-            .copied()
+            .first(|seq| ledger.is_live(TaskId(seq)))
             .unwrap_or(self.next_unseen)
             .min(self.next_unseen)
     }

@@ -63,7 +63,7 @@ impl Driver {
         }
         let live = self.ledger.is_live(id);
         if live {
-            self.live_seqs.insert(seq);
+            self.insert_live(seq);
         }
         tracing::debug!(task_id = %id, "task accepted");
         // A submission read back at takeover was announced by the leader
@@ -139,7 +139,7 @@ impl Driver {
         let kept = open.then(|| record.clone());
         self.journaled_as_read(id, record.attempts.len(), open, start_slot.filter(|_| open));
         self.ledger.restore(id, record.attempts, record.error);
-        self.live_seqs.insert(seq);
+        self.insert_live(seq);
         self.schedule_refresh(id, due);
         tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
         if open {
@@ -225,6 +225,12 @@ impl Driver {
             .restore_finished(&outcome, record.key.as_deref());
     }
 
+    /// `seq`'s task is live: it holds the purge floor until it ends.
+    fn insert_live(&mut self, seq: u64) {
+        let ledger = &self.ledger;
+        self.live_seqs.insert(seq, |s| ledger.is_live(TaskId(s)));
+    }
+
     /// A recovered task waits for attempt `attempts + 1`.
     pub(super) fn resume_waiting(
         &mut self,
@@ -240,7 +246,6 @@ impl Driver {
         };
         if let Err(e) = self.apply(now, event) {
             self.ledger.unaccept(id);
-            self.live_seqs.remove(&id.0);
             self.refuse_submission(now, id, pool, e.into());
         }
     }
@@ -558,7 +563,6 @@ impl Driver {
                 let Some(done) = self.ledger.finish(task, pool, state, deadline_missed, now) else {
                     return;
                 };
-                self.live_seqs.remove(&task.0);
                 tracing::info!(task_id = %task, state = %state, attempts = done.outcome.attempts.len(), "task finished");
                 self.record_finished(now, done.outcome, None);
             }
