@@ -1995,3 +1995,94 @@ fn an_event_subject_is_the_one_subjects_builds() {
         }
     }
 }
+
+/// A takeover's read-back taken in earlier, with the catch-up and the
+/// first timers at the takeover, leads as one read at the takeover: the
+/// same refusals and records, the same attempts re-attached, the same
+/// leases to the first worker, the same queues. (What a standby that
+/// admits its copies ahead of its election would rely on; only
+/// timestamps of what the catch-up itself writes may differ.)
+#[test]
+fn a_read_back_taken_in_earlier_leads_as_one_taken_at_the_takeover() {
+    use std::time::{Duration, UNIX_EPOCH};
+    let pool = || PoolName::new("p").unwrap();
+    let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    let written = |mut r: TaskRecord| {
+        r.written_at = Some(Millis(1_000));
+        r
+    };
+    let inputs = || {
+        let submitted = |seq, task: Task| Input::Submitted {
+            seq,
+            pool: pool(),
+            task: Ok(task),
+        };
+        vec![
+            submitted(1, Task::new("a").pool("p")),
+            submitted(2, Task::new("b").pool("p").priority(5)),
+            submitted(3, Task::new("c").pool("p").label_text("gpu=a")),
+            // Refused: recorded failed and dead-lettered.
+            submitted(4, Task::new("d").pool("p").label_text("not a label")),
+            // Its deadline passes between the two read times.
+            submitted(5, Task::new("e").pool("p").deadline(at(5_000))),
+            // Its fixed start comes between them.
+            submitted(
+                6,
+                Task::new("f")
+                    .pool("p")
+                    .start_at(at(6_000), Duration::from_secs(60)),
+            ),
+            submitted(7, Task::new("g").pool("p").idempotency_key("k")),
+            // A duplicate of 7's key.
+            submitted(8, Task::new("h").pool("p").idempotency_key("k")),
+            // Running on w1 under the earlier leader: re-attached.
+            Input::Recovered {
+                seq: 9,
+                pool: pool(),
+                task: Ok(Task::new("i").pool("p")),
+                record: written(journaled(9, 1, "w1", true)),
+                start_slot: None,
+            },
+            // Its first attempt was lost: it waits for the second.
+            Input::Recovered {
+                seq: 10,
+                pool: pool(),
+                task: Ok(Task::new("j").pool("p")),
+                record: written(journaled(10, 1, "w9", false)),
+                start_slot: None,
+            },
+        ]
+    };
+    let takeover = 10_000;
+    let lead = |read_at: u64| {
+        let mut d = driver();
+        d.catch_up_first(16);
+        for input in inputs() {
+            d.handle(Millis(read_at), input);
+        }
+        d.handle(Millis(takeover), Input::CaughtUp);
+        d.housekeeping(Millis(takeover));
+        let reply = register_running(&mut d, takeover, "w1", 3, &[(9, 1)]);
+        d.housekeeping(Millis(takeover + 1));
+        let outputs: Vec<String> = d
+            .take_outputs()
+            .iter()
+            .map(|o| match o {
+                // Events carry times; their subjects say which task.
+                Output::Publish { subject, .. } => format!("Publish({subject})"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        let tasks: Vec<String> = (1..=10)
+            .map(|id| {
+                let status = d.status(TaskId(id));
+                format!("{:?}", status.map(|s| (s.state, s.attempts.len())))
+            })
+            .collect();
+        let snapshot = d.snapshot(Millis(takeover)).pools;
+        (reply.adopted, outputs, tasks, format!("{snapshot:?}"))
+    };
+    let at_takeover = lead(takeover);
+    assert!(!at_takeover.1.is_empty(), "the catch-up wrote nothing");
+    assert_eq!(lead(2_000), at_takeover);
+}
