@@ -210,8 +210,9 @@ pub(crate) struct Driver {
     /// and reports on attempts not known yet are answered UNAVAILABLE.
     catching_up: bool,
     deferred: Vec<(Register, Registrant, Responder)>,
-    /// Submit-stream sequences of unfinished tasks, and the next sequence
-    /// not yet seen: together they bound what may be purged.
+    /// Submit-stream sequences of unfinished tasks (finished ones are
+    /// dropped when the floor is read, or by a sweep), and the next
+    /// sequence not yet seen: together they bound what may be purged.
     live_seqs: floor::LiveSeqs,
     next_unseen: u64,
     out: Vec<Output>,

@@ -779,17 +779,19 @@ fn journaled(seq: u64, attempt: u32, worker: &str, open: bool) -> TaskRecord {
     }
 }
 
+/// Task `record.id` of pool `p` read back with its journal `record`.
+fn recovered(record: TaskRecord) -> Input {
+    Input::Recovered {
+        seq: record.id.0,
+        pool: PoolName::new("p").unwrap(),
+        task: Ok(Task::new("x").pool("p")),
+        record,
+        start_slot: None,
+    }
+}
+
 fn recover(d: &mut Driver, now: u64, record: TaskRecord) {
-    d.handle(
-        Millis(now),
-        Input::Recovered {
-            seq: record.id.0,
-            pool: PoolName::new("p").unwrap(),
-            task: Ok(Task::new("x").pool("p")),
-            record,
-            start_slot: None,
-        },
-    );
+    d.handle(Millis(now), recovered(record));
 }
 
 fn register_running(
@@ -2036,21 +2038,9 @@ fn a_read_back_taken_in_earlier_leads_as_one_taken_at_the_takeover() {
             // A duplicate of 7's key.
             submitted(8, Task::new("h").pool("p").idempotency_key("k")),
             // Running on w1 under the earlier leader: re-attached.
-            Input::Recovered {
-                seq: 9,
-                pool: pool(),
-                task: Ok(Task::new("i").pool("p")),
-                record: written(journaled(9, 1, "w1", true)),
-                start_slot: None,
-            },
+            recovered(written(journaled(9, 1, "w1", true))),
             // Its first attempt was lost: it waits for the second.
-            Input::Recovered {
-                seq: 10,
-                pool: pool(),
-                task: Ok(Task::new("j").pool("p")),
-                record: written(journaled(10, 1, "w9", false)),
-                start_slot: None,
-            },
+            recovered(written(journaled(10, 1, "w9", false))),
         ]
     };
     let takeover = 10_000;
