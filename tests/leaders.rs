@@ -630,6 +630,125 @@ async fn a_standby_is_ready_only_once_its_copies_caught_up() {
     drop(second);
 }
 
+/// Issue 22 (kill -9 → first lease under 1 s whatever the state size): a
+/// standby builds the successor's driver from its warm copies once the
+/// leader record has stood still for half the election timeout, and leads
+/// with it; when the journal took a record after it prepared (here a
+/// forged one, written while the standby was paused too, so it lands in
+/// between for sure), the prepared driver is dropped and the journal read
+/// as before. Either way the running attempt is re-attached and runs once,
+/// the waiting tasks stay queued, what finished before does not run
+/// again, and a task submitted during the takeover runs.
+#[tokio::test]
+async fn a_successor_prepared_ahead_leads_with_it_or_drops_it() {
+    let mut c = Cluster::start(&[("cpu", "", 2)]).await;
+    let mut second = CronoqServer::start_follower(&c.nats, c.dir.path()).await;
+    leader_seen_by(&second).await.expect("follower's view");
+    let done = c.submit_payload("done-before", "").await;
+    assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
+    let mut waiting = Vec::new();
+    for i in 0..3 {
+        waiting.push(c.submit_payload(&format!("waits-{i}"), "gpu=none").await);
+    }
+    for id in &waiting {
+        c.task_until(*id, "queued", |s| s.state == TaskState::Queued)
+            .await;
+    }
+
+    // The leader falls silent (SIGSTOP: a dead one, as far as anyone can
+    // tell); the standby prepares, then leads with what it prepared.
+    let held = running_held(&c, "held", 1, "go").await;
+    const PREPARED: &str = "successor prepared while the leader is silent";
+    let before = logged_lines(&second, PREPARED);
+    c.server.pause();
+    logged_again(&second, PREPARED, before).await;
+    let during = c.submit_payload("during-takeover", "").await;
+    taken_over_by(&second).await;
+    std::mem::swap(&mut c.server, &mut second);
+    let log = strip_ansi(&c.server.log_tail(400));
+    assert!(
+        log.contains("leading with the successor prepared while the leader was silent"),
+        "{log}"
+    );
+    reattached_and_run_once(&c, &held, "go").await;
+    assert_eq!(c.succeeded(during).await, "during-takeover on [] by cpu");
+
+    // The old leader, resumed, stands by (its copies caught up again);
+    // then the new one falls silent too, and once the old one has
+    // prepared, a record lands in the journal before its takeover.
+    second.resume();
+    eventually("the resumed server to be a ready follower", || async {
+        let (status, health) = http_get(&format!("{}/readyz", second.http_url())).await;
+        if status == 200 && health.contains("follower") {
+            Ok(())
+        } else {
+            Err(format!("{status} {health}"))
+        }
+    })
+    .await;
+    let held = running_held(&c, "again", 1, "go-again").await;
+    let before = logged_lines(&second, PREPARED);
+    c.server.pause();
+    logged_again(&second, PREPARED, before).await;
+    second.pause();
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let js = async_nats::jetstream::new(nats);
+    js.publish("$KV.CRONOQ_RESULTS.forged", "late".into())
+        .await
+        .expect("published")
+        .await
+        .expect("stored");
+    second.resume();
+    taken_over_by(&second).await;
+    std::mem::swap(&mut c.server, &mut second);
+    let log = strip_ansi(&c.server.log_tail(400));
+    assert!(
+        log.contains("the prepared successor is not used")
+            && log.contains("the journal took a record after it was prepared"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("leading with the successor prepared"),
+        "{log}"
+    );
+    reattached_and_run_once(&c, &held, "go-again").await;
+    for id in &waiting {
+        assert_eq!(c.status(*id).await.state, TaskState::Queued);
+    }
+    let runs = c.runs();
+    for name in ["done-before", "held-0", "during-takeover", "again-0"] {
+        let n = runs.iter().filter(|r| r.name == name).count();
+        assert_eq!(n, 1, "{name} ran once: {runs:?}");
+    }
+    assert!(
+        !runs.iter().any(|r| r.name.starts_with("waits-")),
+        "{runs:?}"
+    );
+    drop(second);
+}
+
+/// How many lines of `server`'s log contain `what`.
+fn logged_lines(server: &CronoqServer, what: &str) -> usize {
+    strip_ansi(&server.log_tail(20_000))
+        .lines()
+        .filter(|l| l.contains(what))
+        .count()
+}
+
+/// Waits until `server` logs one more line containing `what` than the
+/// `before` it had.
+async fn logged_again(server: &CronoqServer, what: &str, before: usize) {
+    eventually(&format!("{} to log {what:?}", server.id()), || async {
+        let now = logged_lines(server, what);
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("{now} lines"))
+        }
+    })
+    .await;
+}
+
 /// `text` without its terminal colour codes (`ESC [ … m`).
 fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

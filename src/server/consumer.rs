@@ -155,8 +155,9 @@ pub(super) async fn consume(
         batched,
         mut catch_up_to,
         copied,
+        keys_bound,
     } = startup;
-    if let Some(warm) = &warm {
+    if let (Some(warm), false) = (&warm, keys_bound) {
         let keyed = warm.keyed_finished(startup_last);
         if !bind_finished_keys(keyed, &results, &api.inner.seal, &inputs, &beat).await {
             return;
@@ -511,6 +512,54 @@ where
         return None;
     }
     Some(copied.seen + 1)
+}
+
+/// What a standby hands a successor's driver before the election ends
+/// ([`super::successor`]): the keys of finished tasks, then its copy of
+/// the submit stream (`copied`), each submission with the warm journal's
+/// record — what [`consume`] hands at a takeover whose submit stream ends
+/// at `last`, without [`Input::CaughtUp`] (that comes at the takeover).
+/// The last sequence handed over (`None`: the driver is gone).
+pub(super) async fn hand_ahead(
+    ctx: Ahead<'_>,
+    last: u64,
+    copied: warm_submits::Copied,
+    inputs: &mpsc::Sender<Input>,
+) -> Option<u64> {
+    let Ahead {
+        subjects,
+        guard,
+        results,
+        warm,
+        seal,
+        starts,
+    } = ctx;
+    let keyed = warm.keyed_finished(last);
+    if !bind_finished_keys(keyed, results, seal, inputs, &|| {}).await {
+        return None;
+    }
+    let mut taker = Taker {
+        subjects,
+        guard,
+        starts,
+        inputs,
+        staged: None,
+    };
+    let warm = Some(warm.clone());
+    let batched = BatchedResults::default();
+    let journaled = |seq| known(results, &warm, &batched, seal, last, seq);
+    let next = take_copied(&mut taker, &mut None, copied, journaled, &|| {}).await?;
+    Some(next - 1)
+}
+
+/// What [`hand_ahead`] reads from.
+pub(super) struct Ahead<'a> {
+    pub(super) subjects: &'a Subjects,
+    pub(super) guard: &'a Guard,
+    pub(super) results: &'a kv::Store,
+    pub(super) warm: &'a warm::WarmJournal,
+    pub(super) seal: &'a seal::Seal,
+    pub(super) starts: &'a wire::StartIndex,
 }
 
 /// Submission `seq` read through the JetStream API (`STREAM.MSG.GET`, JSON

@@ -320,6 +320,11 @@ impl Election {
         record
     }
 
+    /// This process's instance id.
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
+    }
+
     /// The leader subject.
     pub(crate) fn subject(&self) -> &str {
         &self.subject

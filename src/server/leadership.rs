@@ -20,14 +20,16 @@ impl Leadership {
     }
 }
 
-/// Starts leading with `epoch`: a fresh driver reads the submit stream
-/// from its first message, answers `P.api.*`, and writes results fenced on
-/// the leader subject.
+/// Starts leading with `epoch`: a fresh driver (or one `prepared` while
+/// the leader was silent, if nothing it read changed) reads the submit
+/// stream from its first message, answers `P.api.*`, and writes results
+/// fenced on the leader subject.
 pub(super) async fn lead(
     base: &Base,
     epoch: u64,
     election: &election::Election,
     renewed: Arc<election::AtomicInstant>,
+    prepared: Option<successor::Prepared>,
 ) -> Result<Leadership, Error> {
     let s = &base.config.server;
     // The bucket keeps the max age it was created with (or the last
@@ -43,50 +45,6 @@ pub(super) async fn lead(
     base.takeovers.fetch_add(1, Ordering::Relaxed);
     let journal_pending = Arc::new(AtomicU64::new(0));
     let worker_timeout = Millis::from_duration(s.worker_timeout);
-    let mut driver = Driver::new(
-        base.subjects.clone(),
-        epoch,
-        Settings {
-            server_id: base.server_id.clone(),
-            lease_ttl: Millis::from_duration(s.lease_ttl),
-            worker_timeout,
-            heartbeat_interval: Millis((worker_timeout.0 / 3).max(100)),
-            max_payload_bytes: base.max_payload_bytes,
-            max_reply_bytes: base.nats_max_payload.saturating_sub(1024),
-            // The fence headers take about 150 bytes of the message.
-            max_record_bytes: base.nats_max_payload.saturating_sub(512),
-            retain_finished: 10_000,
-            pools: base.pools.clone(),
-            max_workers: s.max_workers,
-            limits: s.limits(),
-            // A re-attaching worker registers within a heartbeat of seeing
-            // the new leader; one silent this long is gone anyway.
-            reattach_grace: worker_timeout,
-            events: s.events,
-            // No max age: JetStream keeps records for good.
-            record_refresh: if results_max_age.is_zero() {
-                Millis(u64::MAX / 4)
-            } else {
-                Millis::from_duration(results_max_age / 3).max(Millis(100))
-            },
-            // In atomic batches a start record costs no fence check or
-            // acknowledgement of its own; a separate start write would
-            // compete with the batch for the leader subject (10164 on a
-            // replicated stream). Record by record, one write per turn.
-            group_starts: !base.atomic_batches,
-            // The small results of a turn in one record: one write for
-            // them all, or one message of the atomic batch instead of one
-            // per result (each replicated on a cluster).
-            group_results: true,
-            max_schedules: s.max_schedules,
-            schedules_refused: (base.auth.required() && !base.seal.is_set()).then(|| {
-                "schedules need [server] storage_key_env when credentials are required: \
-                 the leader seals the fires it publishes with the storage key"
-                    .to_string()
-            }),
-        },
-        now,
-    );
     let (inputs, input_rx) = mpsc::channel(65_536);
     let (commit_tx, commit_rx) = mpsc::unbounded_channel::<Turn>();
     let pending: Pending = Arc::default();
@@ -129,20 +87,64 @@ pub(super) async fn lead(
         .state
         .clone();
     let startup_last = startup.last_sequence;
-    // Submissions left by earlier leaderships: read them (and their journal
-    // records) before serving workers, who list their attempts once.
-    let catch_up_to = (startup.messages > 0).then_some(startup_last);
-    if catch_up_to.is_some() {
-        driver.catch_up_first(usize::try_from(startup.messages).unwrap_or(usize::MAX));
-    }
     // Also with no submission left: the warm copy hands over the keys of
     // finished tasks, whose submissions were purged (`consume`).
     let warm = warm_journal(base).await;
-    // The start records (a few keys: one per recent turn with attempts
-    // still running), read from the bucket whether warm or not.
-    let starts = match catch_up_to {
-        Some(_) => read_starts(&base.results, &base.seal).await?,
-        None => wire::StartIndex::default(),
+    // A successor prepared while the leader was silent, if nothing it
+    // read changed since (`successor`).
+    let prepared = prepared.and_then(|p| {
+        let found = successor::Basis {
+            submit_first: startup.first_sequence,
+            submit_last: startup_last,
+            journal_records: warm.as_ref().map_or(u64::MAX, |w| w.records_seen()),
+            max_age: results_max_age,
+        };
+        let why = match &warm {
+            None => Some("the warm journal is behind"),
+            Some(_) => successor::unusable(&p.basis, &found),
+        };
+        match why {
+            None => Some(p),
+            Some(why) => {
+                tracing::info!(why, "the prepared successor is not used");
+                successor::drop_later(p);
+                None
+            }
+        }
+    });
+    // Submissions left by earlier leaderships: read them (and their journal
+    // records) before serving workers, who list their attempts once. A
+    // prepared driver is reading them already.
+    let catch_up_to = (startup.messages > 0 || prepared.is_some()).then_some(startup_last);
+    let (driver, starts, handed) = match prepared {
+        Some(p) => {
+            tracing::info!(
+                held = p.held,
+                handed = p.handed,
+                ready_ms_ago = p.ready.elapsed().as_millis() as u64,
+                "leading with the successor prepared while the leader was silent"
+            );
+            let mut driver = p.driver;
+            driver.set_epoch(epoch);
+            (driver, p.starts, Some(p.handed))
+        }
+        None => {
+            let mut driver = new_driver(base, epoch, results_max_age, now);
+            if catch_up_to.is_some() {
+                driver.catch_up_first(usize::try_from(startup.messages).unwrap_or(usize::MAX));
+            }
+            // The start records (a few keys: one per recent turn with
+            // attempts still running), read from the bucket whether warm
+            // or not.
+            let starts = match catch_up_to {
+                Some(_) => read_starts(&base.results, &base.seal).await?,
+                None => wire::StartIndex::default(),
+            };
+            // The schedules (few keys; read whether the stream holds
+            // anything or not): they step once the journal is read.
+            driver.restore_schedules(read_schedules(&base.results, &base.seal).await?);
+            (driver, Arc::new(starts), None)
+        }
     };
     // Without a warm copy, the result batches: a task finished in one has
     // no record of its own to say so.
@@ -159,21 +161,21 @@ pub(super) async fn lead(
         }
         _ => BatchedResults::default(),
     };
-    // The schedules (few keys; read whether the stream holds anything or
-    // not): they step once the journal is read.
-    driver.restore_schedules(read_schedules(&base.results, &base.seal).await?);
     // The only writer now: no need to follow its own writes.
     base.warm_paused.send_replace(true);
     // The standby's copy of the submit stream: taken (and so emptied)
     // whatever follows, used with a warm journal only (it holds no
-    // records), as far as it got within a short wait.
+    // records), as far as it got within a short wait — after what a
+    // prepared driver was handed.
     let copied = match catch_up_to {
         Some(upto) if warm.is_some() => {
             let whole = base
                 .submissions
                 .caught_up(upto, warm_submits::CATCH_UP_WAIT)
                 .await;
-            let copied = base.submissions.take(startup.first_sequence);
+            let from = handed.map_or(startup.first_sequence, |h| h + 1);
+            let mut copied = base.submissions.take(from);
+            copied.seen = copied.seen.max(handed.unwrap_or(0));
             tracing::info!(
                 upto,
                 seen = copied.seen,
@@ -196,10 +198,11 @@ pub(super) async fn lead(
         Startup {
             last: startup_last,
             warm,
-            starts: Arc::new(starts),
+            starts,
             batched: Arc::new(batched),
             catch_up_to,
             copied,
+            keys_bound: handed.is_some(),
         },
         inputs.clone(),
         api.clone(),
@@ -286,6 +289,63 @@ pub(super) async fn lead(
         others: vec![consumer, api_requests, committer, purger],
         lost: lost_rx,
     })
+}
+
+/// A fresh driver for leadership `epoch` (0: not known yet, a successor
+/// prepared ahead, [`super::successor`]), with the results bucket's max
+/// age `results_max_age`, at `now`.
+pub(super) fn new_driver(
+    base: &Base,
+    epoch: u64,
+    results_max_age: Duration,
+    now: Millis,
+) -> Driver {
+    let s = &base.config.server;
+    let worker_timeout = Millis::from_duration(s.worker_timeout);
+    Driver::new(
+        base.subjects.clone(),
+        epoch,
+        Settings {
+            server_id: base.server_id.clone(),
+            lease_ttl: Millis::from_duration(s.lease_ttl),
+            worker_timeout,
+            heartbeat_interval: Millis((worker_timeout.0 / 3).max(100)),
+            max_payload_bytes: base.max_payload_bytes,
+            max_reply_bytes: base.nats_max_payload.saturating_sub(1024),
+            // The fence headers take about 150 bytes of the message.
+            max_record_bytes: base.nats_max_payload.saturating_sub(512),
+            retain_finished: 10_000,
+            pools: base.pools.clone(),
+            max_workers: s.max_workers,
+            limits: s.limits(),
+            // A re-attaching worker registers within a heartbeat of seeing
+            // the new leader; one silent this long is gone anyway.
+            reattach_grace: worker_timeout,
+            events: s.events,
+            // No max age: JetStream keeps records for good.
+            record_refresh: if results_max_age.is_zero() {
+                Millis(u64::MAX / 4)
+            } else {
+                Millis::from_duration(results_max_age / 3).max(Millis(100))
+            },
+            // In atomic batches a start record costs no fence check or
+            // acknowledgement of its own; a separate start write would
+            // compete with the batch for the leader subject (10164 on a
+            // replicated stream). Record by record, one write per turn.
+            group_starts: !base.atomic_batches,
+            // The small results of a turn in one record: one write for
+            // them all, or one message of the atomic batch instead of one
+            // per result (each replicated on a cluster).
+            group_results: true,
+            max_schedules: s.max_schedules,
+            schedules_refused: (base.auth.required() && !base.seal.is_set()).then(|| {
+                "schedules need [server] storage_key_env when credentials are required: \
+                 the leader seals the fires it publishes with the storage key"
+                    .to_string()
+            }),
+        },
+        now,
+    )
 }
 
 /// The leadership's right to act ([`election::may_act`]): until the

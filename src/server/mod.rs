@@ -45,6 +45,7 @@
 //! | `leader_api.rs`, `node.rs` | the API of the leader, and of every server |
 //! | `consumer.rs` | the submit consumer |
 //! | `takeover.rs` | reading the journal back at a takeover |
+//! | `successor.rs` | a successor's driver prepared while the leader is silent |
 //! | `warm.rs` | a standby's warm copy of the journal |
 //! | `warm_submits.rs` | a standby's copy of the submit stream, decoded |
 //! | `result_index.rs` | which result batch holds a finished task's result |
@@ -76,6 +77,7 @@ mod runner;
 pub mod seal;
 #[cfg(test)]
 mod sim;
+mod successor;
 mod takeover;
 mod warm;
 mod warm_submits;

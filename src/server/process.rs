@@ -286,7 +286,7 @@ pub async fn serve(
     let ttl = config.server.results_ttl;
     let index =
         result_index::ResultIndex::new((!ttl.is_zero()).then(|| Millis::from_duration(ttl)));
-    let base = Base {
+    let base = Arc::new(Base {
         config: config.clone(),
         pools,
         server_id,
@@ -307,7 +307,7 @@ pub async fn serve(
         warm_paused,
         seal: seal.clone(),
         submissions: warm_submits::WarmSubmissions::default(),
-    };
+    });
     // Standing by warm: the journal is followed from the start, so a
     // takeover reads it from memory.
     let follower = base.config.server.warm_standby.then(|| {
@@ -349,15 +349,28 @@ pub async fn serve(
             node.inner.standby_warm.clone(),
         ))
     });
+    // And the successor's driver, built from those copies while the
+    // leader record stands still (`successor`).
+    let successor = successor::Successor::default();
+    let preparing = base.config.server.warm_standby.then(|| {
+        tokio::spawn(successor.clone().watch(
+            base.clone(),
+            seen_tx.subscribe(),
+            election.instance().to_string(),
+            s.election_timeout,
+        ))
+    });
     loop {
         tracing::info!("standing by");
+        successor.reopen();
         let (epoch, sent) = tokio::select! {
             won = election.campaign(&seen_tx) => won,
             () = stopped(stop_rx.clone()) => break,
         };
         tracing::info!(epoch, "leading");
+        let prepared = successor.claim(&base).await;
         let renewed = Arc::new(election::AtomicInstant::new(sent));
-        let mut leadership = match lead(&base, epoch, &election, renewed.clone()).await {
+        let mut leadership = match lead(&base, epoch, &election, renewed.clone(), prepared).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(epoch, error = %e, "cannot start leading; standing by");
@@ -389,7 +402,7 @@ pub async fn serve(
         base.warm_paused.send_replace(false);
         election.fence.store(0, Ordering::SeqCst);
     }
-    for follower in [follower, submissions_follower, standby]
+    for follower in [follower, submissions_follower, standby, preparing]
         .into_iter()
         .flatten()
     {

@@ -184,6 +184,9 @@ pub(super) struct Startup {
     /// a warm copy of the journal): handed over before the stream is read
     /// on from after it.
     pub(super) copied: Option<warm_submits::Copied>,
+    /// The keys of finished tasks were bound already (a successor
+    /// prepared ahead, [`super::successor`]).
+    pub(super) keys_bound: bool,
 }
 
 /// Every start record (`s.<n>`) of the results bucket at this takeover,

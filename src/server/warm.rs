@@ -35,6 +35,10 @@ pub(crate) const KEYED_KEPT: usize = 10_000;
 /// large output) is kept as its id and read back then.
 pub(crate) const KEPT_RECORD_BYTES: usize = 4096;
 
+/// The key of the election's leader record in the results bucket
+/// ([`crate::wire::Subjects::leader`]).
+const LEADER_KEY: &str = "_leader";
+
 /// What the watch has seen.
 #[derive(Default)]
 struct Copy {
@@ -48,6 +52,11 @@ struct Copy {
     keyed: BTreeMap<u64, Option<Box<TaskRecord>>>,
     /// The last bucket revision (stream sequence) applied.
     seen: u64,
+    /// The last revision applied that was not the leader's record (an
+    /// election renewal): a journal record, whatever its key. A successor
+    /// prepared while the leader was silent stays good while it does not
+    /// move ([`super::successor`]).
+    records_seen: u64,
 }
 
 impl Copy {
@@ -157,6 +166,9 @@ impl WarmJournal {
     fn apply(&self, entry: &kv::Entry) {
         let mut copy = self.lock();
         copy.seen = copy.seen.max(entry.revision);
+        if entry.key != LEADER_KEY {
+            copy.records_seen = copy.records_seen.max(entry.revision);
+        }
         if crate::wire::is_result_key(&entry.key) {
             if entry.operation == kv::Operation::Put {
                 self.apply_results(&mut copy, &entry.key, &entry.value);
@@ -247,6 +259,11 @@ impl WarmJournal {
     /// The last revision applied.
     pub(crate) fn seen(&self) -> u64 {
         self.lock().seen
+    }
+
+    /// The last revision applied that was not an election renewal.
+    pub(crate) fn records_seen(&self) -> u64 {
+        self.lock().records_seen
     }
 
     /// Forgets tasks below `first` (purged from the submit stream: never
@@ -401,10 +418,15 @@ mod tests {
         warm.apply(&entry("_leader", 2, None));
         warm.apply(&entry("2", 3, Some(&record(2, TaskState::Running))));
         assert_eq!(warm.seen(), 3);
+        // The leader's renewals move `seen` only.
+        assert_eq!(warm.records_seen(), 3);
+        warm.apply(&entry("_leader", 4, None));
+        assert_eq!((warm.seen(), warm.records_seen()), (4, 3));
         assert!(matches!(warm.known(1), Known::Live(r) if r.state == TaskState::Running));
-        warm.apply(&entry("1", 4, Some(&record(1, TaskState::Succeeded))));
+        warm.apply(&entry("1", 5, Some(&record(1, TaskState::Succeeded))));
         assert_eq!(warm.known(1), Known::Finished(None));
-        warm.apply(&entry("2", 5, None));
+        warm.apply(&entry("2", 6, None));
+        assert_eq!(warm.records_seen(), 6);
         assert_eq!(warm.known(2), Known::None);
         assert_eq!(warm.len(), (0, 1, 0));
         warm.prune_below(2);

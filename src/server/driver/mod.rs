@@ -283,6 +283,16 @@ impl Driver {
         }
     }
 
+    /// Leads under `epoch`: a successor's driver prepared before the
+    /// election ended ([`crate::server::successor`]), built with epoch 0,
+    /// gets the one it won. Only before [`Input::CaughtUp`]: the epoch is
+    /// read by leases, revokes, worker replies and the snapshot, and a
+    /// driver still reading back serves no worker.
+    pub(crate) fn set_epoch(&mut self, epoch: u64) {
+        debug_assert!(self.catching_up && self.workers.is_empty());
+        self.epoch = epoch;
+    }
+
     /// This leadership's right to act lapsed: its last stored renewal is
     /// older than the election timeout allows ([`super::election::may_act`],
     /// judged by the runner's clock at the top of a turn), so a successor
