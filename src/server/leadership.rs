@@ -6,6 +6,9 @@ use super::*;
 pub(super) struct Leadership {
     pub(super) api: LeaderApi,
     pub(super) driver: tokio::task::JoinHandle<()>,
+    /// Renewing the leadership ([`election::Election::hold`]): ends with
+    /// why it was lost.
+    pub(super) holding: tokio::task::JoinHandle<String>,
     pub(super) others: Vec<tokio::task::JoinHandle<()>>,
     /// Set when a fenced write is refused: a successor took over.
     pub(super) lost: watch::Receiver<Option<String>>,
@@ -13,6 +16,7 @@ pub(super) struct Leadership {
 
 impl Leadership {
     pub(super) fn stop(self) {
+        self.holding.abort();
         self.driver.abort();
         for task in self.others {
             task.abort();
@@ -20,8 +24,8 @@ impl Leadership {
     }
 }
 
-/// Starts leading with `epoch`: a fresh driver (or one `prepared` while
-/// the leader was silent, if nothing it read changed) reads the submit
+/// Starts leading with `epoch`: a fresh driver (or the one `successor`
+/// prepared while the leader was silent, if nothing it read changed) reads the submit
 /// stream from its first message, answers `P.api.*`, and writes results
 /// fenced on the leader subject.
 pub(super) async fn lead(
@@ -29,7 +33,7 @@ pub(super) async fn lead(
     epoch: u64,
     election: &election::Election,
     renewed: Arc<election::AtomicInstant>,
-    prepared: Option<successor::Prepared>,
+    successor: &successor::Successor,
 ) -> Result<Leadership, Error> {
     let s = &base.config.server;
     // The bucket keeps the max age it was created with (or the last
@@ -78,6 +82,42 @@ pub(super) async fn lead(
             replies: Replies::default(),
         }),
     };
+    // Subscribed before the first renewal announces this leadership, so a
+    // worker that heartbeats on seeing it finds someone answering. The
+    // renewal goes out on the other connection: the flush waits until
+    // nats-server has taken the subscriptions.
+    let mut requests = futures_util::stream::SelectAll::new();
+    for subject in [base.subjects.api("*"), base.subjects.worker_api_all()] {
+        requests.push(
+            base.inbound
+                .subscribe(subject.clone())
+                .await
+                .map_err(nats_err(format!("subscribing to {subject}")))?,
+        );
+    }
+    base.inbound
+        .flush()
+        .await
+        .map_err(nats_err("subscribing to the leader's requests"))?;
+    let tenure = Tenure {
+        renewed,
+        timeout: election.timeout(),
+    };
+    let api_requests = AbortOnDrop::spawn(serve_api(
+        base.client.clone(),
+        api.clone(),
+        requests,
+        tenure.clone(),
+    ));
+    // Renewing from here on: what follows (waiting for a successor
+    // prepared ahead, reading back) may take longer than the right to act
+    // lasts without a renewal. Requests that come meanwhile wait in the
+    // driver's channel.
+    let holding = AbortOnDrop::spawn({
+        let (election, renewed) = (election.clone(), tenure.renewed.clone());
+        async move { election.hold(epoch, &renewed).await }
+    });
+    let prepared = successor.claim(base).await;
     let startup = base
         .submit_stream
         .clone()
@@ -207,33 +247,6 @@ pub(super) async fn lead(
         inputs.clone(),
         api.clone(),
     ));
-    // Subscribed before the first renewal announces this leadership, so a
-    // worker that heartbeats on seeing it finds someone answering. The
-    // renewal goes out on the other connection: the flush waits until
-    // nats-server has taken the subscriptions.
-    let mut requests = futures_util::stream::SelectAll::new();
-    for subject in [base.subjects.api("*"), base.subjects.worker_api_all()] {
-        requests.push(
-            base.inbound
-                .subscribe(subject.clone())
-                .await
-                .map_err(nats_err(format!("subscribing to {subject}")))?,
-        );
-    }
-    base.inbound
-        .flush()
-        .await
-        .map_err(nats_err("subscribing to the leader's requests"))?;
-    let tenure = Tenure {
-        renewed,
-        timeout: election.timeout(),
-    };
-    let api_requests = tokio::spawn(serve_api(
-        base.client.clone(),
-        api.clone(),
-        requests,
-        tenure.clone(),
-    ));
     let committer = tokio::spawn(commit(
         commit_rx,
         CommitCtx {
@@ -286,7 +299,8 @@ pub(super) async fn lead(
     Ok(Leadership {
         api,
         driver,
-        others: vec![consumer, api_requests, committer, purger],
+        holding: holding.defuse(),
+        others: vec![consumer, api_requests.defuse(), committer, purger],
         lost: lost_rx,
     })
 }
@@ -346,6 +360,28 @@ pub(super) fn new_driver(
         },
         now,
     )
+}
+
+/// A task that is aborted when dropped, unless [`AbortOnDrop::defuse`]d:
+/// one a leadership started before a later step of its start failed.
+struct AbortOnDrop<T>(Option<tokio::task::JoinHandle<T>>);
+
+impl<T: Send + 'static> AbortOnDrop<T> {
+    fn spawn(task: impl std::future::Future<Output = T> + Send + 'static) -> AbortOnDrop<T> {
+        AbortOnDrop(Some(tokio::spawn(task)))
+    }
+
+    fn defuse(mut self) -> tokio::task::JoinHandle<T> {
+        self.0.take().expect("defused once")
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
 }
 
 /// The leadership's right to act ([`election::may_act`]): until the

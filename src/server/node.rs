@@ -164,7 +164,8 @@ fn behind(messages: u64, first: u64, last: u64, seen: u64) -> u64 {
 /// ([`warm::follow`], [`warm_submits::follow`]) have caught up with the
 /// submit stream and the journal; `warm` is set once they have (and
 /// logged), and cleared while this process leads (they start over when it
-/// stands by again). A follower is ready only once warm (`/readyz`).
+/// stands by again) or when the submissions' copy starts over while it
+/// stands by. A follower is ready only once warm (`/readyz`).
 pub(super) async fn watch_standby(
     js: jetstream::Context,
     submit_stream: stream::Stream,
@@ -176,9 +177,20 @@ pub(super) async fn watch_standby(
     let (journal, submissions) = copies;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut since = std::time::Instant::now();
+    let mut generation = submissions.generation();
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tick.tick() => {
+                // The copy started over (a successor prepared ahead was
+                // dropped: `successor`): not warm until it catches up.
+                if submissions.generation() != generation {
+                    generation = submissions.generation();
+                    if !*leading.borrow() && warm.swap(false, Ordering::Relaxed) {
+                        tracing::info!("the submissions' copy started over: standby not warm");
+                        since = std::time::Instant::now();
+                    }
+                }
+            }
             changed = leading.changed() => {
                 if changed.is_err() {
                     return;

@@ -368,9 +368,8 @@ pub async fn serve(
             () = stopped(stop_rx.clone()) => break,
         };
         tracing::info!(epoch, "leading");
-        let prepared = successor.claim(&base).await;
         let renewed = Arc::new(election::AtomicInstant::new(sent));
-        let mut leadership = match lead(&base, epoch, &election, renewed.clone(), prepared).await {
+        let mut leadership = match lead(&base, epoch, &election, renewed, &successor).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(epoch, error = %e, "cannot start leading; standing by");
@@ -383,7 +382,9 @@ pub async fn serve(
         node.set_leading(Some(leadership.api.clone()));
         let mut lost = leadership.lost.clone();
         let why = tokio::select! {
-            why = election.hold(epoch, &renewed) => Some(why),
+            why = &mut leadership.holding => {
+                Some(why.unwrap_or_else(|e| format!("renewing stopped: {e}")))
+            }
             why = lost.wait_for(|l| l.is_some()) => {
                 Some(why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default())
             }

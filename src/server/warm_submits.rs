@@ -82,7 +82,8 @@ impl WarmSubmissions {
         self.lock().seen
     }
 
-    fn generation(&self) -> u64 {
+    /// Bumped each time the copy starts over (taken, reset).
+    pub(crate) fn generation(&self) -> u64 {
         self.lock().generation
     }
 
