@@ -120,15 +120,7 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_resumed() {
     .await;
     // Its own view of the leader record comes with its next poll (its
     // snapshot above was answered by the leader it asked).
-    eventually("the resumed server to be a ready follower", || async {
-        let (status, health) = http_get(&format!("{}/readyz", c.server.http_url())).await;
-        if status == 200 && health.contains("follower") {
-            Ok(())
-        } else {
-            Err(format!("{status} {health}"))
-        }
-    })
-    .await;
+    ready_follower(&c.server).await;
     let mut ids = Vec::new();
     for i in 0..10 {
         ids.push(c.submit_payload(&format!("after-{i}"), "").await);
@@ -550,11 +542,7 @@ async fn a_takeover_takes_submissions_from_the_standbys_copy() {
     for id in &waiting {
         assert_eq!(c.status(*id).await.state, TaskState::Queued);
     }
-    let runs = c.runs();
-    for name in ["done-before", "held-0", "during-takeover"] {
-        let n = runs.iter().filter(|r| r.name == name).count();
-        assert_eq!(n, 1, "{name} ran once: {runs:?}");
-    }
+    let runs = ran_once(&c, &["done-before", "held-0", "during-takeover"]);
     assert!(
         !runs.iter().any(|r| r.name.starts_with("waits-")),
         "{runs:?}"
@@ -677,15 +665,7 @@ async fn a_successor_prepared_ahead_leads_with_it_or_drops_it() {
     // then the new one falls silent too, and once the old one has
     // prepared, a record lands in the journal before its takeover.
     second.resume();
-    eventually("the resumed server to be a ready follower", || async {
-        let (status, health) = http_get(&format!("{}/readyz", second.http_url())).await;
-        if status == 200 && health.contains("follower") {
-            Ok(())
-        } else {
-            Err(format!("{status} {health}"))
-        }
-    })
-    .await;
+    ready_follower(&second).await;
     let held = running_held(&c, "again", 1, "go-again").await;
     let before = logged_lines(&second, PREPARED);
     c.server.pause();
@@ -715,16 +695,36 @@ async fn a_successor_prepared_ahead_leads_with_it_or_drops_it() {
     for id in &waiting {
         assert_eq!(c.status(*id).await.state, TaskState::Queued);
     }
-    let runs = c.runs();
-    for name in ["done-before", "held-0", "during-takeover", "again-0"] {
-        let n = runs.iter().filter(|r| r.name == name).count();
-        assert_eq!(n, 1, "{name} ran once: {runs:?}");
-    }
+    let runs = ran_once(&c, &["done-before", "held-0", "during-takeover", "again-0"]);
     assert!(
         !runs.iter().any(|r| r.name.starts_with("waits-")),
         "{runs:?}"
     );
     drop(second);
+}
+
+/// Waits until `server` answers `/readyz` as a ready follower (its copies
+/// caught up).
+async fn ready_follower(server: &CronoqServer) {
+    eventually("the server to be a ready follower", || async {
+        let (status, health) = http_get(&format!("{}/readyz", server.http_url())).await;
+        if status == 200 && health.contains("follower") {
+            Ok(())
+        } else {
+            Err(format!("{status} {health}"))
+        }
+    })
+    .await;
+}
+
+/// Checks that each task named in `names` ran exactly once; every run.
+fn ran_once(c: &Cluster, names: &[&str]) -> Vec<procs::Run> {
+    let runs = c.runs();
+    for name in names {
+        let n = runs.iter().filter(|r| r.name == *name).count();
+        assert_eq!(n, 1, "{name} ran once: {runs:?}");
+    }
+    runs
 }
 
 /// How many lines of `server`'s log contain `what`.
