@@ -621,7 +621,8 @@ async fn a_standby_is_ready_only_once_its_copies_caught_up() {
 /// Issue 22 (kill -9 → first lease under 1 s whatever the state size): a
 /// standby builds the successor's driver from its warm copies once the
 /// leader record has stood still for half the election timeout, and leads
-/// with it; when the journal took a record after it prepared (here a
+/// with it; it drops it when the leader renews after all (and is warm
+/// again once its copy has caught up); when the journal took a record after it prepared (here a
 /// forged one, written while the standby was paused too, so it lands in
 /// between for sure), the prepared driver is dropped and the journal read
 /// as before. Either way the running attempt is re-attached and runs once,
@@ -662,17 +663,54 @@ async fn a_successor_prepared_ahead_leads_with_it_or_drops_it() {
     assert_eq!(c.succeeded(during).await, "during-takeover on [] by cpu");
 
     // The old leader, resumed, stands by (its copies caught up again);
-    // then the new one falls silent too, and once the old one has
-    // prepared, a record lands in the journal before its takeover.
+    // A false alarm first: the leader falls silent until the standby has
+    // prepared, then renews (the standby paused meanwhile, so the renewal
+    // lands before any takeover of its). The standby drops what it
+    // prepared, its copy of the submissions starts over, and it is ready
+    // again once the copy has caught up, even with nothing new to read;
+    // the leader leads on.
     second.resume();
     ready_follower(&second).await;
+    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
+    let js = async_nats::jetstream::new(nats);
+    let results = js.get_stream("KV_CRONOQ_RESULTS").await.expect("stream");
+    let leader_seq = || async {
+        results
+            .get_last_raw_message_by_subject("$KV.CRONOQ_RESULTS._leader")
+            .await
+            .map(|m| m.sequence)
+            .map_err(|e| e.to_string())
+    };
+    const DROPPED: &str = "the prepared successor is dropped";
+    let (prepared, dropped) = (
+        logged_lines(&second, PREPARED),
+        logged_lines(&second, DROPPED),
+    );
+    c.server.pause();
+    logged_again(&second, PREPARED, prepared).await;
+    second.pause();
+    let silent_at = leader_seq().await.expect("the leader record");
+    c.server.resume();
+    eventually("the leader to renew", || async {
+        match leader_seq().await {
+            Ok(seq) if seq != silent_at => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    second.resume();
+    logged_again(&second, DROPPED, dropped).await;
+    ready_follower(&second).await;
+    let (leader, _) = leader_seen_by(&second).await.expect("follower's view");
+    assert_eq!(leader, c.server.id());
+
+    // Then the leader falls silent for good, and once the standby has
+    // prepared, a record lands in the journal before its takeover.
     let held = running_held(&c, "again", 1, "go-again").await;
     let before = logged_lines(&second, PREPARED);
     c.server.pause();
     logged_again(&second, PREPARED, before).await;
     second.pause();
-    let nats = async_nats::connect(c.nats_url()).await.expect("nats");
-    let js = async_nats::jetstream::new(nats);
     js.publish("$KV.CRONOQ_RESULTS.forged", "late".into())
         .await
         .expect("published")

@@ -152,7 +152,7 @@ impl WarmSubmissions {
         let mut copy = self.lock();
         let taken = std::mem::take(&mut *copy);
         copy.generation = taken.generation + 1;
-        if taken.lent_upto >= first {
+        if taken.lent_upto > 0 && taken.lent_upto >= first {
             drop_elsewhere(taken.submissions);
             return Copied {
                 submissions: BTreeMap::new(),
@@ -254,6 +254,12 @@ pub(crate) async fn follow(
                         interrupted = true;
                         break;
                     }
+                    // Reset meanwhile (a successor prepared ahead was
+                    // dropped): start over now, not at the next message,
+                    // which an idle stream may never bring.
+                    if copy.generation() != generation {
+                        break;
+                    }
                 }
                 _ = prune.tick() => {
                     let mut stream = source.stream.clone();
@@ -347,6 +353,57 @@ mod tests {
         assert!(!copy.apply(generation, 8, decoded("t")));
         assert_eq!(copy.seen(), 0);
         assert!(copy.lend(0).is_some());
+    }
+
+    /// The follow against a real nats-server: it copies the stream, and
+    /// once the copy is reset (a successor prepared ahead was dropped) it
+    /// starts over and catches up again with nothing new on the stream (it
+    /// used to wait for the next message, and the standby stayed unready).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reset_copy_is_followed_again_from_the_start_of_an_idle_stream() {
+        let nats = crate::test_nats::NatsServer::start();
+        let client = async_nats::connect(&nats.url).await.unwrap();
+        let js = jetstream::new(client.clone());
+        let subjects = Subjects::new("cqws").unwrap();
+        let stream = js
+            .create_stream(stream::Config {
+                name: subjects.submit_stream(),
+                subjects: vec![subjects.submit_all()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for i in 0..3 {
+            js.publish("cqws.submit.default", format!("t{i}").into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        let guard = Guard::new(
+            Arc::new(crate::auth::Authenticator::disabled()),
+            subjects.clone(),
+            crate::core::Millis(10_000),
+        );
+        let source = Source {
+            client,
+            stream,
+            subjects,
+            guard: Arc::new(guard),
+        };
+        let copy = WarmSubmissions::default();
+        let (_paused, paused_rx) = watch::channel(false);
+        let follow = tokio::spawn(follow(source, copy.clone(), paused_rx));
+        assert!(copy.caught_up(3, Duration::from_secs(30)).await);
+        copy.lend(0).expect("whole");
+        copy.reset();
+        assert_eq!(copy.seen(), 0);
+        assert!(
+            copy.caught_up(3, Duration::from_secs(30)).await,
+            "the follow did not start over"
+        );
+        assert_eq!(seqs(&copy.take(0)), vec![1, 2, 3]);
+        follow.abort();
     }
 
     #[tokio::test]
