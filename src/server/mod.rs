@@ -31,8 +31,9 @@
 //! record stops moving for `election_timeout`. A new leader starts a fresh
 //! driver that reads the submit stream again (finished tasks are skipped
 //! by their stored result), or leads with the one it built from its warm
-//! copies while the leader record stood still (`successor.rs`). Results are written fenced on the leader
-//! subject, so a deposed leader cannot overwrite them.
+//! copies while the leader record stood still (`successor.rs`). Results
+//! are written fenced on the leader subject, so a deposed leader cannot
+//! overwrite them.
 //!
 //! By concern:
 //!
