@@ -523,14 +523,7 @@ async fn a_takeover_takes_submissions_from_the_standbys_copy() {
     let done = c.submit_payload("done-before", "").await;
     assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
     let held = running_held(&c, "held", 1, "go").await;
-    let mut waiting = Vec::new();
-    for i in 0..5 {
-        waiting.push(c.submit_payload(&format!("waits-{i}"), "gpu=none").await);
-    }
-    for id in &waiting {
-        c.task_until(*id, "queued", |s| s.state == TaskState::Queued)
-            .await;
-    }
+    let waiting = waiting_tasks(&c, 5).await;
 
     c.server.kill9();
     let during = c.submit_payload("during-takeover", "").await;
@@ -635,14 +628,7 @@ async fn a_successor_prepared_ahead_leads_with_it_or_drops_it() {
     leader_seen_by(&second).await.expect("follower's view");
     let done = c.submit_payload("done-before", "").await;
     assert_eq!(c.finished(done).await.state, TaskState::Succeeded);
-    let mut waiting = Vec::new();
-    for i in 0..3 {
-        waiting.push(c.submit_payload(&format!("waits-{i}"), "gpu=none").await);
-    }
-    for id in &waiting {
-        c.task_until(*id, "queued", |s| s.state == TaskState::Queued)
-            .await;
-    }
+    let waiting = waiting_tasks(&c, 3).await;
 
     // The leader falls silent (SIGSTOP: a dead one, as far as anyone can
     // tell); the standby prepares, then leads with what it prepared.
@@ -739,6 +725,20 @@ async fn a_successor_prepared_ahead_leads_with_it_or_drops_it() {
         "{runs:?}"
     );
     drop(second);
+}
+
+/// Submits `n` tasks named `waits-<i>` that no worker can run
+/// (`gpu=none`), and waits until each is queued.
+async fn waiting_tasks(c: &Cluster, n: usize) -> Vec<TaskId> {
+    let mut waiting = Vec::new();
+    for i in 0..n {
+        waiting.push(c.submit_payload(&format!("waits-{i}"), "gpu=none").await);
+    }
+    for id in &waiting {
+        c.task_until(*id, "queued", |s| s.state == TaskState::Queued)
+            .await;
+    }
+    waiting
 }
 
 /// Waits until `server` answers `/readyz` as a ready follower (its copies

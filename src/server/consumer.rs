@@ -166,13 +166,11 @@ pub(super) async fn consume(
     let js = jetstream::new(client.clone());
     let stream_name = subjects.submit_stream();
     let mut taker = Taker {
-        subjects: &subjects,
-        guard: &api.inner.guard,
         starts: &starts,
         inputs: &inputs,
         staged: None,
     };
-    let (subjects, guard) = (taker.subjects, taker.guard);
+    let (subjects, guard) = (&subjects, &*api.inner.guard);
     // Borrowed by every lookup, never cloned per submission (a store
     // clone copies its whole stream configuration).
     let journaled = |seq| {
@@ -188,19 +186,7 @@ pub(super) async fn consume(
     let mut next_seq = 1u64;
     if let Some(copied) = copied {
         let taking = take_copied(&mut taker, &mut catch_up_to, copied, journaled, &beat);
-        // Handing over a large copy is CPU work of its own while the driver
-        // admits what it was handed: on a multi-threaded runtime it keeps
-        // this worker thread (the driver's task moves to another) instead
-        // of sharing one with the driver, which tokio's scheduler tends to
-        // wake on the thread that sent to it.
-        let handle = tokio::runtime::Handle::current();
-        let taken = match handle.runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| handle.block_on(taking))
-            }
-            _ => taking.await,
-        };
-        match taken {
+        match beside_the_driver(taking).await {
             Some(next) => next_seq = next,
             None => return,
         }
@@ -346,8 +332,6 @@ pub(super) async fn submissions_from(
 
 /// What the consumer hands submissions to.
 struct Taker<'a> {
-    subjects: &'a Subjects,
-    guard: &'a Guard,
     starts: &'a wire::StartIndex,
     inputs: &'a mpsc::Sender<Input>,
     /// Inputs held back while a standby's copy is handed over, sent
@@ -514,6 +498,21 @@ where
     Some(copied.seen + 1)
 }
 
+/// Runs `handing` (handing a large copy over to the driver: CPU work of
+/// its own while the driver admits what it was handed) keeping this
+/// worker thread on a multi-threaded runtime, so the driver's task moves
+/// to another instead of sharing one with it: tokio's scheduler tends to
+/// wake a task on the thread that sent to it.
+pub(super) async fn beside_the_driver<F: std::future::Future>(handing: F) -> F::Output {
+    let handle = tokio::runtime::Handle::current();
+    match handle.runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| handle.block_on(handing))
+        }
+        _ => handing.await,
+    }
+}
+
 /// What a standby hands a successor's driver before the election ends
 /// ([`super::successor`]): the keys of finished tasks, then its copy of
 /// the submit stream (`copied`), each submission with the warm journal's
@@ -527,8 +526,6 @@ pub(super) async fn hand_ahead(
     inputs: &mpsc::Sender<Input>,
 ) -> Option<u64> {
     let Ahead {
-        subjects,
-        guard,
         results,
         warm,
         seal,
@@ -539,8 +536,6 @@ pub(super) async fn hand_ahead(
         return None;
     }
     let mut taker = Taker {
-        subjects,
-        guard,
         starts,
         inputs,
         staged: None,
@@ -554,8 +549,6 @@ pub(super) async fn hand_ahead(
 
 /// What [`hand_ahead`] reads from.
 pub(super) struct Ahead<'a> {
-    pub(super) subjects: &'a Subjects,
-    pub(super) guard: &'a Guard,
     pub(super) results: &'a kv::Store,
     pub(super) warm: &'a warm::WarmJournal,
     pub(super) seal: &'a seal::Seal,
@@ -712,12 +705,6 @@ pub(super) mod tests {
     /// sequence it reads the stream from next, and the inputs (`s<seq>`
     /// for a submission, `caught up`).
     async fn hand_over(held: &[u64], seen: u64, last: u64, fails: u64) -> (u64, Vec<String>) {
-        let subjects = Subjects::new("cronoq").unwrap();
-        let guard = Guard::new(
-            Arc::new(Authenticator::disabled()),
-            subjects.clone(),
-            Millis(10_000),
-        );
         let starts = wire::StartIndex::default();
         let (tx, mut rx) = mpsc::channel(100);
         let copied = warm_submits::Copied {
@@ -736,8 +723,6 @@ pub(super) mod tests {
         };
         let next = {
             let mut taker = Taker {
-                subjects: &subjects,
-                guard: &guard,
                 starts: &starts,
                 inputs: &tx,
                 staged: None,

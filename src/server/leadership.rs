@@ -133,21 +133,23 @@ pub(super) async fn lead(
     // A successor prepared while the leader was silent, if nothing it
     // read changed since (`successor`).
     let prepared = prepared.and_then(|p| {
-        let found = successor::Basis {
-            submit_first: startup.first_sequence,
-            submit_last: startup_last,
-            journal_records: warm.as_ref().map_or(u64::MAX, |w| w.records_seen()),
-            max_age: results_max_age,
-        };
         let why = match &warm {
             None => Some("the warm journal is behind"),
-            Some(_) => successor::unusable(&p.basis, &found),
+            Some(warm) => {
+                let found = successor::Basis {
+                    submit_first: startup.first_sequence,
+                    submit_last: startup_last,
+                    journal_records: warm.records_seen(),
+                    max_age: results_max_age,
+                };
+                successor::unusable(&p.basis, &found)
+            }
         };
         match why {
             None => Some(p),
             Some(why) => {
                 tracing::info!(why, "the prepared successor is not used");
-                successor::drop_later(p);
+                drop_later(p);
                 None
             }
         }

@@ -135,30 +135,13 @@ async fn prepare(base: Arc<Base>, lent: Arc<AtomicBool>) -> Option<Prepared> {
         }
         driver
     });
-    let guard = Guard::new(
-        base.auth.clone(),
-        base.subjects.clone(),
-        Millis::from_duration(base.config.server.worker_timeout),
-    )
-    .with_seal(base.seal.clone());
     let ahead = Ahead {
-        subjects: &base.subjects,
-        guard: &guard,
         results: &base.results,
         warm: &base.warm,
         seal: &base.seal,
         starts: &starts,
     };
-    let handing = hand_ahead(ahead, submit.last_sequence, copied, &inputs);
-    // On a thread of its own, as `consume` does at a takeover: tokio
-    // tends to wake the driver's task on the thread that sent to it.
-    let handle = tokio::runtime::Handle::current();
-    let handed = match handle.runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(|| handle.block_on(handing))
-        }
-        _ => handing.await,
-    };
+    let handed = beside_the_driver(hand_ahead(ahead, submit.last_sequence, copied, &inputs)).await;
     drop(inputs);
     let driver = holder.await.ok()?;
     let Some(handed) = handed else {
@@ -181,20 +164,6 @@ async fn prepare(base: Arc<Base>, lent: Arc<AtomicBool>) -> Option<Prepared> {
     })
 }
 
-/// The results bucket stream's last sequence.
-pub(super) async fn journal_last(base: &Base) -> Result<u64, String> {
-    let name = format!("KV_{}", base.subjects.results_bucket());
-    let mut stream = base.js.get_stream(&name).await.map_err(|e| e.to_string())?;
-    let info = stream.info().await.map_err(|e| e.to_string())?;
-    Ok(info.state.last_sequence)
-}
-
-/// Drops `value` on a blocking thread: a driver holding hundreds of
-/// thousands of tasks takes tens of milliseconds to free.
-pub(super) fn drop_later<T: Send + 'static>(value: T) {
-    tokio::task::spawn_blocking(move || drop(value));
-}
-
 /// A preparation under way or done.
 struct Preparation {
     /// The leader record it was begun for.
@@ -210,13 +179,20 @@ impl Preparation {
     /// Stops it (if under way) and drops what it built; resets the copy
     /// of the submit stream it was lent, once it has surely ended.
     async fn drop_all(self, base: &Base) {
-        self.task.abort();
-        if let Ok(Some(prepared)) = self.task.await {
+        let Preparation { task, lent, .. } = self;
+        task.abort();
+        if let Ok(Some(prepared)) = task.await {
             drop_later(prepared);
         }
-        if self.lent.load(Ordering::SeqCst) {
-            base.submissions.reset();
-        }
+        reset_if_lent(&lent, base);
+    }
+}
+
+/// Resets the copy of the submit stream if a preparation that has ended
+/// without leading was lent it (the copy has a hole).
+fn reset_if_lent(lent: &AtomicBool, base: &Base) {
+    if lent.load(Ordering::SeqCst) {
+        base.submissions.reset();
     }
 }
 
@@ -288,11 +264,7 @@ impl Successor {
         match tokio::time::timeout(CLAIM_WAIT, &mut preparation.task).await {
             Ok(Ok(Some(prepared))) => return Some(prepared),
             // Ended without a driver (a panic, copies behind).
-            Ok(_) => {
-                if preparation.lent.load(Ordering::SeqCst) {
-                    base.submissions.reset();
-                }
-            }
+            Ok(_) => reset_if_lent(&preparation.lent, base),
             Err(_) => {
                 tracing::warn!(
                     "the successor's preparation did not end in time; taking over without it"

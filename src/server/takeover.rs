@@ -11,17 +11,10 @@ pub(super) async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
         tracing::info!("reading the journal from the bucket ([server] warm_standby = false)");
         return None;
     }
-    let name = format!("KV_{}", base.subjects.results_bucket());
-    let upto = match base.js.get_stream(&name).await {
-        Ok(mut stream) => match stream.info().await {
-            Ok(info) => info.state.last_sequence,
-            Err(e) => {
-                tracing::warn!(error = %e, "journal stream info; reading the journal cold");
-                return None;
-            }
-        },
+    let upto = match journal_last(base).await {
+        Ok(upto) => upto,
         Err(e) => {
-            tracing::warn!(error = %e, "journal stream; reading the journal cold");
+            tracing::warn!(error = %e, "journal stream info; reading the journal cold");
             return None;
         }
     };
@@ -44,6 +37,15 @@ pub(super) async fn warm_journal(base: &Base) -> Option<warm::WarmJournal> {
         );
         None
     }
+}
+
+/// The results bucket stream's last sequence (the journal's last
+/// revision).
+pub(super) async fn journal_last(base: &Base) -> Result<u64, String> {
+    let name = format!("KV_{}", base.subjects.results_bucket());
+    let mut stream = base.js.get_stream(&name).await.map_err(|e| e.to_string())?;
+    let info = stream.info().await.map_err(|e| e.to_string())?;
+    Ok(info.state.last_sequence)
 }
 
 /// The journal record of submission `seq`, if any. Retries while NATS

@@ -169,14 +169,11 @@ impl WarmSubmissions {
     }
 }
 
-/// Drops submissions on a blocking thread when there are many (freeing
-/// 400,000 took 70 ms of a takeover) and a runtime to run it.
+/// Drops submissions on a blocking thread when there are many
+/// ([`super::drop_later`]).
 fn drop_elsewhere(submissions: BTreeMap<u64, Decoded>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if submissions.len() > 1024 => {
-            handle.spawn_blocking(move || drop(submissions));
-        }
-        _ => drop(submissions),
+    if submissions.len() > 1024 {
+        super::drop_later(submissions);
     }
 }
 
