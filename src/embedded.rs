@@ -122,6 +122,10 @@ struct State {
     /// Live tasks fired by schedules, and where their ends go.
     scheduled: rustc_hash::FxHashSet<TaskId>,
     sched_ended: Option<schedules::EndedTx>,
+    /// The stop switch of an attempt whose end was recorded, for the next
+    /// start that has none at hand (a submission's): no allocation per
+    /// eagerly started attempt.
+    spare_stop: Option<Arc<StopCell>>,
 }
 
 struct Clock {
@@ -263,6 +267,7 @@ impl SchedulerBuilder {
                 armed: None,
                 scheduled: Default::default(),
                 sched_ended: None,
+                spare_stop: None,
             }),
             wake: Notify::new(),
             clock: Clock {
@@ -365,8 +370,11 @@ impl Scheduler {
                 let spec = task.to_spec(id, inner.max_payload_bytes)?;
                 return Err(Error::NoExecutor(spec.pool));
             };
-            let spec = task.to_spec_in(id, inner.max_payload_bytes, pool.clone())?;
+            // Validated by the core at `Submitted`; a keyed resubmission
+            // that finds its task never gets there, so is checked here.
+            let spec = task.spec_in(id, inner.max_payload_bytes, pool.clone())?;
             if let Some(key) = task.key() {
+                spec.validate()?;
                 if let Some(existing) = st.ledger.by_key(key) {
                     // The same task (live, or finished and retained).
                     let (tx, rx) = waiter::channel();
@@ -587,7 +595,11 @@ impl Inner {
                     if let Some(tx) = &entry.extra {
                         tx.prefetch();
                     }
-                    let stop = StopCell::reuse(&mut reuse.stop);
+                    let spare = match reuse.stop {
+                        Some(_) => &mut reuse.stop,
+                        None => &mut st.spare_stop,
+                    };
+                    let stop = StopCell::reuse(spare);
                     let run = entry.run_extra();
                     run.abort = Some((attempt, stop.clone()));
                     let traceparent = run.traceparent.clone();
@@ -685,7 +697,13 @@ impl Inner {
             ) {
                 tracing::warn!(task_id = %task, attempt, error = %e, "attempt outcome refused");
             }
-            self.carry_out_into(&mut st, now, work)
+            self.carry_out_into(&mut st, now, work);
+            if work.jobs.first.is_none() && st.spare_stop.is_none() {
+                // The ended attempt's switch, held by the runner alone and
+                // not taken by a start of this end (that runner goes on with
+                // it): kept for a submission's start.
+                st.spare_stop = work.reuse.stop.take();
+            }
         }
     }
 

@@ -1149,13 +1149,26 @@ async fn bad_task_input_is_refused_with_invalid_argument_and_changes_nothing() {
 
     // The limits are inclusive: 16 bytes and one attempt are fine.
     let out = sched
-        .submit(Task::new("x".repeat(16)).pool(POOL).max_attempts(1))
+        .submit(
+            Task::new("x".repeat(16))
+                .pool(POOL)
+                .max_attempts(1)
+                .idempotency_key("k"),
+        )
         .await
         .unwrap()
         .wait()
         .await
         .unwrap();
     assert!(out.is_success());
+    // A keyed resubmission is checked too, though it never reaches the core
+    // (its key finds the task).
+    let again = Task::new("x")
+        .pool(POOL)
+        .idempotency_key("k")
+        .labels(&labels(&[("gpu", "")]));
+    let err = refused(sched.submit(again).await);
+    assert_eq!(err.code(), ErrorCode::INVALID_ARGUMENT, "{err}");
 }
 
 #[tokio::test]

@@ -245,6 +245,20 @@ impl Task {
         max_payload_bytes: usize,
         pool: PoolName,
     ) -> Result<TaskSpec, Rejection> {
+        let spec = self.spec_in(id, max_payload_bytes, pool)?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// [`Task::to_spec_in`] without [`TaskSpec::validate`], for a caller
+    /// that hands the spec straight to the core, which runs it on every
+    /// submission: labels are checked once, not twice, per task.
+    pub(crate) fn spec_in(
+        &self,
+        id: TaskId,
+        max_payload_bytes: usize,
+        pool: PoolName,
+    ) -> Result<TaskSpec, Rejection> {
         debug_assert_eq!(pool.as_str(), self.pool);
         if let Some(e) = self.label_errors.first() {
             return Err(Rejection::InvalidArgument(e.clone()));
@@ -295,7 +309,6 @@ impl Task {
             }),
             attempt_timeout: self.attempt_timeout.map(Millis::from_duration),
         };
-        spec.validate()?;
         Ok(spec)
     }
 }
