@@ -93,7 +93,7 @@ type ExecutorFn = Arc<dyn Fn(TaskContext, Bytes) -> BoxFuture + Send + Sync>;
 /// A waiter's end: the outcome goes over in its compact form, and the
 /// waiter's thread builds the [`Outcome`] (allocating its attempt list
 /// there, where it is freed).
-use waiter::OutcomeTx;
+use waiter::{OutcomeRx, OutcomeTx};
 
 /// What the embedded shell keeps beside the ledger's record of a live
 /// task: its first waiter (most tasks have exactly one).
@@ -126,6 +126,11 @@ struct State {
     /// start that has none at hand (a submission's): no allocation per
     /// eagerly started attempt.
     spare_stop: Option<Arc<StopCell>>,
+    /// Outcomes of tasks that finished by another hand (a cancel) while
+    /// their submitting call still held the placeholder
+    /// ([`OutcomeTx::SUBMITTER`]); it takes them before it returns.
+    /// Boxed: rarely used, and kept out of the state's hot lines.
+    unclaimed: Option<Box<FxHashMap<TaskId, Done>>>,
 }
 
 struct Clock {
@@ -268,6 +273,7 @@ impl SchedulerBuilder {
                 scheduled: Default::default(),
                 sched_ended: None,
                 spare_stop: None,
+                unclaimed: None,
             }),
             wake: Notify::new(),
             clock: Clock {
@@ -358,7 +364,7 @@ impl Scheduler {
     pub(crate) fn submit_with(&self, task: Task, eager: bool) -> Result<TaskHandle, Error> {
         let inner = &self.inner;
         let now = inner.clock.now();
-        let (rx, jobs) = {
+        let submitted = {
             let mut st = inner.lock();
             let id = TaskId(st.next_id);
             // The pool's name as the executor map holds it: no allocation.
@@ -391,7 +397,16 @@ impl Scheduler {
             }
             inner.core_event(&mut st, now, Event::Submitted(spec))?;
             st.next_id += 1;
-            let (tx, rx) = waiter::channel();
+            // Polled here, the task's first attempt may finish it before
+            // this call returns: then the handle gets the outcome itself,
+            // and no slot is made (nor shared between threads) for it.
+            let eager = eager && inner.eager_start;
+            let (tx, mut rx) = if eager {
+                (OutcomeTx::SUBMITTER, None)
+            } else {
+                let (tx, rx) = waiter::channel();
+                (tx, Some(rx))
+            };
             st.ledger
                 .accept(id, &pool, task.payload.clone(), task.key(), Some(tx), now);
             st.ledger.set_schedule(id, task.schedule.clone());
@@ -403,15 +418,33 @@ impl Scheduler {
                     entry.run_extra().traceparent = Some(tp.to_string());
                 }
             }
-            let jobs = inner.carry_out(&mut st, now);
-            ((id, rx), jobs)
+            let mut work = Work {
+                catch: eager.then_some(id),
+                ..Work::default()
+            };
+            inner.carry_out_into(&mut st, now, &mut work);
+            if eager {
+                rx = work.caught.take();
+                let starts_here = work.jobs.iter().any(|job| job.ctx.task_id == id);
+                if rx.is_none() && !starts_here {
+                    rx = Some(inner.claim_in(&mut st, id));
+                }
+                if rx.is_some() {
+                    work.catch = None;
+                }
+            }
+            (id, rx, work, eager)
         };
-        if eager {
-            inner.start_eagerly(jobs);
+        let (id, rx, work, eager) = submitted;
+        let rx = if eager {
+            let started = inner.start_eagerly(work);
+            rx.or(started)
         } else {
-            inner.spawn_all(jobs);
-        }
-        Ok(TaskHandle { id: rx.0, rx: rx.1 })
+            inner.spawn_all(work);
+            rx
+        };
+        let rx = rx.expect("the submitted task has its outcome or a slot");
+        Ok(TaskHandle { id, rx })
     }
 
     /// Cancels a task: a waiting one ends at once, a running one is aborted.
@@ -506,7 +539,7 @@ impl State {
 /// A submitted task: its id, and a way to wait for its outcome.
 pub struct TaskHandle {
     id: TaskId,
-    rx: waiter::OutcomeRx,
+    rx: OutcomeRx,
 }
 
 impl TaskHandle {
@@ -566,6 +599,8 @@ impl Inner {
             jobs,
             outcomes,
             reuse,
+            catch,
+            caught,
         } = work;
         let mut actions = std::mem::take(&mut st.actions);
         for action in actions.drain(..) {
@@ -660,7 +695,23 @@ impl Inner {
                             let _ = tx.send((task, state));
                         }
                     }
-                    outcomes.push((done.outcome, done.extra, done.run_extra.more_waiters));
+                    let more = done.run_extra.more_waiters;
+                    if !done.extra.as_ref().is_some_and(OutcomeTx::is_submitter) {
+                        outcomes.push((done.outcome, done.extra, more));
+                        continue;
+                    }
+                    // The submitting call's: it takes the outcome now (its
+                    // own attempt's end) or before it returns.
+                    if !more.is_empty() {
+                        outcomes.push((done.outcome.copy(), None, more));
+                    }
+                    if *catch == Some(task) {
+                        *caught = Some(waiter::ready(done.outcome));
+                        *catch = None;
+                    } else {
+                        let unclaimed = st.unclaimed.get_or_insert_with(Default::default);
+                        unclaimed.insert(task, done.outcome);
+                    }
                 }
             }
         }
@@ -698,6 +749,11 @@ impl Inner {
                 tracing::warn!(task_id = %task, attempt, error = %e, "attempt outcome refused");
             }
             self.carry_out_into(&mut st, now, work);
+            if let Some(id) = work.catch.take() {
+                // The submitted task's first attempt ended without finishing
+                // it (a retry, or a cancel that finished it first).
+                work.caught = Some(self.claim_in(&mut st, id));
+            }
             if work.jobs.first.is_none() && st.spare_stop.is_none() {
                 // The ended attempt's switch, held by the runner alone and
                 // not taken by a start of this end (that runner goes on with
@@ -705,6 +761,36 @@ impl Inner {
                 st.spare_stop = work.reuse.stop.take();
             }
         }
+    }
+
+    /// The submitting call's way to its task's outcome, when it no longer
+    /// runs the task's attempt itself: the outcome if the task finished
+    /// meanwhile, else a slot in place of its placeholder.
+    fn claim(&self, id: TaskId) -> OutcomeRx {
+        self.claim_in(&mut self.lock(), id)
+    }
+
+    /// [`Inner::claim`] under the lock.
+    fn claim_in(&self, st: &mut State, id: TaskId) -> OutcomeRx {
+        if let Some(done) = st.unclaimed.as_mut().and_then(|u| u.remove(&id)) {
+            return waiter::ready(done);
+        }
+        let (tx, rx) = waiter::channel();
+        match st.ledger.get_mut(id) {
+            Some(entry) => {
+                // The placeholder is the first waiter: set at submit.
+                debug_assert!(entry.extra.as_ref().is_some_and(OutcomeTx::is_submitter));
+                entry.extra = Some(tx);
+            }
+            None => {
+                // Not reached: a task that finished with the placeholder
+                // left its outcome in `unclaimed`.
+                if let Some(done) = st.ledger.outcome_done(id) {
+                    tx.send(done);
+                }
+            }
+        }
+        rx
     }
 
     fn tick(self: &Arc<Self>) {

@@ -4,6 +4,7 @@
 //! and the snapshot. Time-dependent tests run under paused tokio time.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -624,6 +625,73 @@ async fn without_eager_start_submit_runs_no_executor_code() {
     assert_eq!(busy(&sched), 1);
     assert!(handle.wait().await.unwrap().is_success());
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(busy(&sched), 0);
+}
+
+/// With eager start, `submit` polls the task's first attempt itself and,
+/// when that finishes the task, hands the outcome over with no slot. What
+/// else can reach the task meanwhile still lands on every waiter: a cancel
+/// of the task from inside that first poll (the outcome goes to the
+/// submitting call, with nothing retained to fall back on), whether the
+/// attempt then returns or stays pending; and a keyed resubmission and a
+/// wait by id made from inside it.
+#[tokio::test]
+async fn what_reaches_a_task_during_its_eager_first_poll_reaches_every_waiter() {
+    let sched = Scheduler::builder().retain_finished(0).build().unwrap();
+    sched.set_capacity(POOL, 2).unwrap();
+    let inside: Arc<Mutex<Vec<TaskHandle>>> = Arc::default();
+    let waits = Arc::new(Mutex::new(Vec::new()));
+    let (s, seen, w) = (sched.clone(), inside.clone(), waits.clone());
+    sched
+        .executor(POOL, move |ctx: TaskContext, payload: Bytes| {
+            let (s, seen, w) = (s.clone(), seen.clone(), w.clone());
+            async move {
+                match &payload[..] {
+                    b"cancel-then-return" => s.cancel(ctx.task_id).unwrap(),
+                    b"cancel-then-hang" => {
+                        s.cancel(ctx.task_id).unwrap();
+                        std::future::pending::<()>().await;
+                    }
+                    b"keyed" => {
+                        let again = Task::new("again").pool(POOL).idempotency_key("k");
+                        seen.lock().unwrap().push(s.submit_now(again).unwrap());
+                        // Polled once here, so it waits from inside.
+                        let by_id = s.clone();
+                        let mut wait = Box::pin(async move { by_id.wait(ctx.task_id).await });
+                        std::future::poll_fn(|cx| {
+                            assert!(wait.as_mut().poll(cx).is_pending());
+                            std::task::Poll::Ready(())
+                        })
+                        .await;
+                        w.lock().unwrap().push(wait);
+                    }
+                    _ => {}
+                }
+                Ok(payload)
+            }
+        })
+        .unwrap();
+
+    for what in ["cancel-then-return", "cancel-then-hang"] {
+        let handle = sched.submit(Task::new(what).pool(POOL)).await.unwrap();
+        let out = handle.wait().await.unwrap();
+        assert_eq!(out.state, TaskState::Cancelled, "{what}");
+    }
+    let first = sched
+        .submit(Task::new("keyed").pool(POOL).idempotency_key("k"))
+        .await
+        .unwrap();
+    let again = inside.lock().unwrap().pop().expect("resubmitted inside");
+    assert_eq!(again.id(), first.id());
+    let by_id = waits.lock().unwrap().pop().expect("waited inside");
+    for out in [
+        first.wait().await.unwrap(),
+        again.wait().await.unwrap(),
+        by_id.await.unwrap(),
+    ] {
+        assert_eq!(out.state, TaskState::Succeeded);
+        assert_eq!(out.output.as_deref(), Some(&b"keyed"[..]));
+    }
     assert_eq!(busy(&sched), 0);
 }
 

@@ -19,6 +19,7 @@ use futures_util::future::CatchUnwind;
 use futures_util::task::AtomicWaker;
 use futures_util::FutureExt;
 
+use super::waiter::OutcomeRx;
 use super::{BoxFuture, Done, ExecutorFn, Inner, Job, OutcomeTx};
 use crate::core::{AttemptOutcome, TaskId};
 use crate::task::TaskError;
@@ -48,6 +49,10 @@ impl<T> Batch<T> {
         }
     }
 
+    pub(super) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.first.iter().chain(&self.rest)
+    }
+
     /// Takes every item, first to last.
     pub(super) fn for_each(&mut self, mut f: impl FnMut(T)) {
         if let Some(first) = self.first.take() {
@@ -65,6 +70,11 @@ pub(super) struct Work {
     pub(super) jobs: Batch<Job>,
     pub(super) outcomes: Batch<(Done, Option<OutcomeTx>, Vec<OutcomeTx>)>,
     pub(super) reuse: Reuse,
+    /// The task whose submitting call does this work, while it holds no
+    /// way to the outcome yet ([`OutcomeTx::SUBMITTER`]).
+    pub(super) catch: Option<TaskId>,
+    /// That way, once found: the outcome itself, or a slot.
+    pub(super) caught: Option<OutcomeRx>,
 }
 
 /// What a runner keeps from one attempt for the next, so that a busy slot
@@ -304,21 +314,19 @@ impl Inner {
     /// polls it again with its own waker). Attempts that the recorded ends
     /// started go to tokio tasks, so a submission does a bounded amount of
     /// other work.
-    pub(super) fn start_eagerly(self: &Arc<Self>, work: Work) {
-        if !self.eager_start {
-            return self.spawn_all(work);
-        }
-        let Work {
-            mut jobs,
-            outcomes,
-            mut reuse,
-        } = work;
-        self.spawn_all(Work {
-            outcomes,
-            ..Work::default()
-        });
+    ///
+    /// Returns the way to the outcome of `work.catch` (the submitted task,
+    /// whose attempt is among the jobs): the outcome itself when its first
+    /// attempt finished it, a slot otherwise.
+    pub(super) fn start_eagerly(self: &Arc<Self>, mut work: Work) -> Option<OutcomeRx> {
+        let catch = work.catch.take();
+        let mut caught = None;
+        let mut jobs = std::mem::take(&mut work.jobs);
+        let mut reuse = std::mem::take(&mut work.reuse);
+        self.deliver(&mut work);
         jobs.for_each(|job| {
             let (task, attempt, launched) = launch(job, &mut reuse);
+            let ours = catch == Some(task);
             let result = match launched {
                 Launched::Done(result) => result,
                 Launched::Running(mut future) => match (&mut future).now_or_never() {
@@ -327,6 +335,11 @@ impl Inner {
                         ended(result)
                     }
                     None => {
+                        if ours {
+                            // A slot in the placeholder's place before the
+                            // attempt can end on another thread.
+                            caught = Some(self.claim(task));
+                        }
                         let runner = Reuse {
                             executor: reuse.executor.clone(),
                             stop: None,
@@ -339,12 +352,17 @@ impl Inner {
             };
             let mut more = Work {
                 reuse: std::mem::take(&mut reuse),
+                catch: ours.then_some(task),
                 ..Work::default()
             };
             self.attempt_ended_into(task, attempt, result, &mut more);
+            if ours {
+                caught = more.caught.take();
+            }
             self.deliver(&mut more);
             reuse = more.reuse;
         });
+        caught
     }
 }
 
