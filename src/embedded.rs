@@ -32,6 +32,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -93,14 +94,14 @@ type ExecutorFn = Arc<dyn Fn(TaskContext, Bytes) -> BoxFuture + Send + Sync>;
 /// A waiter's end: the outcome goes over in its compact form, and the
 /// waiter's thread builds the [`Outcome`] (allocating its attempt list
 /// there, where it is freed).
-use waiter::{OutcomeRx, OutcomeTx};
+use waiter::{HandleWaker, OutcomeRx, OutcomeTx};
 
 /// What the embedded shell keeps beside the ledger's record of a live
-/// task: its first waiter (most tasks have exactly one).
-type Waiter = Option<OutcomeTx>;
+/// task: the waker of its [`TaskHandle`], while one waits (see `waiter`).
+type Waiter = Option<HandleWaker>;
 
 /// Kept once a task runs: the running attempt's stop switch, and waiters
-/// past the first.
+/// other than its handle.
 #[derive(Default)]
 struct RunExtra {
     abort: Option<(u32, Arc<StopCell>)>,
@@ -126,11 +127,9 @@ struct State {
     /// start that has none at hand (a submission's): no allocation per
     /// eagerly started attempt.
     spare_stop: Option<Arc<StopCell>>,
-    /// Outcomes of tasks that finished by another hand (a cancel) while
-    /// their submitting call still held the placeholder
-    /// ([`OutcomeTx::SUBMITTER`]); it takes them before it returns.
-    /// Boxed: rarely used, and kept out of the state's hot lines.
-    unclaimed: Option<Box<FxHashMap<TaskId, Done>>>,
+    /// Outcomes of finished tasks whose [`TaskHandle`] has not taken them
+    /// yet (see `waiter`); a handle dropped first removes its own.
+    unclaimed: FxHashMap<TaskId, Done>,
 }
 
 struct Clock {
@@ -273,7 +272,7 @@ impl SchedulerBuilder {
                 scheduled: Default::default(),
                 sched_ended: None,
                 spare_stop: None,
-                unclaimed: None,
+                unclaimed: FxHashMap::default(),
             }),
             wake: Notify::new(),
             clock: Clock {
@@ -362,6 +361,17 @@ impl Scheduler {
     /// executor code runs on the caller's stack (the schedule shell submits
     /// under its book's lock).
     pub(crate) fn submit_with(&self, task: Task, eager: bool) -> Result<TaskHandle, Error> {
+        self.submit_inner(task, eager, true)
+    }
+
+    /// Submits without a handle: nobody waits on the task's outcome here
+    /// (the API's submit answers with the id; the schedule shell hears ends
+    /// on its own channel), so nothing is kept for a waiter.
+    pub(crate) fn submit_id(&self, task: Task, eager: bool) -> Result<TaskId, Error> {
+        Ok(self.submit_inner(task, eager, false)?.id)
+    }
+
+    fn submit_inner(&self, task: Task, eager: bool, handle: bool) -> Result<TaskHandle, Error> {
         let inner = &self.inner;
         let now = inner.clock.now();
         let submitted = {
@@ -383,6 +393,9 @@ impl Scheduler {
                 spec.validate()?;
                 if let Some(existing) = st.ledger.by_key(key) {
                     // The same task (live, or finished and retained).
+                    if !handle {
+                        return Ok(TaskHandle::detached(existing));
+                    }
                     let (tx, rx) = waiter::channel();
                     match st.ledger.get_mut(existing) {
                         Some(entry) => add_waiter(entry, tx),
@@ -392,23 +405,17 @@ impl Scheduler {
                             }
                         }
                     }
-                    return Ok(TaskHandle { id: existing, rx });
+                    return Ok(TaskHandle {
+                        id: existing,
+                        way: Way::Rx(rx),
+                    });
                 }
             }
             inner.core_event(&mut st, now, Event::Submitted(spec))?;
             st.next_id += 1;
-            // Polled here, the task's first attempt may finish it before
-            // this call returns: then the handle gets the outcome itself,
-            // and no slot is made (nor shared between threads) for it.
-            let eager = eager && inner.eager_start;
-            let (tx, mut rx) = if eager {
-                (OutcomeTx::SUBMITTER, None)
-            } else {
-                let (tx, rx) = waiter::channel();
-                (tx, Some(rx))
-            };
+            let waiter = handle.then(HandleWaker::unpolled);
             st.ledger
-                .accept(id, &pool, task.payload.clone(), task.key(), Some(tx), now);
+                .accept(id, &pool, task.payload.clone(), task.key(), waiter, now);
             st.ledger.set_schedule(id, task.schedule.clone());
             if task.schedule.is_some() && st.sched_ended.is_some() {
                 st.scheduled.insert(id);
@@ -418,33 +425,35 @@ impl Scheduler {
                     entry.run_extra().traceparent = Some(tp.to_string());
                 }
             }
+            // Polled here, the task's first attempt may finish it before
+            // this call returns: then the handle gets the outcome itself,
+            // and it never goes through the state's `unclaimed`.
+            let eager = eager && inner.eager_start;
             let mut work = Work {
-                catch: eager.then_some(id),
+                catch: (eager && handle).then_some(id),
                 ..Work::default()
             };
             inner.carry_out_into(&mut st, now, &mut work);
-            if eager {
-                rx = work.caught.take();
-                let starts_here = work.jobs.iter().any(|job| job.ctx.task_id == id);
-                if rx.is_none() && !starts_here {
-                    rx = Some(inner.claim_in(&mut st, id));
-                }
-                if rx.is_some() {
-                    work.catch = None;
-                }
+            let caught = work.caught.take();
+            if caught.is_some() || !work.jobs.iter().any(|job| job.ctx.task_id == id) {
+                work.catch = None;
             }
-            (id, rx, work, eager)
+            (id, caught, work, eager)
         };
-        let (id, rx, work, eager) = submitted;
-        let rx = if eager {
+        let (id, caught, work, eager) = submitted;
+        let caught = if eager {
             let started = inner.start_eagerly(work);
-            rx.or(started)
+            caught.or(started)
         } else {
             inner.spawn_all(work);
-            rx
+            caught
         };
-        let rx = rx.expect("the submitted task has its outcome or a slot");
-        Ok(TaskHandle { id, rx })
+        let way = match caught {
+            Some(done) => Way::Rx(waiter::ready(done)),
+            None if handle => Way::Claim(Arc::downgrade(inner)),
+            None => Way::Taken,
+        };
+        Ok(TaskHandle { id, way })
     }
 
     /// Cancels a task: a waiting one ends at once, a running one is aborted.
@@ -519,11 +528,7 @@ impl Scheduler {
 }
 
 fn add_waiter(entry: &mut Entry, tx: OutcomeTx) {
-    if entry.extra.is_none() {
-        entry.extra = Some(tx);
-    } else {
-        entry.run_extra().more_waiters.push(tx);
-    }
+    entry.run_extra().more_waiters.push(tx);
 }
 
 impl State {
@@ -539,10 +544,30 @@ impl State {
 /// A submitted task: its id, and a way to wait for its outcome.
 pub struct TaskHandle {
     id: TaskId,
-    rx: OutcomeRx,
+    way: Way,
+}
+
+/// How a handle gets its task's outcome.
+enum Way {
+    /// From a slot (a keyed resubmission's), or the outcome itself.
+    Rx(OutcomeRx),
+    /// Taken from the scheduler's state once the task finishes; its waker
+    /// waits in the task's entry meanwhile (see `waiter`). Weak: a handle
+    /// never keeps a dropped scheduler alive.
+    Claim(std::sync::Weak<Inner>),
+    /// Nothing more to take.
+    Taken,
 }
 
 impl TaskHandle {
+    /// A handle that waits for nothing (`submit_id`).
+    fn detached(id: TaskId) -> TaskHandle {
+        TaskHandle {
+            id,
+            way: Way::Taken,
+        }
+    }
+
     /// The task's id.
     pub fn id(&self) -> TaskId {
         self.id
@@ -552,13 +577,67 @@ impl TaskHandle {
     ///
     /// Every waiter of a task (a keyed resubmission gets one too) hears its
     /// outcome; the only way to hear nothing is the scheduler being dropped
-    /// first: [`Error::Closed`]. The handle holds no reference to the
-    /// scheduler, so it never keeps a dropped one alive.
-    pub async fn wait(self) -> Result<Outcome, Error> {
-        self.rx
+    /// first: [`Error::Closed`]. The handle holds only a weak reference to
+    /// the scheduler, so it never keeps a dropped one alive.
+    pub async fn wait(mut self) -> Result<Outcome, Error> {
+        std::future::poll_fn(|cx| self.poll_done(cx))
             .await
             .map(Done::into_outcome)
             .map_err(|_| Error::Closed)
+    }
+
+    fn poll_done(&mut self, cx: &mut Context<'_>) -> Poll<Result<Done, waiter::Closed>> {
+        let inner = match &mut self.way {
+            Way::Rx(rx) => return Pin::new(rx).poll(cx),
+            Way::Taken => return Poll::Ready(Err(waiter::Closed)),
+            Way::Claim(inner) => inner.upgrade(),
+        };
+        let polled = match &inner {
+            Some(inner) => {
+                let mut st = inner.lock();
+                match st.unclaimed.remove(&self.id) {
+                    Some(done) => Poll::Ready(Ok(done)),
+                    None => match st.ledger.get_mut(self.id) {
+                        Some(entry) => {
+                            entry
+                                .extra
+                                .get_or_insert_with(HandleWaker::unpolled)
+                                .register(cx.waker());
+                            Poll::Pending
+                        }
+                        // Not reached: a task with a handle leaves its
+                        // outcome in `unclaimed`.
+                        None => Poll::Ready(Err(waiter::Closed)),
+                    },
+                }
+            }
+            // The scheduler went away (its state's drop woke us).
+            None => Poll::Ready(Err(waiter::Closed)),
+        };
+        if polled.is_ready() {
+            self.way = Way::Taken;
+        }
+        polled
+    }
+}
+
+impl Drop for TaskHandle {
+    /// A handle dropped before its task's outcome: nothing is kept for it.
+    fn drop(&mut self) {
+        let Way::Claim(inner) = &self.way else { return };
+        let Some(inner) = inner.upgrade() else { return };
+        let unclaimed = {
+            let mut st = inner.lock();
+            let done = st.unclaimed.remove(&self.id);
+            if done.is_none() {
+                if let Some(entry) = st.ledger.get_mut(self.id) {
+                    entry.extra = None;
+                }
+            }
+            done
+        };
+        // Freed outside the lock.
+        drop(unclaimed);
     }
 }
 
@@ -598,6 +677,7 @@ impl Inner {
         let Work {
             jobs,
             outcomes,
+            wake,
             reuse,
             catch,
             caught,
@@ -625,11 +705,6 @@ impl Inner {
                         .ledger
                         .started(task, attempt, labels.clone(), None, None, now)
                         .expect("started task has an entry");
-                    // Sent to when the task finishes, usually at this
-                    // attempt's end: in cache by then (see `waiter`).
-                    if let Some(tx) = &entry.extra {
-                        tx.prefetch();
-                    }
                     let spare = match reuse.stop {
                         Some(_) => &mut reuse.stop,
                         None => &mut st.spare_stop,
@@ -696,21 +771,21 @@ impl Inner {
                         }
                     }
                     let more = done.run_extra.more_waiters;
-                    if !done.extra.as_ref().is_some_and(OutcomeTx::is_submitter) {
-                        outcomes.push((done.outcome, done.extra, more));
+                    let Some(handle) = done.extra else {
+                        // Freed outside the lock, with copies for `more`.
+                        outcomes.push((done.outcome, more));
                         continue;
-                    }
-                    // The submitting call's: it takes the outcome now (its
-                    // own attempt's end) or before it returns.
+                    };
                     if !more.is_empty() {
-                        outcomes.push((done.outcome.copy(), None, more));
+                        outcomes.push((done.outcome.copy(), more));
                     }
                     if *catch == Some(task) {
-                        *caught = Some(waiter::ready(done.outcome));
+                        // The submitting call's own attempt finished it.
+                        *caught = Some(done.outcome);
                         *catch = None;
                     } else {
-                        let unclaimed = st.unclaimed.get_or_insert_with(Default::default);
-                        unclaimed.insert(task, done.outcome);
+                        st.unclaimed.insert(task, done.outcome);
+                        wake.push(handle);
                     }
                 }
             }
@@ -749,11 +824,9 @@ impl Inner {
                 tracing::warn!(task_id = %task, attempt, error = %e, "attempt outcome refused");
             }
             self.carry_out_into(&mut st, now, work);
-            if let Some(id) = work.catch.take() {
-                // The submitted task's first attempt ended without finishing
-                // it (a retry, or a cancel that finished it first).
-                work.caught = Some(self.claim_in(&mut st, id));
-            }
+            // The submitted task's first attempt ended without finishing
+            // it (a retry): its handle takes the outcome from the state.
+            work.catch = None;
             if work.jobs.first.is_none() && st.spare_stop.is_none() {
                 // The ended attempt's switch, held by the runner alone and
                 // not taken by a start of this end (that runner goes on with
@@ -761,36 +834,6 @@ impl Inner {
                 st.spare_stop = work.reuse.stop.take();
             }
         }
-    }
-
-    /// The submitting call's way to its task's outcome, when it no longer
-    /// runs the task's attempt itself: the outcome if the task finished
-    /// meanwhile, else a slot in place of its placeholder.
-    fn claim(&self, id: TaskId) -> OutcomeRx {
-        self.claim_in(&mut self.lock(), id)
-    }
-
-    /// [`Inner::claim`] under the lock.
-    fn claim_in(&self, st: &mut State, id: TaskId) -> OutcomeRx {
-        if let Some(done) = st.unclaimed.as_mut().and_then(|u| u.remove(&id)) {
-            return waiter::ready(done);
-        }
-        let (tx, rx) = waiter::channel();
-        match st.ledger.get_mut(id) {
-            Some(entry) => {
-                // The placeholder is the first waiter: set at submit.
-                debug_assert!(entry.extra.as_ref().is_some_and(OutcomeTx::is_submitter));
-                entry.extra = Some(tx);
-            }
-            None => {
-                // Not reached: a task that finished with the placeholder
-                // left its outcome in `unclaimed`.
-                if let Some(done) = st.ledger.outcome_done(id) {
-                    tx.send(done);
-                }
-            }
-        }
-        rx
     }
 
     fn tick(self: &Arc<Self>) {
@@ -831,3 +874,6 @@ impl std::fmt::Debug for TaskHandle {
         f.debug_struct("TaskHandle").field("id", &self.id).finish()
     }
 }
+
+#[cfg(test)]
+mod tests;

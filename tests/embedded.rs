@@ -1561,6 +1561,15 @@ async fn dropping_the_scheduler_ends_waits_for_tasks_that_cannot_run() {
         .executor(POOL, |_ctx: TaskContext, p: Bytes| async move { Ok(p) })
         .unwrap();
     let stuck = submit(&sched, Task::new("stuck").pool(POOL).label("tpu", "v5")).await;
+    // One handle already waiting (its waker kept with the task) when the
+    // scheduler goes, one polled only after.
+    let waiting = submit(&sched, Task::new("waiting").pool(POOL).label("tpu", "v5")).await;
+    let start = tokio::time::Instant::now();
+    let waiting = tokio::spawn(tokio::time::timeout(
+        Duration::from_secs(3600),
+        waiting.wait(),
+    ));
+    tokio::task::yield_now().await;
     drop(sched);
     let err = tokio::time::timeout(Duration::from_secs(3600), stuck.wait())
         .await
@@ -1568,6 +1577,20 @@ async fn dropping_the_scheduler_ends_waits_for_tasks_that_cannot_run() {
         .expect_err("no outcome for a task that never ran");
     assert!(matches!(err, Error::Closed), "{err:?}");
     assert_eq!(err.code(), ErrorCode::UNAVAILABLE);
+    let err = waiting
+        .await
+        .expect("joined")
+        .expect("a waiting handle is woken when the scheduler goes")
+        .expect_err("no outcome for a task that never ran");
+    assert!(matches!(err, Error::Closed), "{err:?}");
+    // Woken when the scheduler's state went (its timer loop holds it up
+    // to a second longer), not found by its timeout's last poll: virtual
+    // time moves only when every task is idle.
+    assert!(
+        start.elapsed() <= Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[tokio::test]

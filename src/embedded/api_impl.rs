@@ -21,7 +21,7 @@ impl From<Error> for ApiError {
 
 impl Api for Scheduler {
     fn submit(&self, task: Task) -> ApiFuture<'_, TaskId> {
-        Box::pin(async move { Ok(self.submit_now(task)?.id()) })
+        Box::pin(async move { Ok(self.submit_id(task, self.inner.eager_start)?) })
     }
 
     fn task(&self, id: TaskId) -> ApiFuture<'_, TaskStatus> {

@@ -19,7 +19,7 @@ use futures_util::future::CatchUnwind;
 use futures_util::task::AtomicWaker;
 use futures_util::FutureExt;
 
-use super::waiter::OutcomeRx;
+use super::waiter::HandleWaker;
 use super::{BoxFuture, Done, ExecutorFn, Inner, Job, OutcomeTx};
 use crate::core::{AttemptOutcome, TaskId};
 use crate::task::TaskError;
@@ -63,18 +63,23 @@ impl<T> Batch<T> {
 }
 
 /// What to do once the lock is released: attempts to spawn, outcomes to
-/// hand to waiters (waking a waiter may take a while; not under the lock).
-/// A loop that runs attempt after attempt keeps one and refills it.
+/// send to waiters' slots, handles to wake (waking may take a while; not
+/// under the lock). A loop that runs attempt after attempt keeps one and
+/// refills it.
 #[derive(Default)]
 pub(super) struct Work {
     pub(super) jobs: Batch<Job>,
-    pub(super) outcomes: Batch<(Done, Option<OutcomeTx>, Vec<OutcomeTx>)>,
+    /// Each with the slots to send it to (none: only freed here).
+    pub(super) outcomes: Batch<(Done, Vec<OutcomeTx>)>,
+    /// Handles whose outcome is in the state's `unclaimed` (woken when
+    /// dropped).
+    pub(super) wake: Batch<HandleWaker>,
     pub(super) reuse: Reuse,
-    /// The task whose submitting call does this work, while it holds no
-    /// way to the outcome yet ([`OutcomeTx::SUBMITTER`]).
+    /// The task whose submitting call does this work and polls its first
+    /// attempt: if that attempt finishes it, its outcome goes to `caught`
+    /// (straight into the handle) instead of the state's `unclaimed`.
     pub(super) catch: Option<TaskId>,
-    /// That way, once found: the outcome itself, or a slot.
-    pub(super) caught: Option<OutcomeRx>,
+    pub(super) caught: Option<Done>,
 }
 
 /// What a runner keeps from one attempt for the next, so that a busy slot
@@ -284,15 +289,16 @@ impl Inner {
 
     /// [`Inner::spawn_all`], leaving `work` empty for reuse.
     pub(super) fn deliver(self: &Arc<Self>, work: &mut Work) {
-        work.outcomes.for_each(|(outcome, waiter, more)| {
-            // Copies for the waiters past the first; the first gets it.
-            for tx in more {
-                tx.send(outcome.copy());
-            }
-            if let Some(tx) = waiter {
-                tx.send(outcome);
+        work.outcomes.for_each(|(outcome, mut slots)| {
+            // Copies for all slots but the last, which gets it.
+            if let Some(last) = slots.pop() {
+                for tx in slots {
+                    tx.send(outcome.copy());
+                }
+                last.send(outcome);
             }
         });
+        work.wake.for_each(drop);
         let held = &work.reuse.executor;
         work.jobs.for_each(|mut job| {
             if job.executor.is_none() {
@@ -315,10 +321,10 @@ impl Inner {
     /// started go to tokio tasks, so a submission does a bounded amount of
     /// other work.
     ///
-    /// Returns the way to the outcome of `work.catch` (the submitted task,
-    /// whose attempt is among the jobs): the outcome itself when its first
-    /// attempt finished it, a slot otherwise.
-    pub(super) fn start_eagerly(self: &Arc<Self>, mut work: Work) -> Option<OutcomeRx> {
+    /// Returns the outcome of `work.catch` (the submitted task, whose
+    /// attempt is among the jobs) when its first attempt finished it;
+    /// otherwise its handle takes it from the state later.
+    pub(super) fn start_eagerly(self: &Arc<Self>, mut work: Work) -> Option<Done> {
         let catch = work.catch.take();
         let mut caught = None;
         let mut jobs = std::mem::take(&mut work.jobs);
@@ -335,11 +341,8 @@ impl Inner {
                         ended(result)
                     }
                     None => {
-                        if ours {
-                            // A slot in the placeholder's place before the
-                            // attempt can end on another thread.
-                            caught = Some(self.claim(task));
-                        }
+                        // Goes on on another thread: the handle takes the
+                        // outcome from the state.
                         let runner = Reuse {
                             executor: reuse.executor.clone(),
                             stop: None,

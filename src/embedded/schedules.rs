@@ -6,7 +6,7 @@
 //! - **Started lazily**: the book and its loop exist from the first
 //!   schedule call on; a scheduler that never schedules pays nothing but
 //!   an empty-set check when a task finishes.
-//! - **Fires** are submitted with `submit_with(.., eager: false)` and the tick's idempotency
+//! - **Fires** are submitted with `submit_id(.., eager: false)` and the tick's idempotency
 //!   key, so a tick's task is found again rather than doubled (a backfill
 //!   of a tick that fired, while its outcome is retained).
 //! - **Run ends** come from the scheduler's own completion path: when a
@@ -190,9 +190,8 @@ impl Scheduler {
                     tick,
                     kind,
                     task,
-                } => match self.submit_with(*task, false) {
-                    Ok(handle) => {
-                        let id = handle.id();
+                } => match self.submit_id(*task, false) {
+                    Ok(id) => {
                         // The fire lag ends now, not when the step began.
                         let accepted_at = self.inner.clock.now();
                         book.accepted(&name, tick, kind, id, accepted_at);

@@ -1,29 +1,28 @@
-//! A waiter's slot: where the runner that finishes a task leaves its
-//! outcome for the [`TaskHandle`](super::TaskHandle) (or
-//! [`Scheduler::wait`](super::Scheduler::wait)) waiting on it — a one-shot
-//! channel like tokio's, with one addition: [`OutcomeTx::prefetch`].
+//! How a waiter hears a task's outcome.
 //!
-//! Why not tokio's oneshot: when tasks queue, a slot is allocated at submit
-//! and filled when the task finishes, often a million tasks later, so the
-//! send misses the cache on every line of it (a fifth of a runner's time in
-//! the queued bench). Here the runner that starts a task's attempt asks for
-//! the slot's lines then, under the lock but without waiting for them; by
-//! the time the attempt ends and its outcome is sent, they are in cache.
+//! A [`TaskHandle`](super::TaskHandle) needs nothing of its own while its
+//! task waits: its task's ledger entry keeps the handle's waker
+//! ([`HandleWaker`], 16 bytes inline), and the outcome, when the task
+//! finishes, is left in the scheduler's state for the handle to take
+//! (`State::unclaimed`). A million waiting tasks with their handles held
+//! cost a million entries and nothing beside them; a slot per handle
+//! (allocated at submit, holding a finished outcome inline) was 120 bytes
+//! more per waiting task. Most short tasks do not even get that far: with
+//! eager start, `submit` polls the task's first attempt itself, and when
+//! that finishes the task the handle is given the outcome ([`ready`]).
 //!
-//! Most short tasks need no slot at all: with eager start, `submit` polls
-//! the task's first attempt itself, and when that finishes the task the
-//! handle is given the outcome ([`ready`]). Until then the task's first
-//! waiter is a placeholder ([`OutcomeTx::SUBMITTER`]); a submission that
-//! leaves the attempt running (or waiting, or retrying) puts a slot in its
-//! place before it returns. A slot costs an allocation that lives until
-//! the handle is awaited, and atomic operations on both sides; at a
-//! million handles held, the fresh pages it took were a tenth of the
-//! eager bench's time.
+//! Every other waiter (a keyed resubmission, [`Scheduler::wait`]) gets a
+//! slot: a one-shot channel like tokio's ([`channel`]), rare enough that
+//! its allocation does not matter.
+//!
+//! [`Scheduler::wait`]: super::Scheduler::wait
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+
+use futures_util::task::noop_waker;
 
 use super::Done;
 
@@ -75,47 +74,16 @@ impl Slot {
 /// The sending end: kept with a live task, consumed by [`OutcomeTx::send`].
 /// Dropped unsent (the scheduler went away), its receiver hears `Closed`.
 pub(super) struct OutcomeTx {
-    /// `None` once sent, and in [`OutcomeTx::SUBMITTER`] (so that a
-    /// ledger entry keeps 8 bytes for its first waiter).
+    /// `None` once sent.
     slot: Option<Arc<Slot>>,
 }
 
 impl OutcomeTx {
-    /// No slot yet: the submitting call, which polls the task's first
-    /// attempt itself, takes the outcome if that attempt finishes the task,
-    /// or puts a slot in its place before it returns
-    /// (`Scheduler::submit_with`). Sending to it does nothing.
-    pub(super) const SUBMITTER: OutcomeTx = OutcomeTx { slot: None };
-
     /// Leaves the outcome for the receiver (kept if it is gone: freed with
     /// the slot).
     pub(super) fn send(mut self, done: Done) {
         if let Some(slot) = self.slot.take() {
             slot.set(State::Sent(done));
-        }
-    }
-
-    /// Whether this is [`OutcomeTx::SUBMITTER`], not a slot.
-    pub(super) fn is_submitter(&self) -> bool {
-        self.slot.is_none()
-    }
-
-    /// Asks the CPU for the slot's memory without waiting for it (a hint:
-    /// nothing changes, nothing can fault), so that a send a while later
-    /// finds it in cache.
-    pub(super) fn prefetch(&self) {
-        if let Some(slot) = &self.slot {
-            // The slot and the counts before it, wherever the allocation
-            // falls across cache lines.
-            let counts = 2 * std::mem::size_of::<usize>();
-            let size = counts + std::mem::size_of::<Slot>();
-            let start = Arc::as_ptr(slot).cast::<u8>().wrapping_sub(counts);
-            let mut at = 0;
-            while at < size {
-                prefetch_line(start.wrapping_add(at));
-                at += 64;
-            }
-            prefetch_line(start.wrapping_add(size - 1));
         }
     }
 }
@@ -168,18 +136,32 @@ impl Future for OutcomeRx {
     }
 }
 
-/// Loads the cache line at `at` without waiting for it.
-#[inline]
-fn prefetch_line(at: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint to the cache: it reads nothing the
-    // program sees and never faults, whatever the address; SSE, which it
-    // needs, is part of every x86_64 target.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+/// A task handle's waker, kept in its task's ledger entry while the task
+/// lives. Dropped, it wakes the handle: when the task finishes (its
+/// outcome is then in the scheduler's state) and when the scheduler goes
+/// away with the task still live (the handle then finds neither and hears
+/// `Closed`), so a handle never waits for something that cannot come.
+pub(super) struct HandleWaker(Waker);
+
+impl HandleWaker {
+    /// A handle that has not been polled yet.
+    pub(super) fn unpolled() -> HandleWaker {
+        HandleWaker(noop_waker())
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
+
+    /// Wakes `waker` instead from now on (no clone when it is the same).
+    pub(super) fn register(&mut self, waker: &Waker) {
+        if !self.0.will_wake(waker) {
+            // The replaced waker is dropped, not woken.
+            self.0 = waker.clone();
+        }
+    }
+}
+
+impl Drop for HandleWaker {
+    fn drop(&mut self) {
+        self.0.wake_by_ref();
+    }
 }
 
 #[cfg(test)]
@@ -209,7 +191,6 @@ mod tests {
     #[test]
     fn an_outcome_sent_first_is_there_at_the_first_poll() {
         let (tx, rx) = channel();
-        tx.prefetch();
         tx.send(done(1));
         let got = rx.now_or_never().expect("ready").expect("sent");
         assert_eq!(got.into_outcome().id, TaskId(1));
@@ -245,14 +226,31 @@ mod tests {
         assert!((&mut rx).now_or_never().expect("ready").is_err());
     }
 
-    #[test]
-    fn the_submitters_placeholder_is_no_slot_and_sending_to_it_does_nothing() {
-        let tx = OutcomeTx::SUBMITTER;
-        assert!(tx.is_submitter());
-        tx.prefetch();
-        tx.send(done(5));
-        let (tx, _rx) = channel();
-        assert!(!tx.is_submitter());
+    #[tokio::test]
+    async fn a_handle_waker_wakes_its_handle_when_dropped_not_when_replaced() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::task::Wake;
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let (first, second) = (
+            Arc::new(Count(AtomicUsize::new(0))),
+            Arc::new(Count(AtomicUsize::new(0))),
+        );
+        let mut waker = HandleWaker::unpolled();
+        waker.register(&Waker::from(first.clone()));
+        waker.register(&Waker::from(first.clone()));
+        waker.register(&Waker::from(second.clone()));
+        assert_eq!(first.0.load(Ordering::SeqCst), 0, "replaced, not woken");
+        drop(waker);
+        assert_eq!(
+            second.0.load(Ordering::SeqCst),
+            1,
+            "woken once, when dropped"
+        );
     }
 
     #[test]
