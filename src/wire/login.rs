@@ -25,6 +25,26 @@ use std::sync::Arc;
 
 use crate::core::Rejection;
 
+/// How long a lost connection waits before its `attempts`-th reconnect:
+/// none for the first two, then doubling from 2 ms, at most
+/// [`RECONNECT_MAX_DELAY`]. async-nats's default doubles up to 4 s, so a
+/// connection that failed a dozen times while nats-server restarted (in
+/// half a second) could wait seconds more after it was back: past a
+/// worker's lease (a leader's replies held back, attempts lost on a live
+/// worker; `tests/chaos.rs` saw a 5.6 s gap after a 620 ms restart). A
+/// refused connect to a server that is down costs it little; every
+/// process of a cronoq deployment retries at most 4 times a second.
+pub fn reconnect_delay(attempts: usize) -> std::time::Duration {
+    let ms = match attempts {
+        0 | 1 => 0,
+        n => 1u64 << (n - 1).min(16),
+    };
+    std::time::Duration::from_millis(ms).min(RECONNECT_MAX_DELAY)
+}
+
+/// The longest wait between two reconnects (see [`reconnect_delay`]).
+pub const RECONNECT_MAX_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// The longest inbox prefix accepted.
 const MAX_INBOX_PREFIX: usize = 128;
 
@@ -121,9 +141,11 @@ impl NatsLogin {
 }
 
 impl LoadedLogin {
-    /// Fresh connect options that log in this way.
+    /// Fresh connect options that log in this way, reconnecting as
+    /// [`reconnect_delay`] says.
     pub fn options(&self) -> async_nats::ConnectOptions {
-        let mut options = async_nats::ConnectOptions::new();
+        let mut options =
+            async_nats::ConnectOptions::new().reconnect_delay_callback(reconnect_delay);
         if let Some(prefix) = &self.inbox_prefix {
             options = options.custom_inbox_prefix(prefix);
         }
@@ -303,6 +325,18 @@ mod tests {
                 "{name}: {message}"
             );
             assert!(!message.contains(&seed) && !message.contains(&account_seed));
+        }
+    }
+
+    #[test]
+    fn reconnects_wait_at_most_a_quarter_second() {
+        use std::time::Duration;
+        let waits: Vec<Duration> = (0..12).map(reconnect_delay).collect();
+        assert_eq!(waits[..4], [0, 0, 2, 4].map(Duration::from_millis));
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]));
+        // async-nats's own would be 2 s and 4 s by now.
+        for attempts in [12, 13, 40, usize::MAX] {
+            assert_eq!(reconnect_delay(attempts), RECONNECT_MAX_DELAY);
         }
     }
 

@@ -30,6 +30,15 @@ pub(crate) fn renew_every(ttl: Millis) -> Millis {
     Millis((ttl.0 / 3).max(20))
 }
 
+/// How soon a renewal that went unanswered (or was refused for a reason
+/// that does not mean the lease is gone) is asked again: a quarter of
+/// [`renew_every`], not a whole one, so that a short outage (nats-server
+/// restarting, a connection's reconnect) costs no lease: the renewal
+/// that fails just after it does not leave the lease a period short.
+pub(crate) fn renew_retry(ttl: Millis) -> Millis {
+    Millis((renew_every(ttl).0 / 4).max(20))
+}
+
 /// Whether a renewal refused with `code` means the lease is gone (the
 /// leader no longer knows the attempt, or knows a newer one): the attempt
 /// stops and reports nothing. Any other refusal is asked again.
@@ -209,6 +218,16 @@ mod tests {
 
     fn key(t: u64, a: u32) -> AttemptKey {
         (TaskId(t), a)
+    }
+
+    #[test]
+    fn a_failed_renewal_is_asked_again_within_a_quarter_period() {
+        // The chaos test's lease: renewed every second; after a renewal
+        // lost to a restarting nats-server, the next goes 250 ms later, so
+        // three more may fail before the lease (3 s) runs out.
+        assert_eq!(renew_every(Millis(3000)), Millis(1000));
+        assert_eq!(renew_retry(Millis(3000)), Millis(250));
+        assert_eq!(renew_retry(Millis(30)), Millis(20));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::wire::{
     Ack, AttemptReport, AttemptReportsReply, AttemptResult, Heartbeat, HeartbeatReply, Lease,
     Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, PROTOCOL_VERSION,
 };
-use crate::worker::rules::{lease_lost, renew_every, LeaseVerdict, RevokeVerdict};
+use crate::worker::rules::{lease_lost, renew_every, renew_retry, LeaseVerdict, RevokeVerdict};
 
 /// A request a worker waits on.
 enum Wait {
@@ -249,7 +249,14 @@ impl World {
                             worker.end_run(key, epoch);
                         }
                     }
-                    Ok(Err(_)) | Err(TryRecvError::Closed) => {}
+                    // Unanswered or refused otherwise: asked again soon.
+                    Ok(Err(_)) | Err(TryRecvError::Closed) => {
+                        if let Some(run) = worker.runs.get_mut(&key) {
+                            if run.epoch == epoch {
+                                run.next_renew = now + renew_retry(Millis(LEASE_TTL)).0;
+                            }
+                        }
+                    }
                     Err(TryRecvError::Empty) => still.push(Wait::Renew(key, epoch, rx)),
                 },
                 Wait::Report(key, epoch, mut rx) => match rx.try_recv() {

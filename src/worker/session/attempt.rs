@@ -99,11 +99,11 @@ impl Attempt {
             attempt: lease.attempt,
             epoch: lease.epoch,
         };
-        let mut period = renew_period(lease.ttl);
+        let mut ttl = lease.ttl;
+        let mut period = renew_period(ttl);
         let mut next = Instant::now() + period;
         loop {
             tokio::time::sleep_until(next).await;
-            next = Instant::now() + period;
             let timeout = self.link.request_timeout.min(period);
             match self
                 .link
@@ -111,7 +111,8 @@ impl Attempt {
                 .await
             {
                 Ok(reply) => {
-                    period = renew_period(reply.ttl);
+                    ttl = reply.ttl;
+                    period = renew_period(ttl);
                     next = Instant::now() + period;
                 }
                 Err(e) if e.is_stale() => {
@@ -124,13 +125,16 @@ impl Attempt {
                     );
                     return;
                 }
-                Err(e) => tracing::warn!(
-                    worker_id = %self.link.worker_id,
-                    task_id = %lease.task_id,
-                    attempt = lease.attempt,
-                    error = %e,
-                    "lease renewal failed"
-                ),
+                Err(e) => {
+                    tracing::warn!(
+                        worker_id = %self.link.worker_id,
+                        task_id = %lease.task_id,
+                        attempt = lease.attempt,
+                        error = %e,
+                        "lease renewal failed"
+                    );
+                    next = Instant::now() + crate::worker::rules::renew_retry(ttl).to_duration();
+                }
             }
         }
     }
