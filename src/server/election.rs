@@ -12,7 +12,10 @@
 //!   sequences only grow, so epochs do too.
 //! * **Holding**: the leader renews every `election_timeout / 4`, expecting
 //!   its own last sequence. A renewal refused as "wrong last sequence" means
-//!   someone took over: the leader steps down at once.
+//!   someone took over (unless the last record is its own: a renewal whose
+//!   acknowledgement was lost): the leader steps down at once. A renewal
+//!   unacknowledged for a period (lost with a NATS reconnect) is asked
+//!   again at once, not after the JetStream timeout.
 //! * **Standing by**: a follower polls the subject; if its sequence has not
 //!   moved for `election_timeout` (measured on the follower's own clock) it
 //!   takes over, expecting that sequence — so of two candidates only one
@@ -475,7 +478,20 @@ impl Election {
             // The right to act runs from when the write was *sent*: a
             // follower starts counting no earlier than it was stored.
             let sent = Instant::now();
-            match self.write(expected, &record).await {
+            // An acknowledgement lost with the connection (nats-server
+            // restarting) would hold the loop for the JetStream timeout,
+            // past the right to act: given up after a renewal period, and
+            // asked again. Had the write been stored after all, the next
+            // one is refused as "wrong last sequence" and the fence is
+            // reclaimed (below).
+            let write = tokio::time::timeout(every, self.write(expected, &record)).await;
+            let write = write.unwrap_or_else(|_| {
+                Write::Failed(format!(
+                    "no acknowledgement within {} ms",
+                    every.as_millis()
+                ))
+            });
+            match write {
                 Write::Stored(seq) => {
                     self.fence.store(seq, Ordering::SeqCst);
                     renewed.set(sent);
@@ -496,6 +512,7 @@ impl Election {
                         return format!("could not renew within the election timeout: {e}");
                     }
                     tracing::warn!(error = %e, "renewing leadership failed; retrying");
+                    wait = (every / 8).max(Duration::from_millis(10));
                 }
             }
         }
