@@ -781,7 +781,7 @@ impl Inner {
                     }
                     if *catch == Some(task) {
                         // The submitting call's own attempt finished it.
-                        *caught = Some(done.outcome);
+                        *caught = Some(Box::new(done.outcome));
                         *catch = None;
                     } else {
                         st.unclaimed.insert(task, done.outcome);

@@ -58,7 +58,9 @@ impl<T> Batch<T> {
         if let Some(first) = self.first.take() {
             f(first);
         }
-        self.rest.drain(..).for_each(f);
+        if !self.rest.is_empty() {
+            self.rest.drain(..).for_each(f);
+        }
     }
 }
 
@@ -79,7 +81,9 @@ pub(super) struct Work {
     /// attempt: if that attempt finishes it, its outcome goes to `caught`
     /// (straight into the handle) instead of the state's `unclaimed`.
     pub(super) catch: Option<TaskId>,
-    pub(super) caught: Option<Done>,
+    /// Boxed: the handle keeps it so, and a `Work` moved between calls
+    /// stays small.
+    pub(super) caught: Option<Box<Done>>,
 }
 
 /// What a runner keeps from one attempt for the next, so that a busy slot
@@ -324,7 +328,7 @@ impl Inner {
     /// Returns the outcome of `work.catch` (the submitted task, whose
     /// attempt is among the jobs) when its first attempt finished it;
     /// otherwise its handle takes it from the state later.
-    pub(super) fn start_eagerly(self: &Arc<Self>, mut work: Work) -> Option<Done> {
+    pub(super) fn start_eagerly(self: &Arc<Self>, mut work: Work) -> Option<Box<Done>> {
         let catch = work.catch.take();
         let mut caught = None;
         let mut jobs = std::mem::take(&mut work.jobs);

@@ -39,8 +39,8 @@ pub(super) fn channel() -> (OutcomeTx, OutcomeRx) {
 }
 
 /// A receiving end that has its outcome already: no slot, nothing shared.
-pub(super) fn ready(done: Done) -> OutcomeRx {
-    OutcomeRx(Rx::Ready(Some(Box::new(done))))
+pub(super) fn ready(done: Box<Done>) -> OutcomeRx {
+    OutcomeRx(Rx::Ready(Some(done)))
 }
 
 struct Slot(Mutex<State>);
@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn a_ready_receiver_has_its_outcome_at_the_first_poll_and_only_once() {
-        let mut rx = ready(done(4));
+        let mut rx = ready(Box::new(done(4)));
         let got = (&mut rx).now_or_never().expect("ready").expect("there");
         assert_eq!(got.into_outcome().id, TaskId(4));
         assert!((&mut rx).now_or_never().expect("ready").is_err());
