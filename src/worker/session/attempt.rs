@@ -100,11 +100,10 @@ impl Attempt {
             epoch: lease.epoch,
         };
         let mut ttl = lease.ttl;
-        let mut period = renew_period(ttl);
-        let mut next = Instant::now() + period;
+        let mut next = Instant::now() + renew_period(ttl);
         loop {
             tokio::time::sleep_until(next).await;
-            let timeout = self.link.request_timeout.min(period);
+            let timeout = self.link.request_timeout.min(renew_period(ttl));
             match self
                 .link
                 .call::<_, RenewReply>("renew", &renew, timeout)
@@ -112,8 +111,7 @@ impl Attempt {
             {
                 Ok(reply) => {
                     ttl = reply.ttl;
-                    period = renew_period(ttl);
-                    next = Instant::now() + period;
+                    next = Instant::now() + renew_period(ttl);
                 }
                 Err(e) if e.is_stale() => {
                     tracing::warn!(
