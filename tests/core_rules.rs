@@ -1198,6 +1198,23 @@ fn a_recovered_waiting_task_goes_on_counting_its_attempts() {
     assert_eq!(lines, ["start t2#2 {}"]);
 }
 
+/// Issue 34, finding 11: a task with the pool's default attempt budget,
+/// recovered waiting (attempt 1 lost) before any worker of its pool has
+/// registered with the new leader, started its retry as attempt 1 again:
+/// the pool was not known yet and its budget counted as 1. The fault
+/// probe's history read `[[1,wA,lost],[1,wB,lost],[2,wC,succeeded]]`.
+#[test]
+fn a_recovered_task_of_a_pool_not_seen_yet_keeps_its_attempt_count() {
+    let mut s = Sim::new();
+    // No capacity, no configuration: the pool is new to this core.
+    let lines = s.recover(task(1).pool("fresh"), 1, None).unwrap();
+    assert_eq!(lines, Vec::<String>::new());
+    assert_eq!(s.view(1).unwrap().attempts, 1);
+    assert_eq!(s.capacity("fresh", "", 1), ["start t1#2 {}"]);
+    // The default budget (3) holds: one more after this, then failed.
+    assert_eq!(s.end(1, LOST), ["retry t1#3 @2000"]);
+}
+
 #[test]
 fn a_recovered_fixed_start_retry_is_not_missed() {
     let mut s = Sim::new();

@@ -321,3 +321,32 @@ async fn a_server_answers_the_hosts_its_config_lists() {
         "{out:?}"
     );
 }
+
+/// Clickjacking (issue 34, finding 8): with auth off the dashboard's
+/// submit form would be a target inside another site's frame. Its page and
+/// assets say never to be framed (`X-Frame-Options: DENY`, CSP
+/// `frame-ancestors 'none'`), and its CSP allows only its own script,
+/// style and API. Reproduction on 53e0b1f: `curl -sI http://127.0.0.1:7070/`
+/// showed neither header.
+#[tokio::test]
+async fn the_dashboard_cannot_be_framed() {
+    let dev = CronoqDev::start().await;
+    let addr = dev.http_url().strip_prefix("http://").unwrap().to_string();
+    for path in ["/", "/dashboard/app.js", "/dashboard/app.css"] {
+        let answer = raw(&addr, "GET", path, &[("Host", &addr)], "").await;
+        assert_eq!(answer.status, 200, "{path}: {answer:?}");
+        let header = |name: &str| {
+            answer
+                .headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| panic!("{path}: no {name}: {answer:?}"))
+        };
+        assert_eq!(header("x-frame-options"), "DENY");
+        let csp = header("content-security-policy");
+        assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+        assert!(csp.contains("default-src 'self'"), "{csp}");
+        assert_eq!(header("x-content-type-options"), "nosniff");
+    }
+}

@@ -499,6 +499,15 @@ async fn deploy_nats_permissions_hold_end_to_end() {
     reader_probe
         .violation("publish", "cronoq.submit.default")
         .await;
+    // Nor can a submitter publish on the fire subject, where only the
+    // leader publishes schedule fires (issue 34).
+    let mut submitter_probe = Probe::login(&url, &users.submitter).await;
+    submitter_probe
+        .publish("cronoq.submit.default.fire", "stolen")
+        .await;
+    submitter_probe
+        .violation("publish", "cronoq.submit.default.fire")
+        .await;
     let held = submitter
         .submit(Task::new("held hold=go").label("gpu", "a100"))
         .await

@@ -7,7 +7,7 @@
 //! `/v1/schedules` reaches the leader the same way. With `[auth]
 //! required` (and a storage key) the leader decides by the caller's
 //! credential: readers list but do not create, a submitter only in its
-//! pools, admins anywhere; without a storage key it refuses to create
+//! pools and changes only its own schedules, admins anywhere; without a storage key it refuses to create
 //! (it could not attribute the fires).
 //!
 //! No test sleeps to wait for something: every wait polls with a deadline.
@@ -335,8 +335,13 @@ async fn credentials_decide_who_may_change_schedules() {
     ] {
         assert_eq!(code(refused), ErrorCode::PERMISSION_DENIED);
     }
-    // Another submitter of the same pool may (schedules are the pool's).
-    assert!(sub_b.pause_schedule("mine").await.unwrap().paused);
+    // Another submitter of the same pool may not: a schedule is changed
+    // by its creator or an admin, as a task is cancelled (issue 34).
+    assert_eq!(
+        code(sub_b.pause_schedule("mine").await),
+        ErrorCode::PERMISSION_DENIED
+    );
+    assert!(sub_a.pause_schedule("mine").await.unwrap().paused);
     assert!(!sub_a.resume_schedule("mine").await.unwrap().paused);
 
     // What was refused changed nothing.

@@ -153,6 +153,41 @@ impl Authenticator {
         self.required
     }
 
+    /// The credential named `name` as the config has it now (`token:<env>`
+    /// or `nkey:<public key>`), if it still exists.
+    pub fn named(&self, name: &str) -> Option<&Principal> {
+        if let Some(key) = name.strip_prefix("nkey:") {
+            return self.nkeys.get(key);
+        }
+        self.tokens
+            .values()
+            .map(|(_, p)| p)
+            .find(|p| p.name == name)
+    }
+
+    /// May a schedule owned by `owner` fire a task into `pool` now? Its
+    /// rights are the owner's current ones, checked at every fire, not
+    /// only when the schedule was made (issue 34): a credential removed
+    /// or narrowed in the config stops its schedules' fires at the next
+    /// start of the leader. With auth off, always.
+    pub fn may_fire(&self, owner: Option<&str>, pool: &PoolName) -> Result<(), WireError> {
+        if !self.required {
+            return Ok(());
+        }
+        let Some(owner) = owner else {
+            return Err(denied(
+                "the schedule has no owner, and credentials are required: it may not fire"
+                    .to_string(),
+            ));
+        };
+        let Some(principal) = self.named(owner) else {
+            return Err(denied(format!(
+                "the schedule's owner {owner} is no longer a credential of this server: it may not fire"
+            )));
+        };
+        principal.may_submit(pool)
+    }
+
     /// The principal of a `token` or `nkey` proof over this message, and
     /// its nonce. Does not look at the nonce's freshness.
     pub fn verify(

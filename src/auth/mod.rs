@@ -244,6 +244,27 @@ impl Principal {
         pool.map_or(Ok(()), |p| self.in_pool(p))
     }
 
+    /// May it trigger, backfill, pause, resume or delete a schedule of
+    /// `pool` created by `owner`? The rule of tasks (issue 34): an admin
+    /// may change any schedule of its pools, a submitter only its own —
+    /// the tasks a schedule starts are its owner's, and only their owner
+    /// (or an admin) may cancel them, so only they may start or stop them.
+    pub fn may_change_schedule(
+        &self,
+        pool: &PoolName,
+        owner: Option<&str>,
+    ) -> Result<(), WireError> {
+        self.may_schedule(Some(pool))?;
+        if self.role == Role::Admin || owner == Some(self.name.as_str()) {
+            Ok(())
+        } else {
+            Err(denied(format!(
+                "credential {} did not create this schedule: only its creator or an admin may change it",
+                self.name
+            )))
+        }
+    }
+
     /// May its role cancel tasks at all? (submitter, admin)
     pub fn may_cancel_some(&self) -> Result<(), WireError> {
         self.role_in(&[Role::Submitter, Role::Admin], "cancel tasks")

@@ -295,6 +295,17 @@ fn roles_pools_and_labels_decide() {
     anon.may_cancel(&batch, None).unwrap();
     anon.may_schedule(Some(&batch)).unwrap();
     assert!(read.may_schedule(None).is_err());
+    // A schedule is changed by its creator or an admin (issue 34).
+    sub.may_change_schedule(&inference, Some("token:SUB"))
+        .unwrap();
+    for owner in [Some("token:OTHER"), None] {
+        let e = sub.may_change_schedule(&inference, owner).unwrap_err();
+        assert_eq!(e.code, ErrorCode::PERMISSION_DENIED);
+        assert!(e.message.contains("only its creator or an admin"), "{e}");
+    }
+    assert!(sub.may_change_schedule(&batch, Some("token:SUB")).is_err());
+    anon.may_change_schedule(&batch, Some("token:OTHER"))
+        .unwrap();
     assert_eq!(anon.scoped_key("k"), "k");
 }
 

@@ -26,11 +26,14 @@ impl Core {
         out: &mut Vec<Action>,
     ) {
         let Some(running) = running else {
-            // Waiting for its next attempt; never past its last one.
+            // Waiting for its next attempt; never past its last one. The
+            // pool's default is read from the pool as `insert` makes it:
+            // one not known yet (no worker registered since the takeover)
+            // once counted as a budget of 1, so the successor started the
+            // retry as attempt 1 again (issue 34, finding 11).
             let max = spec.max_attempts.unwrap_or_else(|| {
-                self.groups
-                    .find_pool(&spec.pool)
-                    .map_or(1, |p| self.groups.pools[p as usize].config.max_attempts)
+                let p = self.groups.pool(&spec.pool);
+                self.groups.pools[p as usize].config.max_attempts
             });
             let attempts = attempts.min(max.saturating_sub(1));
             if attempts == 0 {

@@ -47,11 +47,20 @@ pub(super) fn routes() -> Router<Arc<dyn Api>> {
         .route("/v1/dashboard", get(view))
 }
 
+/// The dashboard's Content Security Policy: its own script, style and
+/// API only, an inline `data:` icon, and never inside a frame (with auth
+/// off its submit form would otherwise be a clickjacking target; issue 34).
+pub const DASHBOARD_CSP: &str = "default-src 'self'; img-src 'self' data:; object-src 'none'; \
+     base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     (
         [
             (header::CONTENT_TYPE, content_type),
             (header::CACHE_CONTROL, "no-cache"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::CONTENT_SECURITY_POLICY, DASHBOARD_CSP),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         ],
         body,
     )

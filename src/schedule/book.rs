@@ -144,6 +144,13 @@ pub struct StoredSchedule {
     /// The recent fires, oldest first.
     #[serde(default)]
     pub history: Vec<FireRecord>,
+    /// The recent skipped ticks, oldest first (stored so a leader change
+    /// keeps them as it keeps the counters; issue 34).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Millis>,
+    /// The recent missed ranges, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missed: Vec<MissedTicks>,
 }
 
 /// One schedule in the book.
@@ -204,6 +211,8 @@ impl Entry {
             created_at: self.created_at,
             counters: self.counters,
             history: self.history.iter().cloned().collect(),
+            skipped: self.skipped.iter().copied().collect(),
+            missed: self.missed.iter().copied().collect(),
         }
     }
 
@@ -413,6 +422,8 @@ impl Book {
             created_at: now,
             counters: ScheduleCounters::default(),
             history: Vec::new(),
+            skipped: Vec::new(),
+            missed: Vec::new(),
         };
         let name = schedule.name.clone();
         self.insert(stored, schedule);
@@ -452,8 +463,14 @@ impl Book {
             created_at: stored.created_at,
             counters: stored.counters,
             history: stored.history.into_iter().collect(),
-            skipped: VecDeque::new(),
-            missed: VecDeque::new(),
+            skipped: stored
+                .skipped
+                .into_iter()
+                .rev()
+                .take(PASSED)
+                .rev()
+                .collect(),
+            missed: stored.missed.into_iter().rev().take(PASSED).rev().collect(),
             wake: None,
         };
         self.entries.insert(name.clone(), entry);

@@ -20,7 +20,7 @@ use bytes::Bytes;
 
 use super::seal::{Fire, Seal};
 use crate::auth::CLOCK_SKEW;
-use crate::core::{ErrorCode, Millis};
+use crate::core::{ErrorCode, Millis, PoolName};
 use crate::task::Task;
 use crate::wire::{self, Subjects, WireError};
 
@@ -32,13 +32,19 @@ pub(crate) const FIRE_SEAL_HEADER: &str = "Cronoq-Fire-Seal";
 /// The subject, headers and body of the submission of `task` fired by
 /// schedule `schedule` (name, tick) for `owner` (the schedule creator's
 /// credential), sealed at `now`: encoded as [`wire::submission`] does with
-/// the schedule fields set, `Nats-Msg-Id` its idempotency key (the tick's
-/// key, never scoped again), the owner and the seal in headers. Only the
-/// servers hold the key: nobody else can make a fire the leader takes.
-/// Without a storage key the fire goes out unsealed, which the leader
-/// takes only with auth off (with auth on the leader refuses schedules
-/// without a storage key). Needs an idempotency key
-/// (`INVALID_ARGUMENT` without), so a fire is never open to replays.
+/// the schedule fields set, published on the pool's fire subject
+/// ([`Subjects::fire`], which no client may publish to under
+/// `deploy/nats/auth.conf`), the owner and the seal in headers. Its
+/// `Nats-Msg-Id` and idempotency key are the tick's key with a MAC under
+/// the storage key appended ([`Seal::fire_id`]): the same for every
+/// leader deciding the tick, so the stream de-duplicates a successor's
+/// publish, but not computable by a client, so none can claim the tick
+/// first (issue 34). Only the servers hold the key: nobody else can make
+/// a fire the leader takes. Without a storage key the fire goes out
+/// unsealed under the plain key, which the leader takes only with auth off
+/// (with auth on the leader refuses schedules without a storage key).
+/// Needs an idempotency key (`INVALID_ARGUMENT` without), so a fire is
+/// never open to replays.
 pub fn fire_submission(
     subjects: &Subjects,
     seal: &Seal,
@@ -47,17 +53,22 @@ pub fn fire_submission(
     owner: Option<&str>,
     now: Millis,
 ) -> Result<(String, HeaderMap, Bytes), WireError> {
-    let Some(msg_id) = task.key() else {
+    let Some(key) = task.key() else {
         return Err(WireError::new(
             ErrorCode::INVALID_ARGUMENT,
             "a schedule fire needs an idempotency key (its tick's)",
         ));
     };
-    let fired = task.clone().scheduled(schedule.0, schedule.1);
-    let (subject, mut headers, body) = wire::submission(subjects, &fired)?;
+    let msg_id = seal.fire_id(key).unwrap_or_else(|| key.to_string());
+    let fired = task
+        .clone()
+        .idempotency_key(msg_id.clone())
+        .scheduled(schedule.0, schedule.1);
+    let (_, mut headers, body) = wire::submission(subjects, &fired)?;
+    let subject = subjects.fire(&PoolName::new(fired.pool_name())?);
     let fire = Fire {
         subject: &subject,
-        msg_id,
+        msg_id: &msg_id,
         owner,
         schedule: Some(schedule),
         sealed_at: now,
@@ -71,6 +82,54 @@ pub fn fire_submission(
     }
     headers.insert(FIRE_SEAL_HEADER, format!("{}.{mac}", now.0).as_str());
     Ok((subject, headers, body))
+}
+
+/// Whether the message the submit stream holds at the sequence it
+/// answered a fire's publish with (as a duplicate: an earlier message had
+/// the fire's `Nats-Msg-Id`) is a fire of the same schedule and tick: on
+/// the fire's subject, its schedule fields naming `schedule`, and — with
+/// a storage key — sealed by a leader ([`claim`]). Anything else merely
+/// holds the tick's id (a forgery, possible only without a storage key or
+/// with a leaked one) and is never recorded as the tick's run: the tick
+/// is recorded refused instead (issue 34).
+pub(crate) fn is_own_fire(
+    seal: &Seal,
+    expected_subject: &str,
+    schedule: (&str, Millis),
+    stored_subject: &str,
+    headers: Option<&HeaderMap>,
+    body: &[u8],
+    stored: Millis,
+) -> bool {
+    if stored_subject != expected_subject {
+        return false;
+    }
+    let Some(fields) = wire::decode::<wire::Submit>(body)
+        .ok()
+        .and_then(|s| wire::schedule_fields(s.schedule, s.scheduled_at).ok())
+        .flatten()
+    else {
+        return false;
+    };
+    if fields.0 != schedule.0 || fields.1 != schedule.1 {
+        return false;
+    }
+    if !seal.is_set() {
+        return true;
+    }
+    matches!(
+        claim(seal, stored_subject, headers, body, Some(&fields), stored),
+        Claim::Sealed { .. }
+    )
+}
+
+/// The refusal recorded for a tick whose id a message that is not its
+/// fire holds.
+pub(crate) fn tick_taken() -> WireError {
+    WireError::new(
+        ErrorCode::PERMISSION_DENIED,
+        "the tick's id is held by a message that is not this schedule's fire: not recorded as its run",
+    )
 }
 
 /// What a submission says about being a schedule fire.
@@ -198,19 +257,27 @@ mod tests {
         let seal = Seal::from_secret(SECRET).unwrap();
         let now = Millis(1_796_443_200_500);
         let published = fire(&seal, Some("token:OPS"), now);
-        let (_, headers, _) = &published;
+        let (subject, headers, _) = &published;
+        // On the fire subject, under an id only the storage key makes:
+        // the tick's key and a MAC of it (the same from every leader).
+        assert_eq!(subject, "cronoq.submit.default.fire");
+        let id = headers.get("Nats-Msg-Id").map(|v| v.as_str().to_string());
+        let id = id.expect("a Nats-Msg-Id");
+        assert!(id.starts_with("schedule:nightly:1796443200000:"), "{id}");
+        assert_eq!(id.len(), "schedule:nightly:1796443200000:".len() + 32);
         assert_eq!(
-            headers.get("Nats-Msg-Id").map(|v| v.as_str()),
-            Some("schedule:nightly:1796443200000")
+            Some(&id),
+            seal.fire_id("schedule:nightly:1796443200000").as_ref()
+        );
+        let other = Seal::from_secret(&format!("{SECRET}x")).unwrap();
+        assert_ne!(
+            Some(&id),
+            other.fire_id("schedule:nightly:1796443200000").as_ref()
         );
         let guard = guard().with_seal(seal.clone());
         let task = consume(&guard, &published, now).unwrap();
         assert_eq!(task.owner.as_deref(), Some("token:OPS"));
-        assert_eq!(
-            task.key(),
-            Some("schedule:nightly:1796443200000"),
-            "not re-scoped"
-        );
+        assert_eq!(task.key(), Some(id.as_str()), "not re-scoped");
         assert_eq!(task.schedule_name(), Some("nightly"));
         assert_eq!(task.scheduled_at(), Some(Millis(1_796_443_200_000)));
         assert_eq!(task.pool_name(), PoolName::DEFAULT);
@@ -267,6 +334,69 @@ mod tests {
         let mut body = good.clone();
         body.2 = wire::submission(&Subjects::default(), &moved).unwrap().2;
         refused(&body);
+    }
+
+    /// A publish answered as a duplicate is the tick's run only if the
+    /// message stored under its id is a fire of the same tick (issue 34,
+    /// findings 2–4): a plain submission, one signed by a submitter with
+    /// the tick's id, another tick's fire, or one sealed under another key
+    /// holding the id is not.
+    #[test]
+    fn only_a_stored_fire_of_the_same_tick_is_taken_as_the_ticks_run() {
+        let seal = Seal::from_secret(SECRET).unwrap();
+        let now = Millis(1_796_443_200_500);
+        let own = |published: &(String, HeaderMap, Bytes), seal: &Seal| {
+            let expected = Subjects::default().fire(&PoolName::default());
+            is_own_fire(
+                seal,
+                &expected,
+                ("nightly", TICK),
+                &published.0,
+                Some(&published.1),
+                &published.2,
+                now,
+            )
+        };
+        assert!(own(&fire(&seal, Some("token:OPS"), now), &seal));
+        // A successor's fire of the same tick, sealed later: the same run.
+        assert!(own(&fire(&seal, None, now.plus(Millis(5))), &seal));
+        // What a client can publish under the tick's id.
+        let plain = wire::submission(&Subjects::default(), &fire_task()).unwrap();
+        assert!(!own(&plain, &seal));
+        let with_fields = wire::submission(
+            &Subjects::default(),
+            &fire_task().scheduled("nightly", TICK),
+        )
+        .unwrap();
+        assert!(!own(&with_fields, &seal), "on the plain subject");
+        let mut moved = with_fields.clone();
+        moved.0 = Subjects::default().fire(&PoolName::default());
+        assert!(!own(&moved, &seal), "unsealed on the fire subject");
+        let other = Seal::from_secret(&format!("{SECRET}x")).unwrap();
+        assert!(!own(&fire(&other, None, now), &seal), "another key");
+        let other_tick = fire_submission(
+            &Subjects::default(),
+            &seal,
+            &fire_task(),
+            ("nightly", Millis(TICK.0 + 60_000)),
+            None,
+            now,
+        )
+        .unwrap();
+        assert!(!own(&other_tick, &seal), "another tick");
+        // Without a storage key nothing can be verified: the fields decide.
+        assert!(own(&moved, &Seal::none()));
+        assert!(!own(&plain, &Seal::none()));
+    }
+
+    /// The fire subject carries fires only: a plain submission published
+    /// there (by a NATS user allowed it) is refused, also with auth off.
+    #[test]
+    fn a_plain_submission_on_the_fire_subject_is_refused() {
+        let mut plain = wire::submission(&Subjects::default(), &Task::new("x")).unwrap();
+        plain.0 = Subjects::default().fire(&PoolName::default());
+        let e = consume(&guard(), &plain, Millis(0)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::PERMISSION_DENIED);
     }
 
     #[test]

@@ -66,9 +66,9 @@ impl Guard {
     /// A submission as the stream stored it (at `stored`): verified, the
     /// pool allowed, its owner set and its idempotency key scoped to the
     /// owner. A schedule fire sealed by the leader is taken as it is, its
-    /// owner the sealed one; anything else that claims to be a fire is
-    /// refused `PERMISSION_DENIED` unless nothing could verify it (no
-    /// storage key, auth off).
+    /// owner the sealed one; anything else that claims to be a fire (or
+    /// comes on a fire subject) is refused `PERMISSION_DENIED` unless
+    /// nothing could verify it (no storage key, auth off).
     pub(crate) fn submission(
         &self,
         subject: &str,
@@ -78,6 +78,7 @@ impl Guard {
         pool: &PoolName,
         mut task: Task,
     ) -> Result<Task, WireError> {
+        let on_fire_subject = self.subjects.is_fire(subject);
         match fires::claim(
             &self.seal,
             subject,
@@ -86,6 +87,8 @@ impl Guard {
             task.schedule.as_ref(),
             stored,
         ) {
+            // The fire subject carries fires only.
+            Claim::None if on_fire_subject => return Err(fires::unverified_fire()),
             Claim::None => {}
             Claim::Sealed { owner } => {
                 task.owner = owner;
@@ -118,7 +121,8 @@ impl Guard {
         Ok(task)
     }
 
-    /// The submitter a stored submission's proof names, if it verifies.
+    /// The submitter a stored submission's proof names, if it verifies (a
+    /// sealed fire's owner for a fire).
     pub(crate) fn owner_of(
         &self,
         subject: &str,
@@ -139,10 +143,11 @@ impl Guard {
                 schedule.as_ref(),
                 stored,
             );
-            return match claim {
-                Claim::Sealed { owner } => owner,
-                Claim::None | Claim::Unverified => None,
-            };
+            if let Claim::Sealed { owner } = claim {
+                return owner;
+            }
+            // A fire header no seal verifies on, on a message a credential
+            // signed: the signer is who sent it (issue 34, finding 10).
         }
         self.auth
             .caller(subject, headers, body, stored)

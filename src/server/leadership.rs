@@ -359,6 +359,7 @@ pub(super) fn new_driver(
                  the leader seals the fires it publishes with the storage key"
                     .to_string()
             }),
+            auth: base.auth.clone(),
         },
         now,
     )

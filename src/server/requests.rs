@@ -276,8 +276,10 @@ pub(super) fn client_request(
 /// creating, pausing, resuming, deleting, triggering and backfilling need
 /// `admin` or a `submitter` allowed the schedule's pool — for a create
 /// the spec's `task.pool` (default `default`), otherwise the existing
-/// schedule's, looked up first. The creator's credential owns the
-/// schedule's tasks. A refusal changes nothing.
+/// schedule's, looked up first — and, to change an existing schedule, a
+/// submitter must be its creator (an admin may change any of its pools).
+/// The creator's credential owns the schedule's tasks. A refusal changes
+/// nothing.
 fn schedule_request(
     client: &async_nats::Client,
     api: &LeaderApi,
@@ -396,12 +398,13 @@ fn pool_of(spec: &crate::schedule::ScheduleSpec) -> Result<PoolName, WireError> 
 }
 
 /// May `caller` change the schedule `name`? Looked up first: it decides
-/// by the schedule's pool (`NOT_FOUND` if there is none). A schedule
-/// deleted and made again in another pool between the look-up and the
-/// change is the one window this leaves.
+/// by the schedule's pool and owner (`NOT_FOUND` if there is none;
+/// [`Principal::may_change_schedule`]: its creator or an admin). A
+/// schedule deleted and made again by someone else between the look-up
+/// and the change is the one window this leaves.
 async fn may_change(api: &LeaderApi, caller: &Principal, name: &str) -> Result<(), WireError> {
     let info = api.get_schedule(name.to_string()).await?;
-    caller.may_schedule(Some(&pool_of(&info.spec)?))
+    caller.may_change_schedule(&pool_of(&info.spec)?, info.owner.as_deref())
 }
 
 /// The first schedules of `list` whose reply fits in `budget` bytes; `more`

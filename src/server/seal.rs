@@ -264,6 +264,22 @@ impl Seal {
         mac.finalize().into_bytes().into()
     }
 
+    /// The `Nats-Msg-Id` (and idempotency key) of the fire whose
+    /// schedule-given key is `key` (`schedule:<name>:<tick ms>`): the key
+    /// then 32 hex digits of an HMAC of it under the storage key (its own
+    /// domain tag), so the same tick gets the same id from every leader
+    /// while nobody without the key can compute it — a client can no
+    /// longer claim a tick's id before the leader fires it (issue 34).
+    /// `None` without a storage key.
+    pub(crate) fn fire_id(&self, key: &str) -> Option<String> {
+        let mut mac =
+            HmacSha256::new_from_slice(self.key.as_ref()?).expect("HMAC takes any key length");
+        mac.update(b"cronoq-fire-id-v1\n");
+        mac.update(key.as_bytes());
+        let mac: [u8; MAC_LEN] = mac.finalize().into_bytes().into();
+        Some(format!("{key}:{}", crate::auth::hex(&mac[..16])))
+    }
+
     /// The seal of a fire (hex), `None` without a storage key.
     pub(crate) fn fire_seal(&self, fire: &Fire<'_>) -> Option<String> {
         let mac = Seal::fire_mac(self.key.as_ref()?, fire);

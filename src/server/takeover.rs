@@ -237,6 +237,16 @@ pub(super) async fn read_starts_once(
     Ok(index)
 }
 
+/// A schedule record as stored: MessagePack, or JSON (`{…}` or `null`)
+/// as leaders before issue 34 wrote it.
+fn decode_schedule_record(body: &[u8]) -> Result<Option<crate::schedule::StoredSchedule>, String> {
+    if body.first() == Some(&b'{') || body == b"null" {
+        serde_json::from_slice(body).map_err(|e| e.to_string())
+    } else {
+        wire::decode(body).map_err(|e| e.message)
+    }
+}
+
 /// Every schedule record (`sched.<name>`) of the results bucket, read
 /// from the stream's leader like the start records; deleted, unsealed and
 /// unreadable ones are left out (and logged).
@@ -252,7 +262,7 @@ pub(super) async fn read_schedules(
                 Ok(body) => body,
                 Err(why) => return seal::log_refused("schedule record", key, why),
             };
-            match serde_json::from_slice::<Option<crate::schedule::StoredSchedule>>(body) {
+            match decode_schedule_record(body) {
                 Ok(Some(stored)) => found.push(stored),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(key, error = %e, "unreadable schedule record ignored"),

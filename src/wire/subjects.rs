@@ -4,6 +4,7 @@
 //! | subject | direction | body |
 //! |---|---|---|
 //! | `P.submit.<pool>` | client → stream | [`super::Submit`] or raw payload + `Cronoq-*` headers |
+//! | `P.submit.<pool>.fire` | leader → stream | a schedule fire: [`super::Submit`], sealed |
 //! | `P.w.<id>.challenge` | worker → leader (request, auth on) | [`super::Challenge`] → [`super::ChallengeReply`] |
 //! | `P.w.<id>.register` | worker → leader (request) | [`super::Register`] → [`super::RegisterReply`] |
 //! | `P.w.<id>.heartbeat` | worker → leader (request) | [`super::Heartbeat`] → [`super::HeartbeatReply`] |
@@ -32,6 +33,9 @@
 //! subject is the body's `worker_id`.
 
 use crate::core::{PoolName, Rejection, TaskId};
+
+/// What ends a fire subject: `P.submit.<pool>.fire`.
+const FIRE_SUFFIX: &str = ".fire";
 
 /// The subjects of one cronoq installation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +84,26 @@ impl Subjects {
         join(&[&self.prefix, ".submit.>"])
     }
 
-    /// The pool named by a submission subject.
+    /// Where the leader publishes the schedule fires of `pool`:
+    /// `P.submit.<pool>.fire`, inside the submit stream but a subject no
+    /// client is granted under `deploy/nats/auth.conf` (submitters may
+    /// publish only `P.submit.<their pool>`), and one the leader takes
+    /// only sealed fires from.
+    pub fn fire(&self, pool: &PoolName) -> String {
+        join(&[&self.prefix, ".submit.", pool.as_str(), FIRE_SUFFIX])
+    }
+
+    /// Whether `subject` is a fire subject ([`Subjects::fire`]).
+    pub fn is_fire(&self, subject: &str) -> bool {
+        subject
+            .strip_prefix(&self.prefix)
+            .and_then(|s| s.strip_prefix(".submit."))
+            .and_then(|rest| rest.strip_suffix(FIRE_SUFFIX))
+            .is_some_and(|pool| PoolName::new(pool).is_ok())
+    }
+
+    /// The pool named by a submission subject (a plain one, or a fire
+    /// subject).
     pub fn pool_of_submit(&self, subject: &str) -> Result<PoolName, Rejection> {
         let rest = subject
             .strip_prefix(&self.prefix)
@@ -88,7 +111,7 @@ impl Subjects {
             .ok_or_else(|| {
                 Rejection::InvalidArgument(format!("{subject} is not a submit subject"))
             })?;
-        PoolName::new(rest)
+        PoolName::new(rest.strip_suffix(FIRE_SUFFIX).unwrap_or(rest))
     }
 
     /// A leader API subject: `register`, `heartbeat`, …
@@ -239,6 +262,14 @@ mod tests {
         assert_eq!(s.submit(&pool), "cq.submit.gpu-pool");
         assert_eq!(s.pool_of_submit("cq.submit.gpu-pool").unwrap(), pool);
         assert!(s.pool_of_submit("cq.submit.a.b").is_err());
+        assert_eq!(s.fire(&pool), "cq.submit.gpu-pool.fire");
+        assert_eq!(s.pool_of_submit("cq.submit.gpu-pool.fire").unwrap(), pool);
+        assert!(s.is_fire("cq.submit.gpu-pool.fire"));
+        let fire_pool = PoolName::new("fire").unwrap();
+        assert!(!s.is_fire(&s.submit(&fire_pool)), "a pool named fire");
+        assert!(s.is_fire(&s.fire(&fire_pool)));
+        assert!(!s.is_fire("cq.submit.gpu-pool"));
+        assert!(!s.is_fire("cq.submit..fire"));
         assert_eq!(s.lease("w1"), "cq.worker.w1.lease");
         assert_eq!(s.submit_stream(), "CQ_SUBMIT");
         assert_eq!(s.leases("w1"), "cq.worker.w1.leases");

@@ -309,4 +309,7 @@ pub(crate) struct Settings {
     /// Why schedules cannot be created here, if they cannot (credentials
     /// required and no storage key to attribute fires with).
     pub schedules_refused: Option<String>,
+    /// The credentials as configured now: a schedule's fire is checked
+    /// against its owner's current rights before it goes out.
+    pub auth: std::sync::Arc<crate::auth::Authenticator>,
 }

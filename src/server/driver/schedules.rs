@@ -128,6 +128,11 @@ impl Schedules {
     }
 }
 
+/// Room a schedule's record keeps for its bounded history (the last
+/// [`crate::schedule::HISTORY`] fires, skipped ticks and missed ranges,
+/// each error an excerpt): far more than they take.
+const HISTORY_RESERVE: usize = 64 * 1024;
+
 fn book_error(e: BookError) -> WireError {
     WireError::new(e.code, e.message)
 }
@@ -151,6 +156,38 @@ impl Driver {
                 Err(e) => tracing::warn!(schedule = %name, error = %e, "stored schedule ignored"),
             }
         }
+    }
+
+    /// Refuses (`INVALID_ARGUMENT`) a schedule whose record could not be
+    /// stored (issue 34): its task payload over the task payload limit,
+    /// or the record with its history over one journal record. A record
+    /// the journal cannot store would hold every later write behind it.
+    fn fits_the_journal(&self, spec: &ScheduleSpec) -> Result<(), WireError> {
+        let payload = spec.task.payload.len();
+        let limit = self.settings.max_payload_bytes;
+        if payload > limit {
+            return Err(WireError::new(
+                ErrorCode::INVALID_ARGUMENT,
+                format!(
+                    "the schedule's task payload is {payload} bytes, over the limit of {limit}"
+                ),
+            ));
+        }
+        let size = wire::encode(spec).len();
+        let room = self
+            .settings
+            .max_record_bytes
+            .saturating_sub(HISTORY_RESERVE);
+        if size > room {
+            return Err(WireError::new(
+                ErrorCode::INVALID_ARGUMENT,
+                format!(
+                    "the schedule takes {size} bytes stored, over the {room} a schedule's record may take \
+                     (its task payload is the most of it)"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Answers a schedule request (deferred until its fires are published
@@ -224,6 +261,7 @@ impl Driver {
                 if let Some(why) = &self.settings.schedules_refused {
                     return Err(WireError::new(ErrorCode::FAILED_PRECONDITION, why.clone()));
                 }
+                self.fits_the_journal(&spec)?;
                 let entry = self
                     .schedules
                     .book
@@ -372,7 +410,8 @@ impl Driver {
     /// Fires go out; cancels are carried out here (or once the fire they
     /// cancel is answered).
     fn carry_out_orders(&mut self, now: Millis, orders: Vec<Order>) {
-        for order in orders {
+        let mut orders = std::collections::VecDeque::from(orders);
+        while let Some(order) = orders.pop_front() {
             match order {
                 Order::Fire {
                     name,
@@ -382,6 +421,22 @@ impl Driver {
                 } => {
                     task.owner = self.schedules.book.get(&name).and_then(|e| e.owner.clone());
                     self.schedules.dirty.insert(name.clone());
+                    // The owner's rights as they are now (issue 34): a
+                    // credential removed or narrowed stops its fires,
+                    // each recorded refused on the schedule.
+                    let allowed = PoolName::new(task.pool_name())
+                        .map_err(WireError::from)
+                        .and_then(|pool| self.settings.auth.may_fire(task.owner.as_deref(), &pool));
+                    if let Err(e) = allowed {
+                        tracing::warn!(schedule = %name, tick = tick.0, error = %e, "a fire was refused: its owner's rights");
+                        let next = self
+                            .schedules
+                            .book
+                            .refused(&name, tick, kind, &e.message, now);
+                        orders.extend(next);
+                        self.answer_awaiting();
+                        continue;
+                    }
                     *self.schedules.in_flight.entry(name.clone()).or_default() += 1;
                     self.out.push(Output::Fire {
                         name,

@@ -262,8 +262,12 @@ async fn start_write(
             (Key::Named(key), wire::encode(&records).into())
         }
         Item::Schedule(name, stored) => {
-            let json = serde_json::to_vec(&stored).expect("a stored schedule serializes");
-            (Key::Named(schedule_key(&name)), json.into())
+            // MessagePack: the template's payload as bytes, not a JSON
+            // array of numbers four times its size (issue 34). Records
+            // stored as JSON before are still read
+            // ([`crate::server::takeover::read_schedules`]).
+            let body = wire::encode(&stored);
+            (Key::Named(schedule_key(&name)), body.into())
         }
     };
     let retry = match acks {
@@ -425,10 +429,14 @@ pub(in crate::server) fn schedule_key(name: &str) -> String {
     format!("sched.{name}")
 }
 
-/// Publishes a schedule's fire to the submit stream under its tick's key
-/// (`Nats-Msg-Id`): a second publish of the tick (a successor deciding it
-/// again) is answered with the first one's sequence. The answer goes back
-/// to the driver; a full input queue makes it wait, never drop it.
+/// Publishes a schedule's fire to the submit stream under its tick's id
+/// (`Nats-Msg-Id`, [`crate::server::fires::fire_submission`]): a second
+/// publish of the tick (a successor deciding it again) is answered with
+/// the first one's sequence — taken only once the message stored there is
+/// read back and found to be a fire of the same tick
+/// ([`crate::server::fires::is_own_fire`]), so no message that merely
+/// holds the id becomes the tick's run. The answer goes back to the
+/// driver; a full input queue makes it wait, never drop it.
 async fn publish_fire(
     js: jetstream::Context,
     subjects: Subjects,
@@ -448,11 +456,35 @@ async fn publish_fire(
             crate::server::wall_now(),
         )?;
         let ack = js
-            .publish_with_headers(subject, headers, body)
+            .publish_with_headers(subject.clone(), headers, body)
             .await
             .map_err(|e| unavailable(format!("publishing the fire: {e}")))?
             .await
             .map_err(|e| unavailable(format!("fire not acknowledged: {e}")))?;
+        if ack.duplicate {
+            let stored = js
+                .get_stream(subjects.submit_stream())
+                .await
+                .map_err(|e| unavailable(format!("reading the tick's earlier fire: {e}")))?
+                .get_raw_message(ack.sequence)
+                .await
+                .map_err(|e| unavailable(format!("reading the tick's earlier fire: {e}")))?;
+            let at = Millis((stored.time.unix_timestamp_nanos() / 1_000_000).max(0) as u64);
+            let own = crate::server::fires::is_own_fire(
+                &seal,
+                &subject,
+                (&name, tick),
+                &stored.subject,
+                Some(&stored.headers),
+                &stored.payload,
+                at,
+            );
+            if !own {
+                tracing::warn!(schedule = %name, tick = tick.0, seq = ack.sequence,
+                    "a fire's id is held by a message that is not the tick's fire");
+                return Err(crate::server::fires::tick_taken());
+            }
+        }
         Ok(ack.sequence)
     }
     .await;

@@ -118,6 +118,7 @@ fn settings(group_starts: bool) -> Settings {
         group_results: std::env::var("SIM_NOGROUP").is_err(),
         max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         schedules_refused: None,
+        auth: Default::default(),
     }
 }
 

@@ -35,6 +35,7 @@ fn settings() -> Settings {
         group_results: false,
         max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         schedules_refused: None,
+        auth: Default::default(),
     }
 }
 
