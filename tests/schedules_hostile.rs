@@ -417,3 +417,93 @@ async fn a_signed_forged_fire_is_recorded_against_its_signer() {
     assert!(error.contains("PERMISSION_DENIED"), "{error}");
     assert!(refused.attempts.is_empty());
 }
+
+/// Finding 12: an `overlap = skip` schedule whose run ended while no
+/// server led skipped its whole catch-up: the successor decided the
+/// catch-up ticks while the run's attempt still waited for its worker to
+/// re-attach (and report the end). Reproduction on 53e0b1f: a run held
+/// on a worker, the only server killed, the run released, the server
+/// started again 5 s later: every catch-up tick and the first live one
+/// were recorded skipped. Now the book waits for the re-attach (bounded
+/// by the grace) before it decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skip_schedule_catches_up_after_its_run_ended_while_no_one_led() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = CronoqServer::start(&nats, dir.path()).await;
+    let _worker = CronoqWorker::start(&nats.url(), dir.path(), "w1", "", 2);
+    let client = Client::connect(&nats.url()).await.unwrap();
+    client
+        .create_schedule(spec(serde_json::json!({
+            "name": "held", "every": "1s", "overlap": "skip", "catchup_window": "1h",
+            "task": {"payload": "beat hold=go"}
+        })))
+        .await
+        .unwrap();
+    // Its first run holds on the worker.
+    let info = schedule_until(&client, "held", "a run", |i| {
+        i.history.iter().any(|r| r.task.is_some())
+    })
+    .await;
+    let run = info.history.iter().find_map(|r| r.task).unwrap();
+    eventually("the run to start", || async {
+        match client.get(run).await {
+            Ok(s) if s.state == TaskState::Running => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    first.kill9();
+    drop(first);
+    let killed = now();
+    // The run ends while nobody leads; ticks pass.
+    std::fs::File::create(dir.path().join("go")).unwrap();
+    eventually("three ticks to pass with no leader", || async {
+        if now().0 > killed.0 + 3_000 {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    })
+    .await;
+    let restarted = now();
+    let _second = CronoqServer::start(&nats, dir.path()).await;
+    let info = eventually("a catch-up tick to fire", || async {
+        match client.get_schedule("held").await {
+            Ok(i)
+                if i.history
+                    .iter()
+                    .any(|r| r.tick > killed && r.tick < restarted && r.task.is_some()) =>
+            {
+                Ok(i)
+            }
+            Ok(i) => Err(format!(
+                "killed {} restarted {} skipped {:?} missed {:?} fired {:?}",
+                killed.0,
+                restarted.0,
+                i.skipped,
+                i.missed,
+                i.history.iter().map(|r| (r.tick.0, r.task)).collect::<Vec<_>>()
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+    let done = client.get(run).await.unwrap();
+    assert_eq!(done.state, TaskState::Succeeded, "{done:?}");
+    // The first catch-up tick fired; the ones after it are skipped while
+    // that run lives (the policy), not all of them for the ended one.
+    let first_catch_up = info
+        .history
+        .iter()
+        .filter(|r| r.tick > killed && r.tick < restarted)
+        .map(|r| r.tick)
+        .min();
+    assert!(
+        info.skipped
+            .iter()
+            .filter(|t| **t > killed)
+            .all(|t| first_catch_up.is_some_and(|f| *t > f)),
+        "{info:?}"
+    );
+}

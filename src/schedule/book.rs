@@ -718,6 +718,11 @@ impl Book {
         self.live.keys().copied().collect()
     }
 
+    /// Whether any schedule has a live run.
+    pub fn has_live_runs(&self) -> bool {
+        !self.live.is_empty()
+    }
+
     /// Whether `task` is a live run of a schedule.
     pub fn is_live(&self, task: TaskId) -> bool {
         self.live.contains_key(&task)

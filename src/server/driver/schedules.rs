@@ -383,7 +383,7 @@ impl Driver {
     /// Steps the book (after the journal is read) and marks records due
     /// to be written again.
     pub(super) fn step_schedules(&mut self, now: Millis) {
-        if self.catching_up {
+        if self.catching_up || self.schedules_held() {
             return;
         }
         self.reconcile_schedules(now);
@@ -400,11 +400,38 @@ impl Driver {
         }
     }
 
-    /// When the schedules next need a step (none while catching up).
+    /// When the schedules next need a step (none while catching up; not
+    /// before the re-attach grace ends while they are held).
     pub(super) fn schedules_wakeup(&self) -> Option<Millis> {
-        (!self.catching_up)
-            .then(|| self.schedules.next_wakeup())
-            .flatten()
+        if self.catching_up {
+            return None;
+        }
+        let next = self.schedules.next_wakeup()?;
+        Some(if self.schedules_held() {
+            next.max(self.reattach_until)
+        } else {
+            next
+        })
+    }
+
+    /// Whether the book waits for the re-attach grace after a takeover:
+    /// a run an earlier leadership started is still live here (its
+    /// attempt parked, or re-attached), and it may have ended while no
+    /// server led, which only its worker can tell (re-attaching, then
+    /// reporting the end). An `overlap = skip` schedule deciding its
+    /// catch-up before hearing so skipped every tick of it (issue 34,
+    /// finding 12). Ticks wait at most the grace; runs whose task is gone
+    /// are ended at once ([`Driver::reconcile_schedules`]) and hold
+    /// nothing.
+    fn schedules_held(&self) -> bool {
+        self.now < self.reattach_until
+            && self.schedules.book.has_live_runs()
+            && self
+                .schedules
+                .book
+                .live_tasks()
+                .iter()
+                .any(|id| self.parked.contains_key(id) || self.ledger.is_live(*id))
     }
 
     /// Fires go out; cancels are carried out here (or once the fire they

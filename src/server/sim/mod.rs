@@ -207,6 +207,9 @@ struct Counts {
     fires: u64,
     fires_deduplicated: u64,
     fires_past_window: u64,
+    /// Ticks an adversary claimed first under their predictable id
+    /// (`schedule:<name>:<tick>`, issue 34).
+    ticks_claimed: u64,
     /// Clock jumps, and schedule seeds that ended with missed ticks.
     clock_jumps: u64,
     missed_tick_seeds: u64,
@@ -247,6 +250,7 @@ impl Counts {
             fires,
             fires_deduplicated,
             fires_past_window,
+            ticks_claimed,
             clock_jumps,
             missed_tick_seeds
         );
@@ -325,7 +329,9 @@ impl World {
                 schedule_seeds: u64::from(scheduled),
                 ..Counts::default()
             },
-            sched: schedules::SimSchedule::new(scheduled, short_window),
+            // Half the schedule seeds have an adversary (no draw of its
+            // own: the other seeds' runs stay as they were).
+            sched: schedules::SimSchedule::new(scheduled, short_window, seed % 2 == 0),
         };
         for _ in 0..3 {
             w.add_worker();
@@ -439,6 +445,7 @@ impl World {
             }
         }
         self.schedule_step();
+        self.adversary_step();
         self.deliver();
         self.commit();
         self.deliver_requests();
@@ -582,6 +589,10 @@ fn failover_simulation() {
             (
                 "a fire published again past the stream's window",
                 t.fires_past_window,
+            ),
+            (
+                "a tick claimed first by an adversary",
+                t.ticks_claimed,
             ),
             ("a clock jump", t.clock_jumps),
             (

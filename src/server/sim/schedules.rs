@@ -11,6 +11,15 @@
 //! stalled VM), and half the schedule seeds have a catch-up window of 2 s
 //! (the others 1 h), so ticks also pass missed.
 //!
+//! In half the schedule seeds an **adversary** (issue 34) publishes, before
+//! every tick, a task of its own under the id a client can compute for
+//! the tick (`schedule:<name>:<tick ms>`) — what once suppressed or
+//! replaced the tick. The world publishes fires with the real encoding
+//! ([`fires::fire_submission`]: the id carries a MAC under the storage
+//! key) and, when the stream answers a duplicate, reads back the stored
+//! message and takes it only if the real check ([`fires::is_own_fire`])
+//! says it is the tick's fire, as the committer does.
+//!
 //! Checked at the end: **every tick fired at most once** — no tick has two
 //! submissions of its own (a second publish of a key past the stream's
 //! window is a duplicate, which the driver must discard: the end check of
@@ -19,8 +28,14 @@
 //! to the last the final leader decided either fired or is counted missed
 //! in the final record; with the 1 h window, every one of them fired.
 
+use async_nats::HeaderMap;
+use bytes::Bytes;
+
 use super::*;
 use crate::schedule::{FireKind, StoredSchedule};
+use crate::server::fires;
+use crate::server::seal::Seal;
+use crate::wire::Subjects;
 use crate::server::driver::{ScheduleOp, ScheduleReply};
 use crate::server::Waiting;
 
@@ -46,14 +61,25 @@ pub(super) struct SimSchedule {
     pub(super) pausing: bool,
     /// Its catch-up window is short (2 s): clock jumps make missed ticks.
     pub(super) short_window: bool,
+    /// An adversary claims each tick's predictable id first.
+    adversary: bool,
+    /// The ticks it claimed.
+    claimed: BTreeSet<u64>,
+    /// The messages stored under an id, by sequence: subject, headers,
+    /// body, stored at (what a duplicate answer is checked against).
+    stored: BTreeMap<u64, (String, HeaderMap, Bytes, u64)>,
+    /// The servers' storage key.
+    seal: Seal,
 }
 
 impl SimSchedule {
     /// A seed's schedule: `planned` or not.
-    pub(super) fn new(planned: bool, short_window: bool) -> SimSchedule {
+    pub(super) fn new(planned: bool, short_window: bool, adversary: bool) -> SimSchedule {
         SimSchedule {
             planned,
             short_window,
+            adversary,
+            seal: Seal::from_secret("the simulation's storage key, 32+ characters").expect("long"),
             ..SimSchedule::default()
         }
     }
@@ -122,29 +148,99 @@ impl World {
         self.sched.creating = self.request(|to| Input::Schedule(op, to));
     }
 
-    /// The committer's part: publishes a fire under its key; the stream's
-    /// answer goes back to the leader like a request (lost with it).
+    /// The adversary's part: before each tick, a plain task of its own
+    /// under the tick's predictable id, stored by the stream (and run by
+    /// the leader as the ordinary task it is).
+    pub(super) fn adversary_step(&mut self) {
+        if !self.sched.adversary || self.sched.created_at.is_none() || self.sched.pausing {
+            return;
+        }
+        let next = (self.now / EVERY + 1) * EVERY;
+        if !self.sched.claimed.insert(next) {
+            return;
+        }
+        let key = format!("schedule:{NAME}:{next}");
+        let task = Task::new("forged").pool(POOL).idempotency_key(key.clone());
+        let (subject, headers, body) =
+            crate::wire::submission(&Subjects::default(), &task).expect("a plain task encodes");
+        self.submissions.push(Submission {
+            task,
+            duplicate_of: None,
+            cancel_asked: false,
+            cancel_acked: false,
+        });
+        let seq = self.submissions.len() as u64;
+        self.sched
+            .stored
+            .insert(seq, (subject, headers, body, self.now));
+        self.sched.msg_ids.insert(key, (seq, self.now));
+        self.counts.ticks_claimed += 1;
+    }
+
+    /// The committer's part: publishes a fire (the real encoding) under
+    /// its id; a duplicate answer is taken only for a stored fire of the
+    /// same tick (the real check); the stream's answer goes back to the
+    /// leader like a request (lost with it).
     pub(super) fn publish_fire(&mut self, name: String, tick: Millis, kind: FireKind, task: Task) {
-        let key = task.key().expect("a fire has its tick's key").to_string();
-        let seq = match self.sched.msg_ids.get(&key) {
+        let now = Millis(self.now);
+        let subjects = Subjects::default();
+        let (subject, headers, body) = fires::fire_submission(
+            &subjects,
+            &self.sched.seal,
+            &task,
+            (&name, tick),
+            task.owner.as_deref(),
+            now,
+        )
+        .expect("a fire encodes");
+        let key = headers
+            .get("Nats-Msg-Id")
+            .expect("a fire has an id")
+            .as_str()
+            .to_string();
+        let result = match self.sched.msg_ids.get(&key) {
             Some((seq, at)) if self.now < at + DEDUPE_WINDOW => {
+                let (s, h, b, stored_at) = &self.sched.stored[seq];
+                let own = fires::is_own_fire(
+                    &self.sched.seal,
+                    &subject,
+                    (&name, tick),
+                    s,
+                    Some(h),
+                    b,
+                    Millis(*stored_at),
+                );
+                assert!(own, "tick {} answered with a message not its fire", tick.0);
                 self.counts.fires_deduplicated += 1;
-                *seq
+                Ok(*seq)
             }
             earlier => {
                 let duplicate_of = earlier.map(|(seq, _)| *seq);
                 if duplicate_of.is_some() {
                     self.counts.fires_past_window += 1;
                 }
+                // The task as the leader decodes it from the stream.
+                let (_, decoded) = crate::wire::decode_submission(
+                    &subjects,
+                    &subject,
+                    Some(&headers),
+                    body.clone(),
+                    std::time::UNIX_EPOCH,
+                );
+                let mut fired = decoded.expect("a fire decodes");
+                fired.owner = task.owner.clone();
                 self.submissions.push(Submission {
-                    task,
+                    task: fired,
                     duplicate_of,
                     cancel_asked: false,
                     cancel_acked: false,
                 });
                 let seq = self.submissions.len() as u64;
+                self.sched
+                    .stored
+                    .insert(seq, (subject, headers, body, self.now));
                 self.sched.msg_ids.insert(key, (seq, self.now));
-                seq
+                Ok(seq)
             }
         };
         self.counts.fires += 1;
@@ -156,7 +252,7 @@ impl World {
             name,
             tick,
             kind,
-            result: Ok(seq),
+            result,
         };
         leader.send_later(at, input);
     }
@@ -203,6 +299,19 @@ impl World {
             .driver
             .schedule_entry(NAME)
             .expect("the final leader holds the schedule");
+        // Every run the history names is a fire of its own tick: never
+        // the adversary's task that held the tick's predictable id.
+        for r in entry.history() {
+            if let Some(id) = r.task {
+                let s = &self.submissions[(id.0 - 1) as usize];
+                assert_eq!(
+                    s.task.schedule,
+                    Some((NAME.to_string(), r.tick)),
+                    "tick {} recorded as run by task {id}, not its fire",
+                    r.tick.0
+                );
+            }
+        }
         let through = entry.state.decided_through.0;
         if through < first {
             return;
