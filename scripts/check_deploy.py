@@ -14,6 +14,11 @@ virtual environment).
   configmap-toml RENDERED.yaml OUT  write the server config of the ConfigMap
   nats-values VALUES CHART_VALUES   every key of VALUES exists in the chart
   same-objects A.yaml B.yaml        both streams hold the same objects
+  build-context ROOT OUT CONTAINERFILE...  copy into OUT what ROOT/.dockerignore
+                            admits into a build context, and check that every
+                            file each Containerfile COPYs from the context is
+                            there (check-deploy then loads the cargo
+                            workspace from OUT)
 
 The renderer understands the subset of Kustomize that deploy/kubernetes
 uses (resources, namespace, labels without selectors, images) and refuses
@@ -22,6 +27,7 @@ any other key, so a new feature cannot be ignored silently.
 
 import copy
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -266,6 +272,86 @@ def same_objects(a, b):
     print(f"check-deploy: the Python rendering equals kubectl kustomize ({len(left)} objects)")
 
 
+def ignore_patterns(path):
+    """The patterns of a .dockerignore as (regex, negated), in order."""
+    patterns = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            negated = line.startswith("!")
+            text = os.path.normpath(line.lstrip("!").strip().lstrip("/"))
+            if re.search(r"[\[\]\\{}]", text):
+                fail(f"{path}: {line!r}: this checker reads only *, ** and ? patterns")
+            rx = ""
+            i = 0
+            while i < len(text):
+                if text.startswith("**/", i):
+                    rx, i = rx + "(?:.*/)?", i + 3
+                elif text.startswith("**", i):
+                    rx, i = rx + ".*", i + 2
+                elif text[i] == "*":
+                    rx, i = rx + "[^/]*", i + 1
+                elif text[i] == "?":
+                    rx, i = rx + "[^/]", i + 1
+                else:
+                    rx, i = rx + re.escape(text[i]), i + 1
+            patterns.append((re.compile(rx), negated))
+    return patterns
+
+
+def admitted(patterns, rel):
+    """As Docker decides: the last pattern that matches the path or one
+    of its parent directories wins; a path no pattern matches is sent."""
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    keep = True
+    for rx, negated in patterns:
+        if any(rx.fullmatch(p) for p in prefixes):
+            keep = negated
+    return keep
+
+
+def build_context(root, out, containerfiles):
+    patterns = ignore_patterns(os.path.join(root, ".dockerignore"))
+    # A directory no pattern re-admits below it is not walked (target/).
+    negations = [rx.pattern for rx, negated in patterns if negated]
+    count = 0
+    for here, dirs, files in os.walk(root):
+        rel_dir = os.path.relpath(here, root)
+        rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        dirs[:] = [
+            d
+            for d in dirs
+            if admitted(patterns, rel_dir + d)
+            or any(n.startswith(re.escape(rel_dir + d + "/")) or n.startswith("(?:.*/)?") for n in negations)
+        ]
+        for name in files:
+            rel = rel_dir + name
+            if admitted(patterns, rel):
+                os.makedirs(os.path.join(out, rel_dir), exist_ok=True)
+                shutil.copy2(os.path.join(root, rel), os.path.join(out, rel))
+                count += 1
+    if count == 0:
+        fail(f"{root}/.dockerignore admits nothing")
+    for containerfile in containerfiles:
+        with open(containerfile) as f:
+            text = re.sub(r"\\\n", " ", f.read())
+        for line in text.splitlines():
+            words = line.split()
+            if not words or words[0].upper() not in ("COPY", "ADD"):
+                continue
+            flags = [w for w in words[1:] if w.startswith("--")]
+            if any(w.startswith("--from=") for w in flags):
+                continue
+            sources = [w for w in words[1:] if not w.startswith("--")][:-1]
+            for source in sources:
+                if not os.path.exists(os.path.join(out, source)):
+                    fail(f"{containerfile}: COPY {source}: not in the build context (.dockerignore)")
+    print(f"check-deploy: the build context holds {count} files; every COPY source of {', '.join(containerfiles)} is in it")
+
+
 def main():
     command, *args = sys.argv[1:]
     if command == "render":
@@ -279,6 +365,8 @@ def main():
         check_nats_values(*args)
     elif command == "same-objects":
         same_objects(*args)
+    elif command == "build-context":
+        build_context(args[0], args[1], args[2:])
     else:
         fail(f"unknown command {command}")
 

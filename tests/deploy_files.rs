@@ -1,9 +1,11 @@
 //! `cronoq server --check-config` (a valid config exits 0 with a summary;
 //! every bad one exits 2 with the error and its code, and connects to
-//! nothing), the server configs shipped under `deploy/` pass it, and the
+//! nothing), the server configs shipped under `deploy/` pass it, the
 //! Grafana dashboard queries only metrics that `/metrics` exports (or that
-//! its description lists as pending). `scripts/check-deploy` validates the
-//! rest of `deploy/` with external tools.
+//! its description lists as pending), and the container images the
+//! repository builds are the ones the Kubernetes base names, at the
+//! crate's version. `scripts/check-deploy` validates the rest of `deploy/`
+//! with external tools (hadolint for the Containerfiles).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -389,5 +391,112 @@ fn the_dashboard_queries_only_exported_or_announced_metrics() {
     ] {
         assert!(queried.contains(family), "no panel shows {family}");
         assert!(exported.contains(family), "{family} is not exported");
+    }
+}
+
+/// The `newTag` the kustomization's `images:` gives `name` (its
+/// `- name: …` entries, each with a `newTag: "…"` line).
+fn kustomize_tag(kustomization: &str, name: &str) -> Option<String> {
+    let mut lines = kustomization
+        .lines()
+        .skip_while(|l| l.trim_end() != "images:")
+        .map(str::trim);
+    lines.find(|l| *l == format!("- name: {name}"))?;
+    let line = lines
+        .take_while(|l| !l.starts_with("- "))
+        .find(|l| l.starts_with("newTag:"))?;
+    Some(line["newTag:".len()..].trim().trim_matches('"').to_owned())
+}
+
+/// The images the repository builds are the ones the Kubernetes base
+/// names, at the crate's version: `Containerfile` (labelled and documented
+/// as `cronoq:<version>`) is `cronoq` in the base, the worker example
+/// (`deploy/containers/worker.Containerfile`, built `FROM` that tag) is
+/// `cronoq-worker`; both run the binary where the cronoq image puts it, as
+/// the user the manifests run as. A version bump must move all of them.
+#[test]
+fn the_container_images_are_the_ones_the_kustomize_base_names() {
+    let version = env!("CARGO_PKG_VERSION");
+    let read = |path: &str| std::fs::read_to_string(root().join(path)).unwrap();
+    let cronoq = read("Containerfile");
+    let worker = read("deploy/containers/worker.Containerfile");
+    let kustomization = read("deploy/kubernetes/base/kustomization.yaml");
+    let production = read("docs/production.md");
+
+    assert!(cronoq.contains("org.opencontainers.image.title=\"cronoq\""));
+    assert!(
+        cronoq.contains(&format!("org.opencontainers.image.version=\"{version}\"")),
+        "Containerfile: the image's version label is not {version}"
+    );
+    for (file, text, tag) in [
+        ("Containerfile", &cronoq, format!("cronoq:{version}")),
+        (
+            "worker.Containerfile",
+            &worker,
+            format!("cronoq-worker:{version}"),
+        ),
+        (
+            "docs/production.md",
+            &production,
+            format!("cronoq:{version}"),
+        ),
+        (
+            "docs/production.md",
+            &production,
+            format!("cronoq-worker:{version}"),
+        ),
+    ] {
+        assert!(
+            text.contains(&format!("-t {tag}")),
+            "{file}: no build command tagging {tag}"
+        );
+    }
+    assert!(
+        worker.contains(&format!("ARG CRONOQ_IMAGE=cronoq:{version}")),
+        "worker.Containerfile does not start from cronoq:{version}"
+    );
+    for name in ["cronoq", "cronoq-worker"] {
+        assert_eq!(
+            kustomize_tag(&kustomization, name).as_deref(),
+            Some(version),
+            "deploy/kubernetes/base/kustomization.yaml: the tag of {name}"
+        );
+    }
+    assert!(read("deploy/kubernetes/base/server-deployment.yaml").contains("image: cronoq\n"));
+    for manifest in ["worker-cpu.yaml", "worker-gpu-a100.yaml"] {
+        let text = read(&format!("deploy/kubernetes/base/{manifest}"));
+        assert!(text.contains("image: cronoq-worker\n"), "{manifest}");
+        assert!(
+            text.contains("args: [\"worker\""),
+            "{manifest}: args for the cronoq entrypoint"
+        );
+    }
+
+    // The manifests pass only arguments: the entrypoint is the binary.
+    let binary = "/usr/local/bin/cronoq";
+    assert!(cronoq.contains(&format!("COPY --from=build /out/cronoq {binary}\n")));
+    assert!(worker.contains(&format!("COPY --from=cronoq {binary} {binary}\n")));
+    for (file, text) in [
+        ("Containerfile", &cronoq),
+        ("worker.Containerfile", &worker),
+    ] {
+        assert!(
+            text.contains(&format!("ENTRYPOINT [\"{binary}\"]\n")),
+            "{file}: entrypoint"
+        );
+        let user = text.lines().rfind(|l| l.starts_with("USER "));
+        assert_eq!(
+            user,
+            Some("USER 65532:65532"),
+            "{file}: the user the manifests run as"
+        );
+    }
+    for manifest in [
+        "server-deployment.yaml",
+        "worker-cpu.yaml",
+        "worker-gpu-a100.yaml",
+    ] {
+        let text = read(&format!("deploy/kubernetes/base/{manifest}"));
+        assert!(text.contains("runAsUser: 65532\n"), "{manifest}: runAsUser");
     }
 }

@@ -36,7 +36,7 @@ pub fn payload(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Bytes> {
         return Ok(Bytes::copy_from_slice(b.as_bytes()));
     }
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(Bytes::copy_from_slice(s.to_str()?.as_bytes()));
+        return Ok(Bytes::copy_from_slice(s.to_cow()?.as_bytes()));
     }
     if let Ok(b) = obj.cast::<PyByteArray>() {
         return Ok(Bytes::from(b.to_vec()));
@@ -53,7 +53,7 @@ pub fn labels(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Labels> {
         return Ok(Labels::new());
     };
     let labels = if let Ok(text) = obj.cast::<PyString>() {
-        Labels::parse(text.to_str()?).map_err(rejection)?
+        Labels::parse(&text.to_cow()?).map_err(rejection)?
     } else if let Ok(dict) = obj.cast::<PyDict>() {
         let mut labels = Labels::new();
         for (k, v) in dict.iter() {
@@ -64,7 +64,7 @@ pub fn labels(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Labels> {
                     type_name(&v)
                 )));
             };
-            labels.insert(k.to_str()?, v.to_str()?);
+            labels.insert(k.to_cow()?, v.to_cow()?);
         }
         labels
     } else {
@@ -206,8 +206,8 @@ impl TaskArgs<'_, '_> {
                             type_name(key)
                         ))
                     })?
-                    .to_str()?
-                    .to_string(),
+                    .to_cow()?
+                    .into_owned(),
             ),
             None => None,
         };

@@ -41,7 +41,7 @@ fn span(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> 
         return Ok(None);
     };
     if let Ok(text) = obj.cast::<PyString>() {
-        return Ok(Some(text.to_str()?.to_string()));
+        return Ok(Some(text.to_cow()?.into_owned()));
     }
     let d = convert::duration(obj, what)?;
     Ok(Some(format!("{}ms", d.as_millis())))
@@ -64,7 +64,7 @@ fn overlap(text: Option<&str>) -> PyResult<Overlap> {
 /// duration from now.
 fn instant(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Millis> {
     if let Ok(text) = obj.cast::<PyString>() {
-        let text = text.to_str()?.to_string();
+        let text = text.to_cow()?.into_owned();
         let one = BackfillRequest {
             from: text.clone(),
             to: text,
