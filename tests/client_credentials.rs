@@ -86,6 +86,7 @@ fn queued(id: TaskId) -> TaskStatus {
         deadline_missed: false,
         schedule: None,
         scheduled_at: None,
+        output_size: None,
     }
 }
 

@@ -259,6 +259,7 @@ fn status(id: TaskId, state: TaskState) -> TaskStatus {
         deadline_missed: false,
         schedule: None,
         scheduled_at: None,
+        output_size: None,
     }
 }
 

@@ -794,6 +794,7 @@ impl Api for Stub {
                 deadline_missed: false,
                 schedule: None,
                 scheduled_at: None,
+                output_size: None,
             })
         })
     }

@@ -490,8 +490,16 @@ fn task_statuses() -> Vec<TaskStatus> {
         deadline_missed: true,
         schedule: Some("nightly".into()),
         scheduled_at: Some(Millis(1_796_443_200_000)),
+        output_size: None,
     };
-    let mut statuses = vec![full];
+    // A status too large for one NATS message: its output left out.
+    let left_out = TaskStatus {
+        output: None,
+        output_base64: None,
+        output_size: Some(1_000_000),
+        ..full.clone()
+    };
+    let mut statuses = vec![full, left_out];
     for reason in [
         WaitReason::NoGroupMatches,
         WaitReason::GroupsFull,
@@ -510,6 +518,7 @@ fn task_statuses() -> Vec<TaskStatus> {
             deadline_missed: false,
             schedule: None,
             scheduled_at: None,
+            output_size: None,
         });
     }
     statuses
@@ -650,6 +659,30 @@ fn samples() -> BTreeMap<String, Vec<Value>> {
             v: PROTOCOL_VERSION,
             task_id: TaskId(42),
         }]),
+    );
+    add(
+        "GetTaskOutput",
+        each([cronoq::wire::GetTaskOutput {
+            v: PROTOCOL_VERSION,
+            task_id: TaskId(42),
+            offset: 1_048_000,
+            limit: 1_044_480,
+        }]),
+    );
+    add(
+        "Reply_TaskOutputPage",
+        replies(&[
+            cronoq::wire::TaskOutputPage {
+                v: PROTOCOL_VERSION,
+                total: 3,
+                data: bytes::Bytes::from_static(b"\x00ok"),
+            },
+            cronoq::wire::TaskOutputPage {
+                v: PROTOCOL_VERSION,
+                total: 0,
+                data: bytes::Bytes::new(),
+            },
+        ]),
     );
     add("GetSnapshot", each([GetSnapshot::default()]));
     add(
@@ -1160,6 +1193,7 @@ fn asyncapi_names_every_subject() {
     let mut expected: BTreeSet<String> = [
         "cancel",
         "task",
+        "task_output",
         "snapshot",
         "tasks",
         "schedule_create",

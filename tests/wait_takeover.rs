@@ -162,6 +162,7 @@ async fn given_http_the_wait_goes_over_http() {
         deadline_missed: false,
         schedule: None,
         scheduled_at: None,
+        output_size: None,
     };
     let (http, mut requests) = http_stand_in(done).await;
     let (child, id) = start_waiting(&["--nats", &nats, "--http", &http, "--wait", "x"]).await;

@@ -661,6 +661,7 @@ mod tests {
             deadline_missed: false,
             schedule: None,
             scheduled_at: None,
+            output_size: None,
         }
     }
 

@@ -509,16 +509,62 @@ impl Client {
         }
     }
 
-    /// A task's state, why it waits, its attempts and result.
+    /// A task's state, why it waits, its attempts and result. An output
+    /// too large for one NATS message is fetched in pages
+    /// ([`Client::output`]) and filled in.
     pub async fn get(&self, id: TaskId) -> Result<TaskStatus, Error> {
-        self.request(
-            "task",
-            &wire::GetTask {
-                v: wire::PROTOCOL_VERSION,
-                task_id: id,
-            },
-        )
-        .await
+        let mut status: TaskStatus = self
+            .request(
+                "task",
+                &wire::GetTask {
+                    v: wire::PROTOCOL_VERSION,
+                    task_id: id,
+                },
+            )
+            .await?;
+        if status.output_size.is_some() {
+            let output = self.output(id).await?;
+            let (text, exact) = crate::task::output_fields(Some(&output));
+            status.output = text;
+            status.output_base64 = exact;
+            status.output_size = None;
+        }
+        Ok(status)
+    }
+
+    /// A task's output, fetched in pages of at most one NATS message each
+    /// (`P.api.task_output`): what [`Client::get`] uses when a status
+    /// leaves its output out (`TaskStatus::output_size`). Empty for a task
+    /// without output.
+    pub async fn output(&self, id: TaskId) -> Result<Vec<u8>, Error> {
+        let page = (self.nats.server_info().max_payload as u64)
+            .saturating_sub(4 * 1024)
+            .max(1024);
+        let mut out = Vec::new();
+        loop {
+            let p: wire::TaskOutputPage = self
+                .request(
+                    "task_output",
+                    &wire::GetTaskOutput {
+                        v: wire::PROTOCOL_VERSION,
+                        task_id: id,
+                        offset: out.len() as u64,
+                        limit: page,
+                    },
+                )
+                .await?;
+            if out.is_empty() {
+                out.reserve(p.total.min(1 << 30) as usize);
+            }
+            if p.data.is_empty() || out.len() as u64 + p.data.len() as u64 > p.total {
+                break;
+            }
+            out.extend_from_slice(&p.data);
+            if out.len() as u64 >= p.total {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// Cancels a task.

@@ -1,6 +1,8 @@
 //! The task routes: `POST /v1/tasks` (a [`SubmitRequest`], through the one
 //! conversion of submission options), `GET /v1/tasks`,
-//! `GET /v1/tasks/{id}`, `POST /v1/tasks/{id}/cancel`.
+//! `GET /v1/tasks/{id}`, `GET /v1/tasks/{id}/output` (the output's exact
+//! bytes, `application/octet-stream`; `NOT_FOUND` while it has none),
+//! `POST /v1/tasks/{id}/cancel`.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -18,6 +20,7 @@ pub(super) fn routes() -> Router<Arc<dyn Api>> {
     Router::new()
         .route("/v1/tasks", post(submit).get(list_tasks))
         .route("/v1/tasks/{id}", get(task))
+        .route("/v1/tasks/{id}/output", get(output))
         .route("/v1/tasks/{id}/cancel", post(cancel))
 }
 
@@ -83,6 +86,29 @@ pub const DEFAULT_TASK_LIST: usize = 50;
 
 async fn task(Caller(api): Caller, IdPath(id): IdPath) -> Result<Json<TaskStatus>, HttpError> {
     Ok(Json(api.task(id).await?))
+}
+
+/// `GET /v1/tasks/{id}/output`: the output's exact bytes, however large
+/// (a status over NATS leaves a large one out; the client behind a
+/// follower or a credential fetches it in pages first).
+async fn output(
+    Caller(api): Caller,
+    IdPath(id): IdPath,
+) -> Result<axum::response::Response, HttpError> {
+    use axum::response::IntoResponse as _;
+    let status = api.task(id).await?;
+    let Some(bytes) = status.output_bytes() else {
+        return Err(crate::wire::WireError::new(
+            crate::core::ErrorCode::NOT_FOUND,
+            format!("task {id} has no output ({})", status.state),
+        )
+        .into());
+    };
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        bytes,
+    )
+        .into_response())
 }
 
 async fn cancel(

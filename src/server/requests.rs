@@ -233,10 +233,30 @@ pub(super) fn client_request(
         "task" => {
             let g: wire::GetTask = wire::decode_request(body)?;
             let api = api.clone();
+            let budget = reply_budget(client);
             answer_later(client, msg, async move {
                 let status = api.task(g.task_id).await?;
                 caller.may_read(Some(&status.pool))?;
-                Ok(status)
+                Ok(fit_status(status, budget))
+            });
+            Ok(None)
+        }
+        "task_output" => {
+            let g: wire::GetTaskOutput = wire::decode_request(body)?;
+            let api = api.clone();
+            let budget = reply_budget(client) as u64;
+            answer_later(client, msg, async move {
+                let status = api.task(g.task_id).await?;
+                caller.may_read(Some(&status.pool))?;
+                let output = status.output_bytes().unwrap_or_default();
+                let total = output.len() as u64;
+                let start = g.offset.min(total);
+                let end = start.saturating_add(g.limit.min(budget)).min(total);
+                Ok(wire::TaskOutputPage {
+                    v: wire::PROTOCOL_VERSION,
+                    total,
+                    data: bytes::Bytes::from(output).slice(start as usize..end as usize),
+                })
             });
             Ok(None)
         }
@@ -384,6 +404,30 @@ fn schedule_request(
         }
     }
     Ok(())
+}
+
+/// The largest reply body to send: NATS' `max_payload` less room for the
+/// reply envelope.
+fn reply_budget(client: &async_nats::Client) -> usize {
+    client
+        .server_info()
+        .max_payload
+        .saturating_sub(LIST_REPLY_MARGIN)
+}
+
+/// A task's status as one NATS reply can carry it: whole if it fits;
+/// otherwise without its output, `output_size` saying how large it is
+/// (the client fetches it with `P.api.task_output`; issue 34, finding 7:
+/// a 1,000,000-byte output made every lookup over NATS time out).
+fn fit_status(mut status: TaskStatus, budget: usize) -> TaskStatus {
+    if wire::encode_reply(&Ok::<_, WireError>(&status)).len() <= budget {
+        return status;
+    }
+    let size = status.output_bytes().map_or(0, |b| b.len() as u64);
+    status.output = None;
+    status.output_base64 = None;
+    status.output_size = Some(size);
+    status
 }
 
 /// What a schedule list reply leaves free of NATS' `max_payload`: the

@@ -555,6 +555,14 @@ pub struct TaskStatus {
         with = "rfc3339_millis"
     )]
     pub scheduled_at: Option<Millis>,
+    /// Set when the output was left out of this answer because it would
+    /// not fit one NATS message (`output`/`output_base64` absent): its
+    /// size in bytes. [`crate::client::Client::get`] fetches it in pages
+    /// (`P.api.task_output`) and fills it in; over HTTP,
+    /// `GET /v1/tasks/{id}` has it whole, `GET /v1/tasks/{id}/output` as
+    /// raw bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_size: Option<u64>,
 }
 
 /// An instant as RFC 3339 UTC text (`2026-12-05T04:00:00Z`, milliseconds
@@ -636,6 +644,7 @@ impl TaskStatus {
     ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Succeeded, reason: None,
     ///     attempts: vec![], output, output_base64, error: None, deadline_missed: false,
     ///     schedule: None, scheduled_at: None,
+    ///     output_size: None,
     /// };
     /// assert_eq!(status.output_bytes().unwrap(), vec![0u8, 255]);
     /// ```
@@ -677,6 +686,7 @@ impl TaskStatus {
     ///     attempts: vec![], output: Some("big".into()), output_base64: Some("Ymln".into()),
     ///     error: Some("x".repeat(10_000)), deadline_missed: false,
     ///     schedule: None, scheduled_at: None,
+    ///     output_size: None,
     /// };
     /// let short = status.summary();
     /// assert!(short.output.is_none() && short.output_base64.is_none());
@@ -747,6 +757,7 @@ impl TaskStatus {
             deadline_missed: o.deadline_missed,
             schedule: o.schedule.as_ref().map(|(name, _)| name.clone()),
             scheduled_at: o.schedule.as_ref().map(|(_, at)| *at),
+            output_size: None,
         }
     }
 
@@ -765,6 +776,7 @@ impl TaskStatus {
             deadline_missed: false,
             schedule: None,
             scheduled_at: None,
+            output_size: None,
         }
     }
 
@@ -787,6 +799,7 @@ impl TaskStatus {
             deadline_missed: false,
             schedule: schedule.map(|(name, _)| name.clone()),
             scheduled_at: schedule.map(|(_, at)| *at),
+            output_size: None,
         }
     }
 }

@@ -311,6 +311,11 @@ struct TaskStatusSchema {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<Rfc3339>")]
     scheduled_at: Option<Millis>,
+    /// Set when the output was left out of this answer because it would
+    /// not fit one NATS message: its size in bytes; fetch it in pages
+    /// with `P.api.task_output`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output_size: Option<u64>,
 }
 
 plain_schema!(Rfc3339, "Rfc3339", {

@@ -25,10 +25,11 @@ use cronoq::core::{ErrorCode, Snapshot};
 use cronoq::task::TaskStatus;
 use cronoq::wire::{
     Ack, AttemptReport, AttemptReports, AttemptReportsReply, BackfillSchedule, Cancel, Challenge,
-    ChallengeReply, CreateSchedule, Deregister, GetSnapshot, GetTask, Heartbeat, HeartbeatReply,
-    Lease, Leases, ListSchedules, ListTasks, Register, RegisterReply, Renew, RenewReply, Reply,
-    ResultRecords, Revoke, ScheduleName, SessionGrant, StartRecords, Subjects, Submit, TaskEvent,
-    TaskList, TaskRecord, WireError, PROTOCOL_VERSION, SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
+    ChallengeReply, CreateSchedule, Deregister, GetSnapshot, GetTask, GetTaskOutput, Heartbeat,
+    HeartbeatReply, Lease, Leases, ListSchedules, ListTasks, Register, RegisterReply, Renew,
+    RenewReply, Reply, ResultRecords, Revoke, ScheduleName, SessionGrant, StartRecords, Subjects,
+    Submit, TaskEvent, TaskList, TaskOutputPage, TaskRecord, WireError, PROTOCOL_VERSION,
+    SUBMIT_CONTENT_TYPE, SUBMIT_HEADERS,
 };
 
 /// The reply body of `P.api.schedule_list`: a page of list lines.
@@ -104,6 +105,7 @@ fn bodies() -> Vec<Body> {
         body!(AttemptReportsReply, "inside `Reply_AttemptReportsReply`"),
         body!(Cancel, "request on `P.api.cancel`"),
         body!(GetTask, "request on `P.api.task`"),
+        body!(GetTaskOutput, "request on `P.api.task_output`"),
         body!(GetSnapshot, "request on `P.api.snapshot`"),
         body!(ListTasks, "request on `P.api.tasks`"),
         body!(CreateSchedule, "request on `P.api.schedule_create`"),
@@ -131,6 +133,7 @@ fn bodies() -> Vec<Body> {
         reply!(RenewReply, "reply to `P.w.<worker_id>.renew`"),
         reply!(AttemptReportsReply, "reply to `P.w.<worker_id>.outcomes`"),
         reply!(TaskStatus, "reply to `P.api.task`"),
+        reply!(TaskOutputPage, "reply to `P.api.task_output`"),
         reply!(Snapshot, "reply to `P.api.snapshot`"),
         reply!(TaskList, "reply to `P.api.tasks`"),
         reply!(
@@ -236,7 +239,7 @@ macro_rules! schedule_rules {
     };
 }
 
-const REQUESTS: [Request; 19] = [
+const REQUESTS: [Request; 20] = [
     Request {
         verb: "challenge",
         operation: "challenge",
@@ -344,6 +347,18 @@ const REQUESTS: [Request; 19] = [
         description: "Live and recently finished tasks come from the leader, older ones from the \
             results bucket, just-accepted ones from the submit stream (`queued`); anything else is \
             `NOT_FOUND`.",
+    },
+    Request {
+        verb: "task_output",
+        operation: "getTaskOutput",
+        request: "GetTaskOutput",
+        reply: "Reply_TaskOutputPage",
+        tag: "client",
+        summary: "A client asks for a page of a task's output.",
+        description: "What a `P.api.task` reply leaves out when the status would not fit one NATS \
+            message (its `output_size` is set): the bytes from `offset`, at most `limit` and at \
+            most what fits one reply, with the output's `total` size. The same rights as \
+            `P.api.task`.",
     },
     Request {
         verb: "snapshot",

@@ -209,6 +209,36 @@ pub struct GetTask {
     pub task_id: TaskId,
 }
 
+/// Ask for a page of a task's output (request on `P.api.task_output`):
+/// what a status too large for one NATS message leaves out
+/// (`TaskStatus::output_size`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GetTaskOutput {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The task.
+    pub task_id: TaskId,
+    /// The first byte wanted.
+    pub offset: u64,
+    /// The most bytes wanted (the leader sends fewer when a page would
+    /// not fit one NATS message).
+    pub limit: u64,
+}
+
+/// A page of a task's output (reply to `P.api.task_output`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskOutputPage {
+    /// Protocol version.
+    #[serde(default = "v")]
+    pub v: u16,
+    /// The output's size in bytes.
+    pub total: u64,
+    /// The bytes from `offset` on (empty past the end).
+    #[schemars(with = "Vec<u8>")]
+    pub data: bytes::Bytes,
+}
+
 /// Ask for the snapshot (request on `P.api.snapshot`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct GetSnapshot {

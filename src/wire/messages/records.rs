@@ -133,6 +133,7 @@ impl TaskRecord {
             deadline_missed: self.deadline_missed,
             schedule: self.schedule,
             scheduled_at: self.scheduled_at,
+            output_size: None,
         }
     }
 
