@@ -33,6 +33,9 @@ pub(super) struct LeaderInner {
     pub(super) takeovers: Arc<AtomicU64>,
     /// Journal records being written and not yet acknowledged.
     pub(super) journal_pending: Arc<AtomicU64>,
+    /// Wall-clock ms since which the journal has writes under way and has
+    /// stored none (0: nothing under way); the committer keeps it.
+    pub(super) journal_waiting_since: Arc<AtomicU64>,
     /// Credentials and worker sessions of this leadership.
     pub(super) guard: Arc<Guard>,
     /// The servers' storage key.
@@ -361,31 +364,42 @@ impl LeaderApi {
             self.inner.driver_alive.load(Ordering::Relaxed),
             Millis(self.inner.driver_beat.load(Ordering::Relaxed)),
             Millis(self.inner.consumer_beat.load(Ordering::Relaxed)),
+            Millis(self.inner.journal_waiting_since.load(Ordering::Relaxed)),
         )
     }
 }
 
 /// A leader's health from its loops' last turns: not live when the driver
 /// stopped or has not turned for [`STALL_AFTER`]; not ready when, besides,
-/// NATS is away or the submit consumer has not turned for that long.
+/// NATS is away, the submit consumer has not turned for that long, or the
+/// journal has had writes under way and stored none for that long
+/// (`journal_waiting_since`, 0 when nothing is under way: a leader whose
+/// writes cannot be stored acts on nothing, and must not look ready;
+/// issue 34).
 pub(super) fn leader_health(
     now: Millis,
     connected: bool,
     driver_alive: bool,
     driver_beat: Millis,
     consumer_beat: Millis,
+    journal_waiting_since: Millis,
 ) -> Health {
     let turning = |beat: Millis| now.0.saturating_sub(beat.0) < STALL_AFTER.0;
     let driving = driver_alive && turning(driver_beat);
     let consuming = turning(consumer_beat);
+    let storing = journal_waiting_since.0 == 0 || turning(journal_waiting_since);
     Health {
         live: driving,
-        ready: connected && driving && consuming,
-        detail: match (connected, driving, consuming) {
-            (true, true, true) => "leader".into(),
-            (false, _, _) => "not connected to NATS".into(),
-            (_, false, _) => "driver stopped or stalled".into(),
-            (_, _, false) => "submit consumer stalled".into(),
+        ready: connected && driving && consuming && storing,
+        detail: match (connected, driving, consuming, storing) {
+            (true, true, true, true) => "leader".into(),
+            (false, _, _, _) => "not connected to NATS".into(),
+            (_, false, _, _) => "driver stopped or stalled".into(),
+            (_, _, false, _) => "submit consumer stalled".into(),
+            (_, _, _, false) => format!(
+                "journal stalled: no write stored for {} s",
+                now.0.saturating_sub(journal_waiting_since.0) / 1_000
+            ),
         },
     }
 }
@@ -549,14 +563,31 @@ mod health_tests {
         let now = Millis(100_000);
         let fresh = Millis(99_900);
         let stale = now.minus(STALL_AFTER);
-        assert!(leader_health(now, true, true, fresh, fresh).ready);
-        let h = leader_health(now, true, true, fresh, stale);
+        let idle = Millis(0);
+        assert!(leader_health(now, true, true, fresh, fresh, idle).ready);
+        let h = leader_health(now, true, true, fresh, stale, idle);
         assert!(h.live && !h.ready, "{h:?}");
         assert_eq!(h.detail, "submit consumer stalled");
-        let h = leader_health(now, true, true, stale, fresh);
+        let h = leader_health(now, true, true, stale, fresh, idle);
         assert!(!h.live && !h.ready);
-        let h = leader_health(now, true, false, fresh, fresh);
+        let h = leader_health(now, true, false, fresh, fresh, idle);
         assert!(!h.live && !h.ready);
-        assert!(!leader_health(now, false, true, fresh, fresh).ready);
+        assert!(!leader_health(now, false, true, fresh, fresh, idle).ready);
+    }
+
+    /// Issue 34, finding 1: a journal write that never gets stored (a
+    /// record larger than a NATS message was retried for ever) left the
+    /// leader renewing and `/readyz` answering 200 "leader". Writes under
+    /// way with none stored for [`STALL_AFTER`] make it unready (still
+    /// live: its loops turn); writes under way for less, or none, do not.
+    #[test]
+    fn a_journal_that_stores_nothing_makes_the_leader_unready() {
+        let now = Millis(100_000);
+        let fresh = Millis(99_900);
+        let h = leader_health(now, true, true, fresh, fresh, now.minus(STALL_AFTER));
+        assert!(h.live && !h.ready, "{h:?}");
+        assert_eq!(h.detail, "journal stalled: no write stored for 10 s");
+        assert!(leader_health(now, true, true, fresh, fresh, Millis(95_000)).ready);
+        assert!(leader_health(now, true, true, fresh, fresh, Millis(0)).ready);
     }
 }

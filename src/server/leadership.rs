@@ -48,6 +48,7 @@ pub(super) async fn lead(
     let now = wall_now();
     base.takeovers.fetch_add(1, Ordering::Relaxed);
     let journal_pending = Arc::new(AtomicU64::new(0));
+    let journal_waiting_since = Arc::new(AtomicU64::new(0));
     let worker_timeout = Millis::from_duration(s.worker_timeout);
     let (inputs, input_rx) = mpsc::channel(65_536);
     let (commit_tx, commit_rx) = mpsc::unbounded_channel::<Turn>();
@@ -76,6 +77,7 @@ pub(super) async fn lead(
             epoch,
             takeovers: base.takeovers.clone(),
             journal_pending: journal_pending.clone(),
+            journal_waiting_since: journal_waiting_since.clone(),
             guard: guard.clone(),
             seal: base.seal.clone(),
             index: base.index.clone(),
@@ -277,6 +279,7 @@ pub(super) async fn lead(
             index: base.index.clone(),
             tenure: tenure.clone(),
             replies: api.inner.replies.clone(),
+            waiting_since: journal_waiting_since,
         },
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));

@@ -97,6 +97,9 @@ pub(in crate::server) struct CommitCtx {
     pub(in crate::server) tenure: Tenure,
     /// Local callers waiting on replies (closed when the committer stops).
     pub(in crate::server) replies: Replies,
+    /// Wall-clock ms since which writes are under way and none was stored
+    /// (0: none under way): `/readyz` is 503 past a bound.
+    pub(in crate::server) waiting_since: Arc<AtomicU64>,
 }
 
 /// The journal's group commit, pipelined; the ordering is the pure
@@ -132,16 +135,21 @@ pub(in crate::server) async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, 
         let atomic = ctx.results.atomic.load(Ordering::Relaxed);
         let waiting = acks.as_ref().is_some_and(Acks::waiting);
         let mut writes = Vec::new();
+        let mut stored_now = false;
         tokio::select! {
             Some((id, stored)) = under_way.next(), if !under_way.is_empty() => {
                 if !stored {
                     break; // fenced out
                 }
+                stored_now = true;
                 writes = pipeline.stored(id);
             }
             ack = next_ack(&mut acks) => match (ack, acks.as_mut()) {
                 (Some(ack), Some(inbox)) => match inbox.acked(&ctx.results, &ack) {
-                    Some(Ok(id)) => writes = pipeline.stored(id),
+                    Some(Ok(id)) => {
+                        stored_now = true;
+                        writes = pipeline.stored(id);
+                    }
                     Some(Err(retry)) => under_way.push(write_fully(&ctx, retry)),
                     None => {}
                 },
@@ -189,10 +197,26 @@ pub(in crate::server) async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, 
                 break 'commit;
             }
         }
+        let busy = !under_way.is_empty() || acks.as_ref().is_some_and(Acks::waiting);
+        note_progress(&ctx.waiting_since, busy, stored_now);
     }
     // Fenced out or stopped: the replies of turns never announced will
     // not come.
     ctx.replies.close();
+}
+
+/// Keeps `waiting_since` (wall-clock ms): 0 while no write is under way;
+/// otherwise when the journal last made progress (a write stored), or
+/// began to wait.
+fn note_progress(waiting_since: &AtomicU64, busy: bool, stored: bool) {
+    let since = waiting_since.load(Ordering::Relaxed);
+    let now = crate::server::wall_now().0.max(1);
+    match (busy, stored, since) {
+        (false, _, 0) => {}
+        (false, _, _) => waiting_since.store(0, Ordering::Relaxed),
+        (true, true, _) | (true, false, 0) => waiting_since.store(now, Ordering::Relaxed),
+        (true, false, _) => {}
+    }
 }
 
 /// The next acknowledgement on the inbox; never, without one.
@@ -614,5 +638,27 @@ pub(in crate::server) async fn put_key_retrying(ctx: &CommitCtx, key: &str, body
                 delay = (delay * 2).min(JOURNAL_RETRY_MAX);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    /// The bookkeeping behind `/readyz`'s "journal stalled" (issue 34).
+    #[test]
+    fn the_journal_waits_from_its_first_write_until_one_is_stored() {
+        let since = AtomicU64::new(0);
+        note_progress(&since, false, false);
+        assert_eq!(since.load(Ordering::Relaxed), 0, "idle");
+        note_progress(&since, true, false);
+        assert!(since.load(Ordering::Relaxed) > 0, "began to wait");
+        since.store(1, Ordering::Relaxed);
+        note_progress(&since, true, false);
+        assert_eq!(since.load(Ordering::Relaxed), 1, "still waiting: unchanged");
+        note_progress(&since, true, true);
+        assert!(since.load(Ordering::Relaxed) > 1, "progress");
+        note_progress(&since, false, true);
+        assert_eq!(since.load(Ordering::Relaxed), 0, "idle again");
     }
 }
