@@ -9,11 +9,13 @@
 mod auth_kit;
 mod procs;
 
-use std::time::{Duration, SystemTime};
+use auth_kit::as_token;
+
+use std::time::SystemTime;
 
 use cronoq::api::ScheduleInfo;
 use cronoq::auth::{client_nonce, Credential};
-use cronoq::client::{Client, ClientOptions};
+use cronoq::client::Client;
 use cronoq::core::{ErrorCode, Millis, TaskState};
 use cronoq::schedule::ScheduleSpec;
 use cronoq::wire::{self, Subjects};
@@ -51,15 +53,6 @@ fn env() -> Vec<(&'static str, &'static str)> {
 
 async fn server(nats: &NatsServer, dir: &std::path::Path, config: &str) -> CronoqServer {
     CronoqServer::start_configured(nats, dir, config, &env(), true).await
-}
-
-async fn as_token(nats: &NatsServer, token: &str) -> Client {
-    ClientOptions::new()
-        .token(token)
-        .request_timeout(Duration::from_secs(10))
-        .connect(&nats.url())
-        .await
-        .unwrap()
 }
 
 /// A worker with the GPU token (`gpu=a100`), two slots.

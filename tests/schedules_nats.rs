@@ -15,11 +15,13 @@
 mod auth_kit;
 mod procs;
 
-use std::time::{Duration, SystemTime};
+use auth_kit::as_token;
+
+use std::time::SystemTime;
 
 use cronoq::api::{BackfillRange, ScheduleInfo};
 use cronoq::auth::Credential;
-use cronoq::client::{Client, ClientOptions};
+use cronoq::client::Client;
 use cronoq::core::{ErrorCode, Millis, TaskState};
 use cronoq::schedule::{FireKind, ScheduleSpec};
 use cronoq::wire::{self, Subjects, WireError};
@@ -259,15 +261,6 @@ async fn auth_server(nats: &NatsServer, dir: &std::path::Path, sealed: bool) -> 
     let mut env = auth_kit::SERVER_ENV.to_vec();
     env.push(KEY_ENV);
     CronoqServer::start_configured(nats, dir, &config, &env, true).await
-}
-
-async fn as_token(nats: &NatsServer, token: &str) -> Client {
-    ClientOptions::new()
-        .token(token)
-        .request_timeout(Duration::from_secs(10))
-        .connect(&nats.url())
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -255,13 +255,18 @@ impl Principal {
         owner: Option<&str>,
     ) -> Result<(), WireError> {
         self.may_schedule(Some(pool))?;
+        self.owns(
+            owner,
+            "did not create this schedule: only its creator or an admin may change it",
+        )
+    }
+
+    /// Whether it is `owner`, or an admin (`why`: the refusal's words).
+    fn owns(&self, owner: Option<&str>, why: &str) -> Result<(), WireError> {
         if self.role == Role::Admin || owner == Some(self.name.as_str()) {
             Ok(())
         } else {
-            Err(denied(format!(
-                "credential {} did not create this schedule: only its creator or an admin may change it",
-                self.name
-            )))
+            Err(denied(format!("credential {} {why}", self.name)))
         }
     }
 
@@ -275,14 +280,10 @@ impl Principal {
     pub fn may_cancel(&self, pool: &PoolName, owner: Option<&str>) -> Result<(), WireError> {
         self.role_in(&[Role::Submitter, Role::Admin], "cancel tasks")?;
         self.in_pool(pool)?;
-        if self.role == Role::Admin || owner == Some(self.name.as_str()) {
-            Ok(())
-        } else {
-            Err(denied(format!(
-                "credential {} did not submit this task: only its submitter or an admin may cancel it",
-                self.name
-            )))
-        }
+        self.owns(
+            owner,
+            "did not submit this task: only its submitter or an admin may cancel it",
+        )
     }
 
     /// May it register a worker in `pool` claiming `labels`? (worker, admin)

@@ -494,3 +494,13 @@ pub fn labelled(payload: &str, labels: &str) -> Task {
     }
     task
 }
+
+/// A Rust client that acts as `token` (requests time out after 10 s).
+pub async fn as_token(nats: &NatsServer, token: &str) -> cronoq::client::Client {
+    cronoq::client::ClientOptions::new()
+        .token(token)
+        .request_timeout(std::time::Duration::from_secs(10))
+        .connect(&nats.url())
+        .await
+        .unwrap()
+}

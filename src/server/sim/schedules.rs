@@ -163,9 +163,23 @@ impl World {
         let task = Task::new("forged").pool(POOL).idempotency_key(key.clone());
         let (subject, headers, body) =
             crate::wire::submission(&Subjects::default(), &task).expect("a plain task encodes");
+        self.store_under_id(key, task, None, (subject, headers, body));
+        self.counts.ticks_claimed += 1;
+    }
+
+    /// The stream stores a message under `Nats-Msg-Id` `key`: a submission
+    /// (its task as the leader decodes it), the raw message kept for a
+    /// later duplicate's check. Its sequence.
+    fn store_under_id(
+        &mut self,
+        key: String,
+        task: Task,
+        duplicate_of: Option<u64>,
+        (subject, headers, body): (String, HeaderMap, Bytes),
+    ) -> u64 {
         self.submissions.push(Submission {
             task,
-            duplicate_of: None,
+            duplicate_of,
             cancel_asked: false,
             cancel_acked: false,
         });
@@ -174,7 +188,7 @@ impl World {
             .stored
             .insert(seq, (subject, headers, body, self.now));
         self.sched.msg_ids.insert(key, (seq, self.now));
-        self.counts.ticks_claimed += 1;
+        seq
     }
 
     /// The committer's part: publishes a fire (the real encoding) under
@@ -229,18 +243,7 @@ impl World {
                 );
                 let mut fired = decoded.expect("a fire decodes");
                 fired.owner = task.owner.clone();
-                self.submissions.push(Submission {
-                    task: fired,
-                    duplicate_of,
-                    cancel_asked: false,
-                    cancel_acked: false,
-                });
-                let seq = self.submissions.len() as u64;
-                self.sched
-                    .stored
-                    .insert(seq, (subject, headers, body, self.now));
-                self.sched.msg_ids.insert(key, (seq, self.now));
-                Ok(seq)
+                Ok(self.store_under_id(key, fired, duplicate_of, (subject, headers, body)))
             }
         };
         self.counts.fires += 1;
