@@ -483,7 +483,10 @@ async fn a_skip_schedule_catches_up_after_its_run_ended_while_no_one_led() {
                 restarted.0,
                 i.skipped,
                 i.missed,
-                i.history.iter().map(|r| (r.tick.0, r.task)).collect::<Vec<_>>()
+                i.history
+                    .iter()
+                    .map(|r| (r.tick.0, r.task))
+                    .collect::<Vec<_>>()
             )),
             Err(e) => Err(e.to_string()),
         }

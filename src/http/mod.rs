@@ -86,6 +86,7 @@ mod error;
 mod extract;
 mod health;
 mod metrics;
+mod openapi;
 pub mod origin;
 pub mod schedules;
 mod serve;
@@ -97,6 +98,7 @@ pub(crate) use caller::Caller;
 pub use caller::{bearer_token, ApiFor, HttpAuth};
 pub use error::{clamp_message, status_of, HttpError, MAX_MESSAGE_CHARS};
 pub use metrics::{counters_text, escape_label_value, metrics_text, MAX_LABEL_SET_SERIES};
+pub use openapi::{openapi_document, served_routes};
 pub use origin::AllowedHosts;
 pub use serve::{serve, HttpLimits};
 pub use snapshot::autoscale_query;
@@ -132,15 +134,9 @@ pub fn router(api: Arc<dyn Api>) -> Router {
 /// # }
 /// ```
 pub fn router_with_auth(api: Arc<dyn Api>, auth: Option<HttpAuth>) -> Router {
-    // One file per group of routes: a new group is a file with its
-    // `routes()`, merged here.
-    let router = Router::new()
-        .merge(tasks::routes())
-        .merge(snapshot::routes())
-        .merge(metrics::routes())
-        .merge(health::routes())
-        .merge(dashboard::routes())
-        .merge(schedules::routes())
+    // Every route is in the one list of `openapi::all`, which documents
+    // them as it adds them.
+    let router = openapi::router()
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method);
     let router = match auth {

@@ -590,10 +590,7 @@ fn failover_simulation() {
                 "a fire published again past the stream's window",
                 t.fires_past_window,
             ),
-            (
-                "a tick claimed first by an adversary",
-                t.ticks_claimed,
-            ),
+            ("a tick claimed first by an adversary", t.ticks_claimed),
             ("a clock jump", t.clock_jumps),
             (
                 "a schedule that ended with missed ticks",

@@ -33,11 +33,11 @@ use bytes::Bytes;
 
 use super::*;
 use crate::schedule::{FireKind, StoredSchedule};
+use crate::server::driver::{ScheduleOp, ScheduleReply};
 use crate::server::fires;
 use crate::server::seal::Seal;
-use crate::wire::Subjects;
-use crate::server::driver::{ScheduleOp, ScheduleReply};
 use crate::server::Waiting;
+use crate::wire::Subjects;
 
 /// The schedule's name and interval.
 pub(super) const NAME: &str = "beat";
