@@ -15,6 +15,11 @@
 //! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]) |
 //! | `GET /healthz` | [`Health`](crate::api::Health) JSON; 200 when live, else 503 |
 //! | `GET /readyz` | [`Health`](crate::api::Health) JSON; 200 when ready, else 503 |
+//! | `GET /v1/openapi.json` | the OpenAPI 3.1 document of every route here ([`openapi_document`]; checked in as `proto-schemas/openapi.yaml`) |
+//!
+//! Every route is added by the one list of `openapi.rs`, which documents
+//! it in the same call (see [`served_routes`]): a new route is one line in
+//! its file's `routes()`, with its summary.
 //!
 //! Every error is JSON `{"code": "…", "message": "…"}` with the status of
 //! [`status_of`]; the mapping lives in one place, the [`IntoResponse`] of

@@ -44,8 +44,11 @@ use crate::core::{ErrorCode, TaskId};
 /// What a file of routes builds: the routes, documented as they are added.
 pub(super) struct Routes {
     api: ApiRouter<Arc<dyn Api>>,
-    served: Vec<(Method, &'static str)>,
+    served: Served,
 }
+
+/// `(method, path)` of routes, in the order they were added.
+type Served = Vec<(Method, &'static str)>;
 
 /// How a route is described beyond its types (a summary, other answers).
 type Docs = fn(TransformOperation<'_>) -> TransformOperation<'_>;
@@ -100,7 +103,7 @@ impl Routes {
     }
 
     /// The router and its document.
-    fn finish(self) -> (Router<Arc<dyn Api>>, OpenApi, Vec<(Method, &'static str)>) {
+    fn finish(self) -> (Router<Arc<dyn Api>>, OpenApi, Served) {
         let mut doc = OpenApi {
             info: Info {
                 title: "cronoq".into(),
@@ -170,7 +173,7 @@ async fn openapi_json() -> axum::response::Response {
 
 // ---- how the extractors and answers describe themselves ------------------
 
-/// The body of every error answer (the JSON of [`HttpError`]).
+/// The body of every error answer: a stable code and a message.
 #[allow(dead_code)]
 #[derive(JsonSchema)]
 #[schemars(rename = "ErrorBody")]
