@@ -63,7 +63,9 @@ pub(super) fn routes() -> Routes {
             op.summary("Every schedule, by name")
         })
         .post("/v1/schedules", create, |op| {
+            // Its status is a value, not a type: said here.
             op.summary("Create a schedule")
+                .response::<201, Json<ScheduleInfo>>()
         })
         .get("/v1/schedules/{name}", one, |op| {
             op.summary("Everything about one schedule")
