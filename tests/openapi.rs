@@ -324,12 +324,25 @@ fn errors_are_one_schema_with_the_stable_codes() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert_eq!(required, BTreeSet::from(["code", "message"]));
-    // Every /v1 operation but the document itself answers errors so.
+    // Every /v1 operation but the document itself answers errors so, and
+    // takes a Bearer token where auth is required (the auth layer reads
+    // one on /v1 alone); the others take none.
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
     for (method, path) in documented(&doc) {
+        let operation = &doc["paths"][&path][method.to_lowercase()];
         if !path.starts_with("/v1/") || path == "/v1/openapi.json" {
+            assert_eq!(operation.get("security"), None, "{method} {path}");
             continue;
         }
-        let default = &doc["paths"][&path][method.to_lowercase()]["responses"]["default"];
+        assert_eq!(
+            operation["security"],
+            json!([{}, {"bearer": []}]),
+            "{method} {path}"
+        );
+        let default = &operation["responses"]["default"];
         assert_eq!(
             default["content"]["application/json"]["schema"]["$ref"],
             "#/components/schemas/ErrorBody",

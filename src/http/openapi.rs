@@ -113,6 +113,22 @@ impl Routes {
             },
             ..OpenApi::default()
         };
+        doc.components
+            .get_or_insert_with(Default::default)
+            .security_schemes
+            .insert(
+                BEARER.into(),
+                aide::openapi::ReferenceOr::Item(aide::openapi::SecurityScheme::Http {
+                    scheme: "bearer".into(),
+                    bearer_format: Some("cronoq token credential".into()),
+                    description: Some(
+                        "A cronoq token credential; required by a server with \
+                         `[auth] required = true`, ignored otherwise."
+                            .into(),
+                    ),
+                    extensions: Default::default(),
+                }),
+            );
         let router = self.api.finish_api(&mut doc);
         (router, doc, self.served)
     }
@@ -237,9 +253,22 @@ impl OperationOutput for HttpError {
     }
 }
 
-/// Who calls: the router's credential (nothing in the document but the
-/// error answers every `/v1` call may give).
+/// The name of the Bearer security scheme in the document.
+const BEARER: &str = "bearer";
+
+/// Who calls: a route that calls as the caller takes the Bearer token of
+/// a server with `[auth] required = true`, and none otherwise (both
+/// requirements are listed); its refusals are the error answers.
 impl OperationInput for Caller {
+    fn operation_input(_: &mut GenContext, operation: &mut Operation) {
+        if operation.security.is_empty() {
+            operation.security = vec![
+                Default::default(),
+                [(BEARER.to_string(), Vec::new())].into_iter().collect(),
+            ];
+        }
+    }
+
     fn inferred_early_responses(
         ctx: &mut GenContext,
         _: &mut Operation,
