@@ -198,6 +198,12 @@ async fn the_task_list_answers_over_nats_and_through_a_follower() {
     // the dashboard view names the leader.
     for url in [leader.http_url(), follower.http_url()] {
         let http = HttpClient::new(&url).unwrap();
+        // Both serve the API's document (issue 37): the one the library
+        // generates, whichever role.
+        let (status, text) = procs::http_get(&format!("{url}/v1/openapi.json")).await;
+        assert_eq!(status, 200, "{text}");
+        let served: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(served, cronoq::http::openapi_document());
         let tasks = http.recent_tasks(2).await.unwrap();
         assert_eq!(tasks.iter().map(|t| t.id).collect::<Vec<_>>(), ids[..2]);
         let view = run_cli(

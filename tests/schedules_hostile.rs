@@ -423,7 +423,12 @@ async fn a_signed_forged_fire_is_recorded_against_its_signer() {
 async fn a_skip_schedule_catches_up_after_its_run_ended_while_no_one_led() {
     let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut first = CronoqServer::start(&nats, dir.path()).await;
+    // A re-attach grace (the worker timeout) no loaded machine outlasts:
+    // the worker must re-register and report within it.
+    let config =
+        procs::SERVER_CONFIG.replace("worker_timeout = \"2s\"", "worker_timeout = \"15s\"");
+    assert!(config.contains("\"15s\""));
+    let mut first = CronoqServer::start_configured(&nats, dir.path(), &config, &[], true).await;
     let _worker = CronoqWorker::start(&nats.url(), dir.path(), "w1", "", 2);
     let client = Client::connect(&nats.url()).await.unwrap();
     client
@@ -446,6 +451,12 @@ async fn a_skip_schedule_catches_up_after_its_run_ended_while_no_one_led() {
         }
     })
     .await;
+    // Two ticks skipped for it: the record that names the run as live
+    // (written with the first skip) is stored before the kill.
+    schedule_until(&client, "held", "two ticks skipped for the run", |i| {
+        i.skipped.len() >= 2
+    })
+    .await;
     first.kill9();
     drop(first);
     let killed = now();
@@ -460,7 +471,7 @@ async fn a_skip_schedule_catches_up_after_its_run_ended_while_no_one_led() {
     })
     .await;
     let restarted = now();
-    let _second = CronoqServer::start(&nats, dir.path()).await;
+    let _second = CronoqServer::start_configured(&nats, dir.path(), &config, &[], true).await;
     let info = eventually("a catch-up tick to fire", || async {
         match client.get_schedule("held").await {
             Ok(i)

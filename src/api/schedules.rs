@@ -127,7 +127,7 @@ impl ScheduleEntry {
 
 /// `POST /v1/schedules/{name}/backfill`: fire each tick in `from..=to`
 /// (RFC 3339), obeying the overlap policy.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackfillRequest {
     /// The first instant of the range (RFC 3339).

@@ -10,7 +10,7 @@ use crate::core::TaskId;
 pub use crate::task::{BackoffRequest, SubmitRequest};
 
 /// The answer to `POST /v1/tasks` (and to a cancel).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SubmitResponse {
     /// The task's id.
     pub id: TaskId,

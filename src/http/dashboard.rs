@@ -15,13 +15,13 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::openapi::{text_answer, DashboardParams, Params, Routes};
 use super::HttpError;
 use crate::api::{check_recent_limit, Api, Health, ScheduleEntry};
 use crate::core::{LeaderInfo, Millis, PoolSnapshot, WorkerInfo};
@@ -39,12 +39,35 @@ pub const MAX_SCHEDULE_ROWS: usize = 100;
 pub const MAX_FILTER_CHARS: usize = 200;
 
 /// The dashboard's routes, merged into [`super::router`].
-pub(super) fn routes() -> Router<Arc<dyn Api>> {
-    Router::new()
-        .route("/", get(index))
-        .route("/dashboard/app.js", get(app_js))
-        .route("/dashboard/app.css", get(app_css))
-        .route("/v1/dashboard", get(view))
+pub(super) fn routes() -> Routes {
+    Routes::new()
+        .get("/", index, |op| {
+            text_answer(
+                op.summary("The live dashboard"),
+                200,
+                "text/html",
+                "the page",
+            )
+        })
+        .get("/dashboard/app.js", app_js, |op| {
+            text_answer(
+                op.summary("The dashboard's script"),
+                200,
+                "text/javascript",
+                "the script",
+            )
+        })
+        .get("/dashboard/app.css", app_css, |op| {
+            text_answer(
+                op.summary("The dashboard's style"),
+                200,
+                "text/css",
+                "the style sheet",
+            )
+        })
+        .get("/v1/dashboard", view, |op| {
+            op.summary("What the dashboard shows, in one answer")
+        })
 }
 
 /// The dashboard's Content Security Policy: its own script, style and
@@ -165,7 +188,7 @@ impl ViewQuery {
 
 /// The workers part of a [`View`]: counts over all of them, and one page
 /// of those that match the filter.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct WorkersView {
     /// Workers registered (as far as the snapshot lists them).
     pub total: usize,
@@ -186,7 +209,7 @@ pub struct WorkersView {
 }
 
 /// `GET /v1/dashboard`: what the page shows, in one answer.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct View {
     /// The server's clock (ms since the Unix epoch), to show heartbeat ages.
     pub now: Millis,
@@ -265,7 +288,7 @@ pub fn workers_view(mut workers: Vec<WorkerInfo>, query: &ViewQuery) -> WorkersV
 }
 
 /// The schedules part of a [`View`].
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SchedulesView {
     /// Schedules in all.
     pub total: usize,
@@ -304,9 +327,9 @@ pub fn schedules_view(mut entries: Vec<ScheduleEntry>) -> SchedulesView {
 async fn view(
     State(node): State<Arc<dyn Api>>,
     super::Caller(api): super::Caller,
-    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    query: Params<DashboardParams>,
 ) -> Result<Json<View>, HttpError> {
-    let Query(pairs) = query.map_err(|e| HttpError::invalid(e.body_text()))?;
+    let pairs = query.pairs()?;
     let query = ViewQuery::parse(&pairs)?;
     let snapshot = api.snapshot().await?;
     let (tasks, tasks_error) = match api.recent_tasks(query.tasks).await {

@@ -1,22 +1,32 @@
 //! `GET /healthz` and `GET /readyz`: [`Health`] JSON, 200 or 503.
 
-use std::sync::Arc;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 
+use super::openapi::Routes;
 use super::ApiState;
-use crate::api::{Api, Health};
+use crate::api::Health;
 use crate::core::ErrorCode;
 
 /// The health routes, merged into [`super::router`].
-pub(super) fn routes() -> Router<Arc<dyn Api>> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub(super) fn routes() -> Routes {
+    Routes::new()
+        .get("/healthz", healthz, |op| {
+            op.summary("Liveness: 200 when live, else 503")
+                .response::<200, Json<Health>>()
+                .response_with::<503, Json<Health>, _>(|r| {
+                    r.description("not live: the Health fields and code UNAVAILABLE, message")
+                })
+        })
+        .get("/readyz", readyz, |op| {
+            op.summary("Readiness: 200 when ready, else 503")
+                .response::<200, Json<Health>>()
+                .response_with::<503, Json<Health>, _>(|r| {
+                    r.description("not ready: the Health fields and code UNAVAILABLE, message")
+                })
+        })
 }
 
 fn health_response(ok: bool, health: Health) -> Response {

@@ -3,21 +3,25 @@
 //! ([`counters_text`]).
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 
+use super::openapi::{text_answer, Routes};
+use super::{ApiState, HttpError};
+use crate::api::Health;
+use crate::core::{ErrorCode, Snapshot};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
-
-use super::{ApiState, HttpError};
-use crate::api::{Api, Health};
-use crate::core::{ErrorCode, Snapshot};
 
 /// The `/metrics` route, merged into [`super::router`].
-pub(super) fn routes() -> Router<Arc<dyn Api>> {
-    Router::new().route("/metrics", get(metrics))
+pub(super) fn routes() -> Routes {
+    Routes::new().get("/metrics", metrics, |op| {
+        text_answer(
+            op.summary("Prometheus metrics: the snapshot's gauges, then counters and histograms"),
+            200,
+            "text/plain; version=0.0.4",
+            "the Prometheus text format",
+        )
+    })
 }
 
 async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {

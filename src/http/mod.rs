@@ -15,6 +15,11 @@
 //! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]) |
 //! | `GET /healthz` | [`Health`](crate::api::Health) JSON; 200 when live, else 503 |
 //! | `GET /readyz` | [`Health`](crate::api::Health) JSON; 200 when ready, else 503 |
+//! | `GET /v1/openapi.json` | the OpenAPI 3.1 document of every route here ([`openapi_document`]; checked in as `proto-schemas/openapi.yaml`) |
+//!
+//! Every route is added by the one list of `openapi.rs`, which documents
+//! it in the same call (see [`served_routes`]): a new route is one line in
+//! its file's `routes()`, with its summary.
 //!
 //! Every error is JSON `{"code": "…", "message": "…"}` with the status of
 //! [`status_of`]; the mapping lives in one place, the [`IntoResponse`] of
@@ -86,6 +91,7 @@ mod error;
 mod extract;
 mod health;
 mod metrics;
+mod openapi;
 pub mod origin;
 pub mod schedules;
 mod serve;
@@ -97,6 +103,7 @@ pub(crate) use caller::Caller;
 pub use caller::{bearer_token, ApiFor, HttpAuth};
 pub use error::{clamp_message, status_of, HttpError, MAX_MESSAGE_CHARS};
 pub use metrics::{counters_text, escape_label_value, metrics_text, MAX_LABEL_SET_SERIES};
+pub use openapi::{openapi_document, served_routes};
 pub use origin::AllowedHosts;
 pub use serve::{serve, HttpLimits};
 pub use snapshot::autoscale_query;
@@ -132,15 +139,9 @@ pub fn router(api: Arc<dyn Api>) -> Router {
 /// # }
 /// ```
 pub fn router_with_auth(api: Arc<dyn Api>, auth: Option<HttpAuth>) -> Router {
-    // One file per group of routes: a new group is a file with its
-    // `routes()`, merged here.
-    let router = Router::new()
-        .merge(tasks::routes())
-        .merge(snapshot::routes())
-        .merge(metrics::routes())
-        .merge(health::routes())
-        .merge(dashboard::routes())
-        .merge(schedules::routes())
+    // Every route is in the one list of `openapi::all`, which documents
+    // them as it adds them.
+    let router = openapi::router()
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method);
     let router = match auth {

@@ -42,43 +42,60 @@
 //! schedule's pool. The origin rules (JSON-only posts, Host and Origin
 //! checks) apply here as to every route.
 
-use std::sync::Arc;
-
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::extract::JsonBody;
+use super::openapi::{Routes, ScheduleNameParam};
 use super::{Caller, HttpError};
 use crate::api::{
-    Api, BackfillReport, BackfillRequest, CreateScheduleRequest, FireRecord, ScheduleEntry,
-    ScheduleInfo,
+    BackfillReport, BackfillRequest, CreateScheduleRequest, FireRecord, ScheduleEntry, ScheduleInfo,
 };
 use crate::schedule::check_schedule_name;
 
 /// The schedule routes, merged into [`super::router`].
-pub(super) fn routes() -> Router<Arc<dyn Api>> {
-    Router::new()
-        .route("/v1/schedules", get(list).post(create))
-        .route("/v1/schedules/{name}", get(one).delete(delete))
-        .route("/v1/schedules/{name}/pause", post(pause))
-        .route("/v1/schedules/{name}/resume", post(resume))
-        .route("/v1/schedules/{name}/trigger", post(trigger))
-        .route("/v1/schedules/{name}/backfill", post(backfill))
+pub(super) fn routes() -> Routes {
+    Routes::new()
+        .get("/v1/schedules", list, |op| {
+            op.summary("Every schedule, by name")
+        })
+        .post("/v1/schedules", create, |op| {
+            // Its status is a value, not a type: said here.
+            op.summary("Create a schedule")
+                .response::<201, Json<ScheduleInfo>>()
+        })
+        .get("/v1/schedules/{name}", one, |op| {
+            op.summary("Everything about one schedule")
+        })
+        .delete("/v1/schedules/{name}", delete, |op| {
+            op.summary("Delete a schedule")
+        })
+        .post("/v1/schedules/{name}/pause", pause, |op| {
+            op.summary("Pause a schedule")
+        })
+        .post("/v1/schedules/{name}/resume", resume, |op| {
+            op.summary("Resume a schedule")
+        })
+        .post("/v1/schedules/{name}/trigger", trigger, |op| {
+            op.summary("Fire a schedule now")
+        })
+        .post("/v1/schedules/{name}/backfill", backfill, |op| {
+            op.summary("Fire each tick of a past range, obeying the overlap policy")
+        })
 }
 
 /// `GET /v1/schedules`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ScheduleList {
     /// Every schedule, by name.
     pub schedules: Vec<ScheduleEntry>,
 }
 
 /// `DELETE /v1/schedules/{name}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Deleted {
     /// The schedule deleted.
     pub deleted: String,
@@ -87,6 +104,17 @@ pub struct Deleted {
 /// The `{name}` of a path, checked as a schedule name (`INVALID_ARGUMENT`
 /// otherwise, calling nothing).
 struct NamePath(String);
+
+impl aide::operation::OperationInput for NamePath {
+    fn operation_input(
+        ctx: &mut aide::generate::GenContext,
+        operation: &mut aide::openapi::Operation,
+    ) {
+        <axum::extract::Path<ScheduleNameParam> as aide::operation::OperationInput>::operation_input(
+            ctx, operation,
+        );
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for NamePath {
     type Rejection = HttpError;

@@ -1,21 +1,22 @@
 //! The routes that read the snapshot: `GET /v1/snapshot` and
 //! `GET /v1/autoscale` ([`autoscale_query`]).
 
-use std::sync::Arc;
-
 use axum::http::Uri;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 
+use super::openapi::{AutoscaleParams, Params, Routes};
 use super::{Caller, HttpError};
-use crate::api::Api;
 use crate::core::{AutoscaleAnswer, Labels, PoolName, Rejection, Snapshot};
 
 /// The snapshot routes, merged into [`super::router`].
-pub(super) fn routes() -> Router<Arc<dyn Api>> {
-    Router::new()
-        .route("/v1/snapshot", get(snapshot))
-        .route("/v1/autoscale", get(autoscale))
+pub(super) fn routes() -> Routes {
+    Routes::new()
+        .get("/v1/snapshot", snapshot, |op| {
+            op.summary("Pools, groups, demand and workers")
+        })
+        .get("/v1/autoscale", autoscale, |op| {
+            op.summary("The autoscaling figures of one fleet (KEDA metrics-api)")
+        })
 }
 
 async fn snapshot(Caller(api): Caller) -> Result<Json<Snapshot>, HttpError> {
@@ -73,8 +74,11 @@ pub fn autoscale_query(query: Option<&str>) -> Result<(PoolName, Labels), Reject
 /// idle fleet, a fleet with no worker yet, an unknown pool or an
 /// undeclared label set answer (`declared: false` for the last two,
 /// desired 0).
-async fn autoscale(Caller(api): Caller, uri: Uri) -> Result<Json<AutoscaleAnswer>, HttpError> {
-    let (pool, labels) = autoscale_query(uri.query())?;
+async fn autoscale(
+    Caller(api): Caller,
+    query: Params<AutoscaleParams>,
+) -> Result<Json<AutoscaleAnswer>, HttpError> {
+    let (pool, labels) = autoscale_query(query.raw())?;
     let snapshot = api.snapshot().await?;
     Ok(Json(crate::core::answer(&snapshot, &pool, &labels)))
 }

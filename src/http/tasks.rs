@@ -4,24 +4,39 @@
 //! bytes, `application/octet-stream`; `NOT_FOUND` while it has none),
 //! `POST /v1/tasks/{id}/cancel`.
 
-use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 
 use super::extract::{IdPath, JsonBody};
+use super::openapi::{text_answer, Params, Routes, TaskListParams};
 use super::{clamp_message, Caller, HttpError};
-use crate::api::{Api, SubmitRequest, SubmitResponse};
+use crate::api::{SubmitRequest, SubmitResponse};
 use crate::task::TaskStatus;
 
 /// The task routes, merged into [`super::router`].
-pub(super) fn routes() -> Router<Arc<dyn Api>> {
-    Router::new()
-        .route("/v1/tasks", post(submit).get(list_tasks))
-        .route("/v1/tasks/{id}", get(task))
-        .route("/v1/tasks/{id}/output", get(output))
-        .route("/v1/tasks/{id}/cancel", post(cancel))
+pub(super) fn routes() -> Routes {
+    Routes::new()
+        .post("/v1/tasks", submit, |op| {
+            op.summary("Submit a task (a traceparent header is its W3C trace context)")
+        })
+        .get("/v1/tasks", list_tasks, |op| {
+            op.summary(
+                "The newest tasks, live or recently finished, highest id first, without outputs",
+            )
+        })
+        .get("/v1/tasks/{id}", task, |op| op.summary("A task's status"))
+        .get("/v1/tasks/{id}/output", output, |op| {
+            text_answer(
+                op.summary("A task's output, its exact bytes however large"),
+                200,
+                "application/octet-stream",
+                "the output",
+            )
+        })
+        .post("/v1/tasks/{id}/cancel", cancel, |op| {
+            op.summary("Cancel a task")
+        })
 }
 
 async fn submit(
@@ -54,12 +69,9 @@ fn traceparent_header(headers: &axum::http::HeaderMap) -> Result<Option<&str>, H
 /// `GET /v1/tasks?limit=N`: the newest tasks (default 50).
 async fn list_tasks(
     Caller(api): Caller,
-    query: Result<
-        axum::extract::Query<Vec<(String, String)>>,
-        axum::extract::rejection::QueryRejection,
-    >,
+    query: Params<TaskListParams>,
 ) -> Result<Json<crate::wire::TaskList>, HttpError> {
-    let axum::extract::Query(pairs) = query.map_err(|e| HttpError::invalid(e.body_text()))?;
+    let pairs = query.pairs()?;
     let mut limit = DEFAULT_TASK_LIST;
     for (i, (key, value)) in pairs.iter().enumerate() {
         if key != "limit" || i > 0 {

@@ -160,7 +160,7 @@ pub fn tolerance_without_start() -> Rejection {
 /// let task = req.into_task(std::time::SystemTime::now()).unwrap();
 /// assert_eq!(task.pool_name(), "inference");
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     /// The pool (default `default`).
@@ -210,7 +210,7 @@ pub struct SubmitRequest {
 }
 
 /// `"backoff": {"initial": "1s", "max": "1m"}` of a [`SubmitRequest`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackoffRequest {
     /// Delay before the second attempt.

@@ -13,9 +13,9 @@ use std::borrow::Cow;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 
 use crate::core::{
-    Autoscale, Backoff, Demand, ErrorCode, FleetAutoscale, GroupSnapshot, Labels, LeaderInfo,
-    Millis, PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason,
-    WorkerInfo,
+    Autoscale, AutoscaleAnswer, Backoff, Demand, ErrorCode, FleetAutoscale, GroupSnapshot, Labels,
+    LeaderInfo, Millis, PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState,
+    WaitReason, WorkerInfo,
 };
 use crate::schedule::{
     FireKind, FireRecord, MissReason, MissedTicks, Overlap, ScheduleCounters, ScheduleSpec,
@@ -494,4 +494,35 @@ struct ScheduleCountersSchema {
     skipped: u64,
     /// Ticks missed.
     missed: u64,
+}
+
+mirrored_schema!(AutoscaleAnswer, AutoscaleAnswerSchema, "AutoscaleAnswer");
+/// The answer of `GET /v1/autoscale?pool=P&labels=…`.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct AutoscaleAnswerSchema {
+    /// The pool asked about.
+    pool: PoolName,
+    /// The label set asked about.
+    labels: Labels,
+    /// The pool declares a fleet with exactly these labels. When false,
+    /// `desired`, `waiting`, `reserved`, `min` and `max` are 0: waiting
+    /// tasks count toward declared fleets only.
+    declared: bool,
+    /// Workers the fleet should have.
+    desired: u64,
+    /// Waiting tasks that count toward the fleet.
+    waiting: u64,
+    /// Due reservations that count toward the fleet.
+    reserved: u64,
+    /// Busy slots of the group with exactly these labels.
+    busy: u64,
+    /// Slots of that group.
+    capacity: u64,
+    /// Configured fewest workers.
+    min: u64,
+    /// Configured most workers.
+    max: u64,
+    /// Configured slots per worker (0 when not declared).
+    slots_per_worker: u32,
 }

@@ -386,6 +386,9 @@ impl Driver {
         if self.catching_up || self.schedules_held() {
             return;
         }
+        // Runs whose tasks ended earlier in this turn end first: a step
+        // that still saw them live would skip what is due now.
+        self.end_runs_of_turn(now);
         self.reconcile_schedules(now);
         let (orders, touched) = self.schedules.book.step_touching(now);
         self.schedules.dirty.extend(touched);
@@ -540,6 +543,29 @@ impl Driver {
         if self.schedules.book.is_empty() && self.schedules.dirty.is_empty() {
             return;
         }
+        self.end_runs_of_turn(now);
+        let due = now.plus(self.settings.record_refresh);
+        let mut waiting = BTreeSet::new();
+        for name in std::mem::take(&mut self.schedules.dirty) {
+            let deleted = self.schedules.book.get(&name).is_none();
+            if !deleted && self.schedules.in_flight.contains_key(&name) {
+                // Written once its fires are answered.
+                waiting.insert(name);
+                continue;
+            }
+            let stored = self.schedules.book.get(&name).map(|e| Box::new(e.stored()));
+            self.schedules.written(&name, stored.as_ref().map(|_| due));
+            self.out.push(Output::PersistSchedule { name, stored });
+        }
+        self.schedules.dirty = waiting;
+    }
+
+    /// Ends the runs whose tasks reach a final state in this turn's
+    /// results so far (each once: an ended run is no longer live).
+    fn end_runs_of_turn(&mut self, now: Millis) {
+        if !self.schedules.book.has_live_runs() {
+            return;
+        }
         let ended: Vec<(TaskId, TaskState)> = self
             .out
             .iter()
@@ -559,20 +585,6 @@ impl Driver {
             let orders = self.schedules.book.run_ended(id, state, now);
             self.carry_out_orders(now, orders);
         }
-        let due = now.plus(self.settings.record_refresh);
-        let mut waiting = BTreeSet::new();
-        for name in std::mem::take(&mut self.schedules.dirty) {
-            let deleted = self.schedules.book.get(&name).is_none();
-            if !deleted && self.schedules.in_flight.contains_key(&name) {
-                // Written once its fires are answered.
-                waiting.insert(name);
-                continue;
-            }
-            let stored = self.schedules.book.get(&name).map(|e| Box::new(e.stored()));
-            self.schedules.written(&name, stored.as_ref().map(|_| due));
-            self.out.push(Output::PersistSchedule { name, stored });
-        }
-        self.schedules.dirty = waiting;
     }
 
     /// One schedule as the book holds it (the simulation's end check).
