@@ -400,7 +400,7 @@ fn preemption_revokes_a_lower_priority_attempt_and_keeps_its_slot() {
     let mut s = Sim::new();
     preemptive(&mut s);
     s.capacity("p", "", 1);
-    s.submit(task(1).max_attempts(1));
+    s.submit(task(1).max_attempts(2));
     assert_eq!(s.submit(task(3).priority(9)), ["revoke t1#1 {} preempted"]);
     assert_eq!(
         s.submit(task(2).priority(5)),
@@ -415,12 +415,15 @@ fn preemption_revokes_a_lower_priority_attempt_and_keeps_its_slot() {
         s.end(3, OK),
         ["finish t3 succeeded attempts=1", "start t2#1 {}"]
     );
-    // A preempted attempt does not count: t1 (max_attempts 1) runs again.
     assert_eq!(
         s.end(2, OK),
         ["finish t2 succeeded attempts=1", "start t1#2 {}"]
     );
-    assert_eq!(s.end(1, FAIL), ["finish t1 failed attempts=2"]);
+    // A preempted attempt does not count (nor lengthen the backoff): its
+    // first failure leaves t1 (max_attempts 2) one more attempt.
+    assert_eq!(s.end(1, FAIL), ["retry t1#3 @1000"]);
+    assert_eq!(s.at(1_000), ["start t1#3 {}"]);
+    assert_eq!(s.end(1, FAIL), ["finish t1 failed attempts=3"]);
 }
 
 #[test]

@@ -89,7 +89,7 @@ impl Core {
                 let rec = &mut self.tasks[t as usize];
                 let backoff = self.groups.pools[rec.pool as usize].config.backoff;
                 let extra = rec.extra_mut(backoff);
-                let at = self.now.plus(extra.backoff.delay_after(attempt));
+                let at = self.now.plus(extra.backoff.delay_after(counted));
                 extra.timer_at = at.0;
                 rec.phase = Phase::Backoff;
                 rec.group = u32::MAX;
