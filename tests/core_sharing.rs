@@ -48,11 +48,11 @@ fn fair_share_alternates_keys_under_contention() {
     for id in 11..=13 {
         assert_eq!(s.submit(task(id).fair("b", 1)), NOTHING);
     }
-    // b became active at a's virtual time (one start), so they tie and the
-    // key seen first goes; then they alternate, then a alone.
+    // a has had one start (tag 0) and queued tags 1..9; b comes in at the
+    // pool's virtual time (0): b's first, then turns by tag, then a alone.
     assert_eq!(
         run_one_slot(&mut s, 1, 9),
-        [1, 2, 11, 3, 12, 4, 13, 5, 6, 7]
+        [1, 11, 2, 12, 3, 13, 4, 5, 6, 7]
     );
 }
 
@@ -115,9 +115,10 @@ fn fair_share_an_idle_key_earns_no_burst() {
     for id in 101..=110 {
         s.submit(task(id).fair("b", 1));
     }
-    // b starts at a's virtual time: turns alternate, no run of b's ten.
+    // b comes in at the pool's virtual time (a's last start), not at its
+    // own idle 0: turns alternate, no run of b's ten.
     let next = run_one_slot(&mut s, 20, 8);
-    assert_eq!(next[1..], [21, 101, 22, 102, 23, 103, 24, 104]);
+    assert_eq!(next[1..], [101, 21, 102, 22, 103, 23, 104, 24]);
 }
 
 #[test]
@@ -143,8 +144,9 @@ fn fair_share_orders_across_label_sets_of_equal_need() {
     s.submit(task(3).fair("a", 1).labels("zone=eu"));
     s.submit(task(4).fair("b", 1).labels("zone=eu"));
     s.submit(task(5).fair("b", 1).labels("gpu=a100"));
-    // Heads of both queues compared on virtual time, then submission order.
-    assert_eq!(run_one_slot(&mut s, 1, 4), [1, 2, 4, 3, 5]);
+    // Heads of both queues compared on start tags (a: 0 1 2, b: 0 1), then
+    // submission order.
+    assert_eq!(run_one_slot(&mut s, 1, 4), [1, 4, 2, 5, 3]);
 }
 
 #[test]
@@ -168,7 +170,7 @@ fn fair_share_unkeyed_tasks_share_one_key() {
     for id in 11..=13 {
         s.submit(task(id).fair("a", 1));
     }
-    assert_eq!(run_one_slot(&mut s, 1, 6), [1, 2, 11, 3, 12, 4, 13]);
+    assert_eq!(run_one_slot(&mut s, 1, 6), [1, 11, 2, 12, 3, 13, 4]);
 }
 
 // ---- eligibility: quotas ----------------------------------------------------

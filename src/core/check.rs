@@ -221,9 +221,9 @@ impl Core {
         Ok(())
     }
 
-    /// The counts of SPEC §9 against the tasks: per fairness key its queued
-    /// and running tasks, the slots each quota counts, the pool's active
-    /// keys at their virtual times; per concurrency key its running,
+    /// The counts of SPEC §9 against the tasks: per fairness key its
+    /// running and live tasks and the slots each quota counts; per
+    /// concurrency key its running,
     /// queued and parked tasks, and that a parked task has no room (its
     /// key's running and queued tasks reach its limit). No key lingers
     /// unused.
@@ -238,10 +238,6 @@ impl Core {
                 .map(|(i, t)| (i as u32, t))
                 .filter(|&(i, _)| self.fair_of(i) == k)
                 .collect();
-            let queued = mine
-                .iter()
-                .filter(|(_, t)| t.phase == Phase::Queued)
-                .count() as u64;
             let holding: Vec<u32> = mine
                 .iter()
                 .filter(|(_, t)| matches!(t.phase, Phase::Running | Phase::Draining))
@@ -249,15 +245,11 @@ impl Core {
                 .collect();
             let named = !key.name.is_empty();
             let users = mine.len() as u64;
-            if queued != key.queued
-                || holding.len() as u64 != key.running
-                || (named && users != key.live)
-            {
+            // Only named keys count (`slot_taken`).
+            if named && (holding.len() as u64 != key.running || users != key.live) {
                 return Err(format!(
-                    "fairness key {:?}: queued {} running {} live {}, but {queued} queued, {} \
-                     running, {users} live tasks",
+                    "fairness key {:?}: running {} live {}, but {} running, {users} live tasks",
                     key.name,
-                    key.queued,
                     key.running,
                     key.live,
                     holding.len()
@@ -277,26 +269,6 @@ impl Core {
                     return Err(format!(
                         "quota of {:?} on [{}] counts {} slots, {held} held",
                         key.name, q.labels, q.held
-                    ));
-                }
-            }
-            let active = self.groups.pools[key.pool as usize]
-                .active_keys
-                .contains(&(key.vtime, k));
-            if active != (key.queued > 0) {
-                return Err(format!(
-                    "fairness key {:?}: active {active} with {} queued",
-                    key.name, key.queued
-                ));
-            }
-        }
-        for (_, pool) in self.groups.live_pools() {
-            for &(vtime, k) in &pool.active_keys {
-                let key = &self.keys.fair[k as usize];
-                if key.vacant || key.vtime != vtime || key.queued == 0 {
-                    return Err(format!(
-                        "pool {}: stale active key {:?}",
-                        pool.name, key.name
                     ));
                 }
             }

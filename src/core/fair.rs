@@ -11,13 +11,11 @@
 //! orders it as before. A key is forgotten when its last live task is
 //! (the unnamed one with its pool), so memory follows the keys in use.
 //!
-//! **Virtual time** (start-time fair queuing): each start of a task of key
-//! K advances `vtime(K)` by [`VT_SCALE`]` / weight`. A key with waiters is
-//! *active*; a key becoming active again starts at
-//! `max(its own, the least vtime among the pool's active keys)`, so a key
-//! that was idle earns no burst. Virtual times only grow, which is what
-//! lets the queues keep a key's place with the vtime it had when placed
-//! and refresh it only when it reaches the front (`queue.rs`).
+//! **Virtual time** (start-time fair queuing, `queue.rs`): a task of key K
+//! joining the queues gets the start tag `max(pool virtual time,
+//! finish(K))`, and `finish(K)` moves on by [`VT_SCALE`]` / weight`; the
+//! pool's virtual time is the largest tag started. A key that was idle
+//! comes back at the pool's virtual time, so it earns no burst.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,9 +53,9 @@ pub(crate) struct FairKey {
     /// Empty for the pool's unnamed key.
     pub name: Box<str>,
     pub pool: u32,
-    pub vtime: u64,
-    /// Its tasks in the pool's placement queues (active while > 0).
-    pub queued: u64,
+    /// The start tag its next task would get, before the pool's virtual
+    /// time is applied.
+    pub finish: u64,
     /// Slots its running attempts hold.
     pub running: u64,
     /// Live tasks naming it (the unnamed key is kept with its pool).
@@ -140,12 +138,6 @@ impl Keys {
         self.unnamed[p as usize]
     }
 
-    /// The virtual time of key `k` of pool `p` (`NO_KEY`: its unnamed one).
-    pub(crate) fn vtime(&self, k: u32, p: u32) -> u64 {
-        let k = if k == NO_KEY { self.unnamed_of(p) } else { k };
-        self.fair.get(k as usize).map_or(0, |key| key.vtime)
-    }
-
     /// The unnamed key of pool `p`, if it has one.
     pub(crate) fn unnamed_of(&self, p: u32) -> u32 {
         self.unnamed.get(p as usize).copied().unwrap_or(NO_KEY)
@@ -170,8 +162,7 @@ impl Keys {
         let key = FairKey {
             name: Box::from(name),
             pool: p,
-            vtime: 0,
-            queued: 0,
+            finish: 0,
             running: 0,
             live: 0,
             weight: 0,
@@ -193,7 +184,7 @@ impl Keys {
     /// Forgets a named fairness key nobody uses any more.
     pub(crate) fn forget_fair_if_unused(&mut self, k: u32) {
         let key = &self.fair[k as usize];
-        if key.live > 0 || key.running > 0 || key.queued > 0 || key.name.is_empty() {
+        if key.live > 0 || key.running > 0 || key.name.is_empty() {
             return;
         }
         self.fair_by_name.remove(&(key.pool, key.name.clone()));

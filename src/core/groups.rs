@@ -301,9 +301,9 @@ pub(crate) struct Pool {
     pair_ids: FxHashMap<(String, String), u32>,
     /// Finished tasks that ended after their deadline.
     pub deadline_missed: u64,
-    /// Fairness keys with waiters in the queues, by virtual time (a key
-    /// that becomes active starts at the first one's, SPEC §9).
-    pub active_keys: BTreeSet<(u64, u32)>,
+    /// The pool's virtual time: the largest start tag started (SPEC §9,
+    /// `queue.rs`).
+    pub vt: u64,
     /// Some `[[pools.quotas]]` entry is declared.
     pub has_quotas: bool,
     /// Running attempts that may be preempted (pools with `preemption =
@@ -329,7 +329,7 @@ impl Pool {
             scheduled: 0,
             waiting: 0,
             deadline_missed: 0,
-            active_keys: BTreeSet::new(),
+            vt: 0,
             has_quotas: false,
             preemptible: BTreeSet::new(),
             live: 0,

@@ -280,6 +280,8 @@ struct TaskExtra {
     kept_for: Option<(u32, u64)>,
     /// A victim's slot is being kept for this task (it preempts no more).
     preempting: bool,
+    /// Its start tag (fair share), once it has one (`NONE` before).
+    tag: u64,
 }
 
 impl TaskRec {
@@ -321,6 +323,7 @@ impl TaskRec {
                 started: 0,
                 kept_for: None,
                 preempting: false,
+                tag: NONE,
             })
         })
     }

@@ -19,8 +19,6 @@
 //! estimated run time that ends before the earliest due `start_at`
 //! (backfill).
 
-use smallvec::SmallVec;
-
 use super::groups::{is_subset, FreeKey, GroupId};
 use super::queue::{Head, QueueKey};
 use super::sharing::quota_allows;
@@ -39,6 +37,8 @@ pub(crate) struct Waiter {
     /// When it is the head of a queue: that reqset and its queue key, which
     /// let it leave the queue without waiting for its record to load.
     pub head: Option<(u32, QueueKey)>,
+    /// Its start tag when it is the head of a queue (fair share).
+    pub tag: u64,
 }
 
 impl Core {
@@ -92,7 +92,11 @@ impl Core {
             if is_subset(&self.groups.reqsets[r as usize].pairs, group_pairs)
                 && self.eligible(task, g)
             {
-                return Some(Waiter { task, head: None });
+                return Some(Waiter {
+                    task,
+                    head: None,
+                    tag: 0,
+                });
             }
         }
 
@@ -108,28 +112,28 @@ impl Core {
                         && self.can_backfill(task)
                         && self.eligible(task, g)
                 })
-                .map(|task| Waiter { task, head: None });
+                .map(|task| Waiter {
+                    task,
+                    head: None,
+                    tag: 0,
+                });
         }
 
         // Rule 5: heads of every queue this group can serve.
         let max_bypass = pool.config.max_bypass;
         let quotas = pool.has_quotas;
-        let p = group.pool;
-        let reqsets: SmallVec<[u32; 8]> = group.reqsets.clone();
         loop {
             let mut best: Option<(bool, Head, u8, u32)> = None;
             let mut unlabeled_head: Option<Head> = None;
-            for &r in &reqsets {
+            for &r in &self.groups.groups[g as usize].reqsets {
                 let keys = &self.keys;
-                let vt = |k| keys.vtime(k, p);
                 let labels = &self.groups.groups[g as usize].labels;
-                let set = &mut self.groups.reqsets[r as usize];
+                let set = &self.groups.reqsets[r as usize];
                 let need = need(set.pairs.len());
                 let head = if quotas {
-                    set.queue
-                        .first_where(&vt, &|k| quota_allows(keys, k, labels))
+                    set.queue.first_where(&|k| quota_allows(keys, k, labels))
                 } else {
-                    set.queue.head(&vt)
+                    set.queue.head()
                 };
                 let Some(head) = head else {
                     continue;
@@ -141,13 +145,13 @@ impl Core {
                 if need == 1 {
                     unlabeled_head = Some(head);
                 }
-                let rank = |(not_starved, (key, _, vtime), need, _): &(bool, Head, u8, u32)| {
+                let rank = |(not_starved, (key, _, tag), need, _): &(bool, Head, u8, u32)| {
                     (
                         *not_starved,
                         key.urgency,
                         key.priority,
                         *need,
-                        *vtime,
+                        *tag,
                         key.seq,
                     )
                 };
@@ -156,10 +160,11 @@ impl Core {
                     best = Some(candidate);
                 }
             }
-            let (_, (winner_key, winner, winner_vt), winner_need, winner_set) = best?;
+            let (_, (winner_key, winner, winner_tag), winner_need, winner_set) = best?;
             let chosen = Waiter {
                 task: winner,
                 head: Some((winner_set, winner_key)),
+                tag: winner_tag,
             };
             if !self.conc_allows_start(winner) {
                 // Its concurrency key filled up while it waited: it waits
@@ -172,11 +177,11 @@ impl Core {
             }
             // Rule 5 no-starvation: count how often the unlabeled head lost
             // only because of need.
-            if let Some((key, task, vtime)) = unlabeled_head {
+            if let Some((key, task, tag)) = unlabeled_head {
                 if task != winner
                     && winner_need == 0
                     && key.same_urgency(&winner_key)
-                    && (vtime, key.seq) < (winner_vt, winner_key.seq)
+                    && (tag, key.seq) < (winner_tag, winner_key.seq)
                 {
                     self.tasks[task as usize].bypass += 1;
                 }

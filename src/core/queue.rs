@@ -3,33 +3,35 @@
 //! The order inside a queue is SPEC §2 rule 5 (a), then §9 (c) fair
 //! share, then (d) submission order: an urgent task (its deadline is within
 //! the pool's urgency window) comes before every non-urgent one, earliest
-//! deadline first; otherwise higher priority first; among equals, the task
-//! whose fairness key has the lowest virtual time (`fair.rs`); then
-//! submission order. Rule 5 (b), "need", compares heads of *different*
-//! queues and lives in `placement.rs`.
+//! deadline first; otherwise higher priority first; among equals, the
+//! lowest *virtual start tag* (below); then submission order. Rule 5 (b),
+//! "need", compares heads of *different* queues and lives in
+//! `placement.rs`.
 //!
-//! **Fair share at scale.** Within a bucket of equal rule 5 (a) rank, each
-//! fairness key has its own sub-queue (by `seq`), and the keys present are
-//! kept in an ordered set by `(virtual time, key)`. A start moves only its
-//! own key's virtual time, and virtual times only grow, so an entry of the
-//! set is refreshed lazily: when it reaches the front with a virtual time
-//! older than its key's, it is moved back to its key's current one (one
-//! B-tree step) and the front is read again. Reading a head is then
-//! O(log keys in the bucket) and needs no pass over keys or tasks,
-//! whatever the number of keys, reqsets or waiters. A key equal on virtual
-//! time goes by its id (the order keys first appeared in). Tasks of the
-//! pool's unnamed key (no `fairness_key`) keep the deque of old: a pool
-//! without keys pays nothing for the rest.
+//! **Fair share at scale: start tags.** Start-time fair queuing as Goyal,
+//! Vin and Cheng define it: a task joining the queues of a pool gets the
+//! start tag `max(pool virtual time, its key's finish)`, and its key's
+//! finish moves on by `1/weight` (`sharing.rs`); the pool's virtual time is
+//! the largest tag started so far. Serving the lowest tag first gives each
+//! busy key starts in proportion to its weight, and a key that was idle
+//! comes back at the pool's virtual time, with no credit saved up. The tag
+//! is fixed when the task joins, so no start ever reorders a queue: per
+//! rank, each key's waiters are a sub-queue by `seq` (their tags rise with
+//! it), and the keys present are an ordered set by the tag of their first
+//! waiter, which changes only when that waiter leaves. Reading a head is
+//! O(log) whatever the number of keys, reqsets or waiters; a key at its
+//! quota is passed over as one entry, not task by task. Tasks of the
+//! pool's unnamed key (no `fairness_key`) keep the deque of old, each with
+//! its tag: a pool without keys orders exactly as before.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use rustc_hash::FxHashMap;
-
 use super::fair::NO_KEY;
 
-/// The position of a waiter in its queue, less the fair share (which is
-/// its key's virtual time, read when compared).
+/// The position of a waiter in its queue: rank, submission order and the
+/// fairness key (whose sub-queue holds it). Its start tag is stored beside
+/// it in the queue.
 ///
 /// `urgency` is the deadline for an urgent task and `u64::MAX` otherwise, so
 /// urgent tasks sort first, earliest deadline first.
@@ -67,12 +69,11 @@ impl QueueKey {
     }
 }
 
-/// A queue's first waiter: its key, its task, and its fairness key's
-/// virtual time when read.
+/// A queue's first waiter: its key, its task and its start tag.
 pub(crate) type Head = (QueueKey, u32, u64);
 
-/// The order of two waiters: rank, virtual time, submission order.
-fn order(head: &Head) -> (u64, Reverse<i32>, u64, u64) {
+/// The order of two waiters of one queue: rank, start tag, submission order.
+pub(crate) fn order(head: &Head) -> (u64, Reverse<i32>, u64, u64) {
     (head.0.urgency, head.0.priority, head.2, head.0.seq)
 }
 
@@ -85,14 +86,14 @@ const GONE: u32 = u32::MAX;
 /// Waiters of one rank.
 #[derive(Default, Debug)]
 struct Bucket {
-    /// Tasks of the unnamed key, by `seq`.
-    plain: VecDeque<(u64, u32)>,
-    /// Tasks of named keys, by key then `seq`.
-    named: BTreeMap<(u32, u64), u32>,
-    /// Named keys present, by the virtual time they were placed with.
-    keys: BTreeSet<(u64, u32)>,
-    /// The virtual time each present key's entry in `keys` carries.
-    placed: FxHashMap<u32, u64>,
+    /// Tasks of the unnamed key: `(seq, task, tag)`, by `seq` (and so by
+    /// tag: see `push`).
+    plain: VecDeque<(u64, u32, u64)>,
+    /// Tasks of named keys: `(key, seq) -> (task, tag)`.
+    named: BTreeMap<(u32, u64), (u32, u64)>,
+    /// Named keys present, by the tag and `seq` of their first waiter
+    /// here: `(tag, seq, key)`.
+    keys: BTreeSet<(u64, u64, u32)>,
 }
 
 impl Bucket {
@@ -100,37 +101,28 @@ impl Bucket {
         self.plain.is_empty() && self.named.is_empty()
     }
 
-    /// The first waiter of a key `allowed` lets through, refreshing stale
-    /// entries of `keys` on the way.
-    fn head(
-        &mut self,
-        rank: Rank,
-        vt: &impl Fn(u32) -> u64,
-        allowed: &impl Fn(u32) -> bool,
-    ) -> Option<Head> {
-        let named = loop {
-            let Some((stored, k)) = self.keys.iter().copied().find(|&(_, k)| allowed(k)) else {
-                break None;
-            };
-            let current = vt(k);
-            if stored != current {
-                debug_assert!(stored < current, "virtual time ran backwards");
-                self.keys.remove(&(stored, k));
-                self.keys.insert((current, k));
-                self.placed.insert(k, current);
-                continue;
-            }
-            let (&(_, seq), &task) = self
-                .named
-                .range((k, 0)..)
-                .next()
-                .expect("a placed key has waiters");
-            break Some((key_of(rank, seq, k), task, current));
-        };
+    /// The first waiter of key `k` here: `(seq, task, tag)`.
+    fn first_of(&self, k: u32) -> Option<(u64, u32, u64)> {
+        self.named
+            .range((k, 0)..=(k, u64::MAX))
+            .next()
+            .map(|(&(_, seq), &(task, tag))| (seq, task, tag))
+    }
+
+    /// The first waiter whose key `allowed` lets through.
+    fn head(&self, rank: Rank, allowed: &impl Fn(u32) -> bool) -> Option<Head> {
+        let named = self
+            .keys
+            .iter()
+            .find(|&&(_, _, k)| allowed(k))
+            .and_then(|&(_, _, k)| {
+                let (seq, task, tag) = self.first_of(k)?;
+                Some((key_of(rank, seq, k), task, tag))
+            });
         let plain = if allowed(NO_KEY) {
             self.plain
                 .front()
-                .map(|&(seq, task)| (key_of(rank, seq, NO_KEY), task, vt(NO_KEY)))
+                .map(|&(seq, task, tag)| (key_of(rank, seq, NO_KEY), task, tag))
         } else {
             None
         };
@@ -140,19 +132,33 @@ impl Bucket {
         }
     }
 
-    /// Removes a named key's waiter; drops the key's entry if it was its last.
+    fn push_named(&mut self, fair: u32, seq: u64, task: u32, tag: u64) {
+        match self.first_of(fair) {
+            None => {
+                self.keys.insert((tag, seq, fair));
+            }
+            Some((first, _, first_tag)) if seq < first => {
+                self.keys.remove(&(first_tag, first, fair));
+                self.keys.insert((tag, seq, fair));
+            }
+            Some(_) => {}
+        }
+        self.named.insert((fair, seq), (task, tag));
+    }
+
+    /// Removes a named key's waiter, moving the key's entry to its next one.
     fn remove_named(&mut self, fair: u32, seq: u64) -> bool {
+        let Some((first, _, first_tag)) = self.first_of(fair) else {
+            return false;
+        };
         if self.named.remove(&(fair, seq)).is_none() {
             return false;
         }
-        let more = self
-            .named
-            .range((fair, 0)..=(fair, u64::MAX))
-            .next()
-            .is_some();
-        if !more {
-            let stored = self.placed.remove(&fair).expect("a present key is placed");
-            self.keys.remove(&(stored, fair));
+        if first == seq {
+            self.keys.remove(&(first_tag, first, fair));
+            if let Some((next, _, tag)) = self.first_of(fair) {
+                self.keys.insert((tag, next, fair));
+            }
         }
         true
     }
@@ -177,84 +183,94 @@ fn key_of(rank: Rank, seq: u64, fair: u32) -> QueueKey {
 /// deque is only marked [`GONE`] (found by binary search on `seq`); marks
 /// are dropped once they reach either end, so the front and back of every
 /// deque are always live. Tasks of named keys are in a B-tree by key and
-/// `seq`, their keys ordered by virtual time (module docs).
+/// `seq`, their keys ordered by their first waiter's tag (module docs).
 ///
 /// The head is cached: a freed slot compares the heads of several queues,
-/// and reading them must not walk trees and deques spread over memory. A
-/// cached head whose key's virtual time moved since is read again.
+/// and reading them must not walk trees and deques spread over memory.
 #[derive(Default, Debug)]
 pub(crate) struct WaitQueue {
     head: Option<Head>,
     len: usize,
-    /// Waiters of named keys.
-    named_len: usize,
     buckets: BTreeMap<Rank, Bucket>,
 }
 
 impl WaitQueue {
-    pub(crate) fn push(&mut self, key: QueueKey, task: u32, vt: &impl Fn(u32) -> u64) {
+    /// Queues `task` under `key` with start tag `tag`; returns the tag it
+    /// got. A task of the unnamed key inserted before others (waiting
+    /// again at its old place) gets a tag between its neighbours', so the
+    /// key's tags keep rising with `seq`.
+    pub(crate) fn push(&mut self, key: QueueKey, task: u32, tag: u64) -> u64 {
         let bucket = self.buckets.entry(key.rank()).or_default();
         self.len += 1;
+        let mut tag = tag;
         if key.fair != NO_KEY {
-            self.named_len += 1;
-            bucket.named.insert((key.fair, key.seq), task);
-            if let std::collections::hash_map::Entry::Vacant(e) = bucket.placed.entry(key.fair) {
-                let current = vt(key.fair);
-                e.insert(current);
-                bucket.keys.insert((current, key.fair));
-            }
+            bucket.push_named(key.fair, key.seq, task, tag);
         } else {
-            match bucket.plain.back() {
-                None => bucket.plain.push_back((key.seq, task)),
-                Some(&(last, _)) if last < key.seq => bucket.plain.push_back((key.seq, task)),
-                Some(_) => match bucket.plain.binary_search_by_key(&key.seq, |&(s, _)| s) {
-                    Ok(i) => {
-                        debug_assert_eq!(bucket.plain[i].1, GONE, "queue key reused");
-                        bucket.plain[i].1 = task;
+            let plain = &mut bucket.plain;
+            match plain.back() {
+                None => plain.push_back((key.seq, task, tag)),
+                Some(&(last, _, last_tag)) if last < key.seq => {
+                    tag = tag.max(last_tag);
+                    plain.push_back((key.seq, task, tag));
+                }
+                Some(_) => {
+                    let i = match plain.binary_search_by_key(&key.seq, |&(s, _, _)| s) {
+                        Ok(i) | Err(i) => i,
+                    };
+                    let live = |e: &(u64, u32, u64)| e.1 != GONE;
+                    let before = plain.range(..i).rev().find(|e| live(e)).map(|e| e.2);
+                    let after = plain
+                        .range(i..)
+                        .find(|e| live(e) && e.0 != key.seq)
+                        .map(|e| e.2);
+                    if let Some(after) = after {
+                        tag = tag.min(after);
                     }
-                    Err(i) => bucket.plain.insert(i, (key.seq, task)),
-                },
+                    if let Some(before) = before {
+                        tag = tag.max(before);
+                    }
+                    match plain.get(i) {
+                        Some(e) if e.0 == key.seq => {
+                            debug_assert_eq!(e.1, GONE, "queue key reused");
+                            plain[i] = (key.seq, task, tag);
+                        }
+                        _ => plain.insert(i, (key.seq, task, tag)),
+                    }
+                }
             }
         }
-        let new: Head = (key, task, vt(key.fair));
-        let better = match self.head {
-            None => true,
-            // One key: rank and submission order alone (its cached virtual
-            // time may be old).
-            Some(head) if self.named_len == 0 => {
-                (key.urgency, key.priority, key.seq) < (head.0.urgency, head.0.priority, head.0.seq)
-            }
-            // A cached head that went stale is no larger than the true
-            // first waiter, so beating it is beating every waiter; if the
-            // new one does not, `head` reads the queue again.
-            Some(head) => order(&new) < order(&head),
-        };
-        if better {
+        let new: Head = (key, task, tag);
+        if self.head.map_or(true, |head| order(&new) < order(&head)) {
             self.head = Some(new);
         }
+        tag
     }
 
     /// Removes `task`, queued under `key`. Returns whether it was there.
-    pub(crate) fn remove(&mut self, key: &QueueKey, task: u32, vt: &impl Fn(u32) -> u64) -> bool {
+    pub(crate) fn remove(&mut self, key: &QueueKey, task: u32) -> bool {
         let was_head = self.head.is_some_and(|(k, t, _)| k == *key && t == task);
-        if was_head && self.named_len == 0 {
-            self.pop_plain_head(vt);
-            return true;
-        }
         let rank = key.rank();
         let Some(bucket) = self.buckets.get_mut(&rank) else {
             return false;
         };
         let found = if key.fair != NO_KEY {
             bucket.remove_named(key.fair, key.seq)
-        } else if bucket.plain.front() == Some(&(key.seq, task)) {
+        } else if bucket
+            .plain
+            .front()
+            .is_some_and(|e| (e.0, e.1) == (key.seq, task))
+        {
             bucket.plain.pop_front();
             true
-        } else if bucket.plain.back() == Some(&(key.seq, task)) {
+        } else if bucket
+            .plain
+            .back()
+            .is_some_and(|e| (e.0, e.1) == (key.seq, task))
+        {
             bucket.plain.pop_back();
             true
         } else {
-            match bucket.plain.binary_search_by_key(&key.seq, |&(s, _)| s) {
+            match bucket.plain.binary_search_by_key(&key.seq, |&(s, _, _)| s) {
                 Ok(i) if bucket.plain[i].1 == task => {
                     bucket.plain[i].1 = GONE;
                     true
@@ -266,78 +282,37 @@ impl WaitQueue {
             return false;
         }
         self.len -= 1;
-        if key.fair != NO_KEY {
-            self.named_len -= 1;
-        }
-        while bucket.plain.front().is_some_and(|&(_, t)| t == GONE) {
+        while bucket.plain.front().is_some_and(|e| e.1 == GONE) {
             bucket.plain.pop_front();
         }
-        while bucket.plain.back().is_some_and(|&(_, t)| t == GONE) {
+        while bucket.plain.back().is_some_and(|e| e.1 == GONE) {
             bucket.plain.pop_back();
         }
-        if bucket.is_empty() {
+        if was_head {
+            // Usually the next head is in the same bucket.
+            self.head = if bucket.is_empty() {
+                self.buckets.remove(&rank);
+                self.first_where(&|_| true)
+            } else {
+                bucket.head(rank, &|_| true)
+            };
+        } else if bucket.is_empty() {
             self.buckets.remove(&rank);
-        }
-        // The last named waiter gone: the cached head, which may have gone
-        // stale meanwhile, must be right for the one-key fast paths.
-        if was_head || (key.fair != NO_KEY && self.named_len == 0) {
-            self.head = self.first_where(vt, &|_| true);
         }
         true
     }
 
-    /// Removes the head of a queue of the unnamed key alone (what a freed
-    /// slot usually takes): the front of the first bucket, found without a
-    /// search, and the next head read from the same bucket.
-    fn pop_plain_head(&mut self, vt: &impl Fn(u32) -> u64) {
-        let Some(mut first) = self.buckets.first_entry() else {
-            return;
-        };
-        let rank = *first.key();
-        let bucket = first.get_mut();
-        bucket.plain.pop_front();
-        self.len -= 1;
-        while bucket.plain.front().is_some_and(|&(_, t)| t == GONE) {
-            bucket.plain.pop_front();
-        }
-        self.head = match bucket.plain.front() {
-            Some(&(seq, task)) => Some((key_of(rank, seq, NO_KEY), task, vt(NO_KEY))),
-            None => {
-                first.remove();
-                self.first_where(vt, &|_| true)
-            }
-        };
-    }
-
-    /// The first waiter, its key's virtual time as of now.
-    pub(crate) fn head(&mut self, vt: &impl Fn(u32) -> u64) -> Option<Head> {
-        let (key, task, stored) = self.head?;
-        let current = vt(key.fair);
-        if stored == current {
-            return self.head;
-        }
-        if self.named_len == 0 {
-            // One key: its virtual time orders nothing here.
-            self.head = Some((key, task, current));
-        } else {
-            self.head = self.first_where(vt, &|_| true);
-        }
+    /// The first waiter.
+    pub(crate) fn head(&self) -> Option<Head> {
         self.head
     }
 
     /// The first waiter whose fairness key `allowed` lets through (a key
     /// at its quota for the group in question is not).
-    pub(crate) fn first_where(
-        &mut self,
-        vt: &impl Fn(u32) -> u64,
-        allowed: &impl Fn(u32) -> bool,
-    ) -> Option<Head> {
-        for (&rank, bucket) in self.buckets.iter_mut() {
-            if let Some(head) = bucket.head(rank, vt, allowed) {
-                return Some(head);
-            }
-        }
-        None
+    pub(crate) fn first_where(&self, allowed: &impl Fn(u32) -> bool) -> Option<Head> {
+        self.buckets
+            .iter()
+            .find_map(|(&rank, bucket)| bucket.head(rank, allowed))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -353,20 +328,21 @@ impl WaitQueue {
         self.buckets.values().flat_map(|b| {
             b.plain
                 .iter()
-                .filter(|&&(_, t)| t != GONE)
-                .map(|&(_, t)| t)
-                .chain(b.named.values().copied())
+                .filter(|e| e.1 != GONE)
+                .map(|e| e.1)
+                .chain(b.named.values().map(|&(t, _)| t))
         })
     }
 
-    /// Every waiter of the unnamed key with its key, in queue order (tests).
+    /// Every waiter of the unnamed key with its key and tag, in queue
+    /// order (tests).
     #[cfg(test)]
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (QueueKey, u32)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (QueueKey, u32, u64)> + '_ {
         self.buckets.iter().flat_map(|(&rank, b)| {
             b.plain
                 .iter()
-                .filter(|&&(_, t)| t != GONE)
-                .map(move |&(seq, t)| (key_of(rank, seq, NO_KEY), t))
+                .filter(|e| e.1 != GONE)
+                .map(move |&(seq, t, tag)| (key_of(rank, seq, NO_KEY), t, tag))
         })
     }
 }
@@ -379,126 +355,87 @@ mod tests {
         QueueKey::new(deadline, priority, seq, NO_KEY)
     }
 
-    const ONE_KEY: fn(u32) -> u64 = |_| 0;
-
     #[test]
     fn urgent_before_priority_before_submission_order() {
         let mut q = WaitQueue::default();
-        let vt = ONE_KEY;
-        q.push(plain(None, 0, 1), 1, &vt);
-        q.push(plain(None, 5, 2), 2, &vt);
-        q.push(plain(Some(900), 0, 3), 3, &vt);
-        q.push(plain(Some(100), -3, 4), 4, &vt);
-        q.push(plain(None, 0, 0), 5, &vt);
-        let order: Vec<u32> = q.iter().map(|(_, t)| t).collect();
+        q.push(plain(None, 0, 1), 1, 0);
+        q.push(plain(None, 5, 2), 2, 0);
+        q.push(plain(Some(900), 0, 3), 3, 0);
+        q.push(plain(Some(100), -3, 4), 4, 0);
+        q.push(plain(None, 0, 0), 5, 0);
+        let order: Vec<u32> = q.iter().map(|(_, t, _)| t).collect();
         assert_eq!(order, vec![4, 3, 2, 5, 1]);
-        assert_eq!(q.head(&vt).map(|h| h.1), Some(4));
+        assert_eq!(q.head().map(|h| h.1), Some(4));
     }
 
     #[test]
     fn removal_from_the_middle_and_reinsertion() {
         let mut q = WaitQueue::default();
-        let vt = ONE_KEY;
         for seq in 0..5 {
-            q.push(plain(None, 0, seq), seq as u32, &vt);
+            q.push(plain(None, 0, seq), seq as u32, 0);
         }
-        assert!(q.remove(&plain(None, 0, 2), 2, &vt));
-        assert!(!q.remove(&plain(None, 0, 2), 2, &vt));
+        assert!(q.remove(&plain(None, 0, 2), 2));
+        assert!(!q.remove(&plain(None, 0, 2), 2));
         assert_eq!(q.len(), 4);
-        q.push(plain(None, 0, 2), 7, &vt);
-        assert!(q.remove(&plain(None, 0, 0), 0, &vt));
-        assert!(q.remove(&plain(None, 0, 1), 1, &vt));
-        assert_eq!(q.head(&vt), Some((plain(None, 0, 2), 7, 0)));
-        assert!(q.remove(&plain(None, 0, 3), 3, &vt));
-        assert!(q.remove(&plain(None, 0, 4), 4, &vt));
-        assert!(q.remove(&plain(None, 0, 2), 7, &vt));
+        q.push(plain(None, 0, 2), 7, 0);
+        assert!(q.remove(&plain(None, 0, 0), 0));
+        assert!(q.remove(&plain(None, 0, 1), 1));
+        assert_eq!(q.head(), Some((plain(None, 0, 2), 7, 0)));
+        assert!(q.remove(&plain(None, 0, 3), 3));
+        assert!(q.remove(&plain(None, 0, 4), 4));
+        assert!(q.remove(&plain(None, 0, 2), 7));
         assert!(q.is_empty());
-        assert_eq!(q.head(&vt), None);
+        assert_eq!(q.head(), None);
         assert!(q.buckets.is_empty());
-        q.push(plain(None, 0, 9), 9, &vt);
-        q.push(plain(None, 1, 10), 10, &vt);
-        assert_eq!(q.head(&vt), Some((plain(None, 1, 10), 10, 0)));
-        assert!(q.remove(&plain(None, 1, 10), 10, &vt));
-        assert_eq!(q.head(&vt), Some((plain(None, 0, 9), 9, 0)));
+        q.push(plain(None, 0, 9), 9, 0);
+        q.push(plain(None, 1, 10), 10, 0);
+        assert_eq!(q.head(), Some((plain(None, 1, 10), 10, 0)));
+        assert!(q.remove(&plain(None, 1, 10), 10));
+        assert_eq!(q.head(), Some((plain(None, 0, 9), 9, 0)));
     }
 
-    /// Keys 1 and 2 and the unnamed key in one rank: the head follows the
-    /// lowest virtual time, refreshed lazily as the times move; a key at
-    /// its quota is passed over; a higher rank still comes first.
+    /// Keys 1 and 2 and the unnamed key in one rank: the head is the lowest
+    /// tag (then `seq`); a key at its quota is passed over; a higher rank
+    /// still comes first.
     #[test]
-    fn the_head_follows_the_lowest_virtual_time_within_a_rank() {
-        use std::cell::RefCell;
-        let times = RefCell::new([0u64; 3]); // key 1, key 2, unnamed
-        let vt = |k: u32| times.borrow()[if k == NO_KEY { 2 } else { k as usize - 1 }];
+    fn the_head_is_the_lowest_start_tag_within_a_rank() {
         let mut q = WaitQueue::default();
-        q.push(QueueKey::new(None, 0, 1, 1), 11, &vt);
-        q.push(QueueKey::new(None, 0, 2, 1), 12, &vt);
-        q.push(QueueKey::new(None, 0, 3, 2), 21, &vt);
-        q.push(plain(None, 0, 4), 31, &vt);
+        q.push(QueueKey::new(None, 0, 1, 1), 11, 0);
+        q.push(QueueKey::new(None, 0, 2, 1), 12, 10);
+        q.push(QueueKey::new(None, 0, 3, 2), 21, 5);
+        q.push(plain(None, 0, 4), 31, 7);
+        assert_eq!(q.head().map(|h| h.1), Some(11));
+        assert!(q.remove(&QueueKey::new(None, 0, 1, 1), 11));
+        assert_eq!(q.head().map(|h| h.1), Some(21), "key 1 is now at 10");
+        assert_eq!(q.first_where(&|k| k != 2).map(|h| h.1), Some(31));
+        assert_eq!(q.first_where(&|k| k == 1).map(|h| h.1), Some(12));
+        q.push(QueueKey::new(None, 7, 5, 2), 22, 99);
         assert_eq!(
-            q.head(&vt).map(|h| h.1),
-            Some(11),
-            "all at 0: submission order"
-        );
-        times.borrow_mut()[0] = 5; // key 1 started
-        assert_eq!(q.head(&vt).map(|h| h.1), Some(21));
-        times.borrow_mut()[1] = 5; // key 2 started
-        assert_eq!(
-            q.head(&vt).map(|h| h.1),
-            Some(31),
-            "the unnamed key is lowest"
-        );
-        times.borrow_mut()[2] = 9;
-        assert_eq!(
-            q.head(&vt).map(|h| h.1),
-            Some(11),
-            "keys 1 and 2 tie: key 1's task is older"
-        );
-        let not_key_1 = |k: u32| k != 1;
-        assert_eq!(q.first_where(&vt, &not_key_1).map(|h| h.1), Some(21));
-        assert!(q.remove(&QueueKey::new(None, 0, 1, 1), 11, &vt));
-        assert_eq!(q.head(&vt).map(|h| h.1), Some(12));
-        q.push(QueueKey::new(None, 7, 5, 2), 22, &vt);
-        assert_eq!(
-            q.head(&vt).map(|h| h.1),
+            q.head().map(|h| h.1),
             Some(22),
             "priority before fair share"
         );
-        for (key, task) in [
-            (QueueKey::new(None, 7, 5, 2), 22),
-            (QueueKey::new(None, 0, 2, 1), 12),
-        ] {
-            assert!(q.remove(&key, task, &vt));
+        assert!(q.remove(&QueueKey::new(None, 7, 5, 2), 22));
+        assert!(q.remove(&QueueKey::new(None, 0, 3, 2), 21));
+        assert_eq!(q.head().map(|h| h.1), Some(31));
+        for (key, task) in [(QueueKey::new(None, 0, 2, 1), 12), (plain(None, 0, 4), 31)] {
+            assert!(q.remove(&key, task));
         }
-        assert!(q.remove(&QueueKey::new(None, 0, 3, 2), 21, &vt));
-        assert!(q.remove(&plain(None, 0, 4), 31, &vt));
-        assert!(q.is_empty() && q.buckets.is_empty() && q.head(&vt).is_none());
+        assert!(q.is_empty() && q.buckets.is_empty() && q.head().is_none());
     }
 
-    /// The one key's virtual time moves between pushes (every start moves
-    /// it): a task waiting again at its old place still becomes the head,
-    /// in a queue of that key alone and once the last named waiter left.
+    /// A task of the unnamed key waiting again at its old place gets a tag
+    /// between its neighbours', so the key's tags rise with `seq`.
     #[test]
-    fn a_retry_at_its_old_place_becomes_the_head_whatever_the_times() {
-        use std::cell::Cell;
-        let time = Cell::new(0u64);
-        let vt = |_: u32| time.get();
+    fn a_retry_at_its_old_place_gets_a_tag_between_its_neighbours() {
         let mut q = WaitQueue::default();
-        q.push(plain(None, 0, 5), 5, &vt);
-        time.set(3);
-        q.push(plain(None, 0, 2), 2, &vt);
-        assert_eq!(q.head(&vt).map(|h| h.1), Some(2));
-        assert!(q.remove(&plain(None, 0, 2), 2, &vt));
-        assert_eq!(q.head(&vt).map(|h| h.1), Some(5));
-        q.push(QueueKey::new(None, 0, 9, 1), 9, &vt);
-        time.set(7);
-        q.push(plain(None, 0, 1), 1, &vt);
-        assert!(q.remove(&QueueKey::new(None, 0, 9, 1), 9, &vt));
-        assert!(
-            q.remove(&plain(None, 0, 1), 1, &vt),
-            "the head, by the fast path"
-        );
-        assert_eq!(q.head(&vt).map(|h| h.1), Some(5));
-        assert_eq!(q.len(), 1);
+        q.push(plain(None, 0, 1), 1, 10);
+        q.push(plain(None, 0, 5), 5, 50);
+        assert_eq!(q.push(plain(None, 0, 3), 3, 90), 50);
+        assert_eq!(q.push(plain(None, 0, 2), 2, 0), 10);
+        assert_eq!(q.push(plain(None, 0, 0), 9, 70), 10);
+        let tags: Vec<u64> = q.iter().map(|e| e.2).collect();
+        assert_eq!(tags, [10, 10, 10, 50, 50]);
+        assert_eq!(q.head().map(|h| h.1), Some(9));
     }
 }

@@ -5,10 +5,11 @@
 //! `fair.rs`, the fair order in `queue.rs`, the choice of a waiter in
 //! `placement.rs`.
 //!
-//! * **Fair share**: every start of a task moves its fairness key's
-//!   virtual time on by `1/weight` (`slot_taken`); a key whose first waiter
-//!   joins the queues starts at the least virtual time of the pool's active
-//!   keys (`joined_queue`), so an idle key earns no burst.
+//! * **Fair share**: a task joining the queues (or starting at once) gets
+//!   the start tag `max(pool virtual time, its key's finish)` and moves its
+//!   key's finish on by `1/weight` (`start_tag`); a start moves the pool's
+//!   virtual time up to its tag. The lowest tag goes first (`queue.rs`),
+//!   so busy keys share slots by weight and an idle key earns no burst.
 //! * **Eligibility**: a task may take a slot of group G only while its key
 //!   holds fewer slots than each of its quotas whose labels G carries
 //!   (`quota_allows`), and while fewer than its `concurrency_limit` tasks
@@ -224,21 +225,53 @@ impl Core {
 
     // ---- the queues -------------------------------------------------------
 
-    /// `t` joined a queue: its fairness key becomes active if it was not
-    /// (at no less than the least virtual time of the active keys), and its
-    /// concurrency key counts it.
-    pub(super) fn joined_queue(&mut self, t: u32) {
+    /// The start tag of `t`, which joins the queues or starts at once: a
+    /// named key's task keeps the tag it got first (a retry waits again
+    /// in its place); otherwise `max(pool virtual time, key's finish)`,
+    /// and the key's finish moves on by `1/weight`. A task of the unnamed
+    /// key waiting again is not charged again (its queue places it between
+    /// its neighbours).
+    pub(super) fn start_tag(&mut self, t: u32) -> u64 {
         let k = self.fair_of(t);
-        let rec = &self.tasks[t as usize];
-        let (p, seq, c) = (rec.pool, rec.seq, rec.conc_key());
-        let pool = &mut self.groups.pools[p as usize];
-        let key = &mut self.keys.fair[k as usize];
-        if key.queued == 0 {
-            let floor = pool.active_keys.first().map_or(0, |&(v, _)| v);
-            key.vtime = key.vtime.max(floor);
-            pool.active_keys.insert((key.vtime, k));
+        let rec = &mut self.tasks[t as usize];
+        let p = rec.pool;
+        let vt = self.groups.pools[p as usize].vt;
+        let named = rec.fair_key() != NO_KEY;
+        if let Some(x) = rec.extra.as_deref() {
+            if named && x.tag != super::NONE {
+                return x.tag;
+            }
         }
-        key.queued += 1;
+        if !named && rec.attempt > 0 {
+            return vt;
+        }
+        let own_weight = rec.extra.as_deref().map_or(1, |x| x.weight);
+        let key = &mut self.keys.fair[k as usize];
+        let weight = if key.weight > 0 {
+            key.weight
+        } else {
+            own_weight
+        };
+        let tag = vt.max(key.finish);
+        key.finish = tag.saturating_add(vt_step(weight));
+        if named {
+            if let Some(x) = rec.extra.as_deref_mut() {
+                x.tag = tag;
+            }
+        }
+        tag
+    }
+
+    /// A task with start tag `tag` starts: the pool's virtual time follows.
+    pub(super) fn tag_started(&mut self, p: u32, tag: u64) {
+        let pool = &mut self.groups.pools[p as usize];
+        pool.vt = pool.vt.max(tag);
+    }
+
+    /// `t` joined a queue: its concurrency key counts it.
+    pub(super) fn joined_queue(&mut self, t: u32) {
+        let rec = &self.tasks[t as usize];
+        let (seq, c) = (rec.seq, rec.conc_key());
         if c != NO_KEY {
             let conc = &mut self.keys.conc[c as usize];
             conc.queued += 1;
@@ -249,16 +282,8 @@ impl Core {
     /// `t` left the queues, to start or not (then a parked task of its
     /// concurrency key may take its turn, in `settle`).
     pub(super) fn left_queue(&mut self, t: u32, to_start: bool) {
-        let k = self.fair_of(t);
         let rec = &self.tasks[t as usize];
-        let (p, seq, c) = (rec.pool, rec.seq, rec.conc_key());
-        let key = &mut self.keys.fair[k as usize];
-        key.queued -= 1;
-        if key.queued == 0 {
-            self.groups.pools[p as usize]
-                .active_keys
-                .remove(&(key.vtime, k));
-        }
+        let (seq, c) = (rec.seq, rec.conc_key());
         if c != NO_KEY {
             let conc = &mut self.keys.conc[c as usize];
             conc.queued -= 1;
@@ -327,6 +352,8 @@ impl Core {
         }
         if self.pool_allows(t, 0) {
             if let Some(g) = self.best_free_group_for(t) {
+                let tag = self.start_tag(t);
+                self.tag_started(self.tasks[t as usize].pool, tag);
                 self.start(t, g, false, out);
                 return;
             }
@@ -338,14 +365,13 @@ impl Core {
     // ---- slots ------------------------------------------------------------
 
     /// An attempt of `t` takes a slot of `g` (`rec.group` is set): its keys
-    /// count it, its fairness key's virtual time moves on by `1/weight`.
+    /// count it.
     pub(super) fn slot_taken(&mut self, t: u32, g: u32) {
-        let k = self.fair_of(t);
+        let k = self.tasks[t as usize].fair_key();
         let stamp = self.keys.next_start;
         self.keys.next_start += 1;
         let rec = &mut self.tasks[t as usize];
         let (p, priority) = (rec.pool, rec.priority);
-        let own_weight = rec.extra.as_deref().map_or(1, |x| x.weight);
         let c = rec.conc_key();
         let preemption = self.groups.pools[p as usize].config.preemption == Preemption::Priority;
         if c != NO_KEY || preemption {
@@ -361,25 +387,17 @@ impl Core {
         if victim {
             pool.preemptible.insert((priority, Reverse(stamp), t));
         }
-        let key = &mut self.keys.fair[k as usize];
-        key.running += 1;
-        let weight = if key.weight > 0 {
-            key.weight
-        } else {
-            own_weight
-        };
-        if key.queued > 0 {
-            pool.active_keys.remove(&(key.vtime, k));
-            key.vtime = key.vtime.saturating_add(vt_step(weight));
-            pool.active_keys.insert((key.vtime, k));
-        } else {
-            key.vtime = key.vtime.saturating_add(vt_step(weight));
-        }
-        if !key.quotas.is_empty() {
-            let labels = &self.groups.groups[g as usize].labels;
-            for q in &mut key.quotas {
-                if carries(labels, &q.labels) {
-                    q.held += 1;
+        // Only named keys count their slots (quotas name keys); a pool
+        // without keys pays nothing here.
+        if k != NO_KEY {
+            let key = &mut self.keys.fair[k as usize];
+            key.running += 1;
+            if !key.quotas.is_empty() {
+                let labels = &self.groups.groups[g as usize].labels;
+                for q in &mut key.quotas {
+                    if carries(labels, &q.labels) {
+                        q.held += 1;
+                    }
                 }
             }
         }
@@ -394,23 +412,27 @@ impl Core {
     /// waits again): its keys stop counting it; a quota or a concurrency
     /// limit with room again lets waiters in (in `settle`).
     pub(super) fn slot_left(&mut self, t: u32) {
-        let k = self.fair_of(t);
         let rec = &self.tasks[t as usize];
         let (p, g, priority, c) = (rec.pool, rec.group, rec.priority, rec.conc_key());
+        let k = rec.fair_key();
         let started = rec.extra.as_deref().map_or(0, |x| x.started);
         let pool = &mut self.groups.pools[p as usize];
-        pool.preemptible.remove(&(priority, Reverse(started), t));
-        let key = &mut self.keys.fair[k as usize];
-        key.running -= 1;
-        if !key.quotas.is_empty() {
-            let labels = &self.groups.groups[g as usize].labels;
-            for q in &mut key.quotas {
-                if carries(labels, &q.labels) {
-                    q.held -= 1;
+        if !pool.preemptible.is_empty() {
+            pool.preemptible.remove(&(priority, Reverse(started), t));
+        }
+        if k != NO_KEY {
+            let key = &mut self.keys.fair[k as usize];
+            key.running -= 1;
+            if !key.quotas.is_empty() {
+                let labels = &self.groups.groups[g as usize].labels;
+                for q in &mut key.quotas {
+                    if carries(labels, &q.labels) {
+                        q.held -= 1;
+                    }
                 }
+                // Slots this key's quota kept from its waiters may be free.
+                self.refill.push(p);
             }
-            // Slots this key's quota kept from its waiters may be free.
-            self.refill.push(p);
         }
         if c != NO_KEY {
             let conc = &mut self.keys.conc[c as usize];

@@ -114,6 +114,7 @@ impl Core {
                 started: 0,
                 kept_for: None,
                 preempting: false,
+                tag: NONE,
             })
         });
         let rec = TaskRec {
@@ -241,9 +242,8 @@ impl Core {
         );
         let key = self.queue_key(t);
         self.joined_queue(t);
-        let keys = &self.keys;
-        let vt = |k| keys.vtime(k, pool);
-        self.groups.reqsets[r as usize].queue.push(key, t, &vt);
+        let tag = self.start_tag(t);
+        self.groups.reqsets[r as usize].queue.push(key, t, tag);
         let pool = &mut self.groups.pools[pool as usize];
         pool.waiting += 1;
         if est != NONE {
@@ -268,10 +268,9 @@ impl Core {
         let (p, seq) = (rec.pool, rec.seq);
         let has_urgent_timer = rec.deadline != NONE && !rec.urgent;
         let backfill = rec.est_runtime() != NONE;
-        let keys = &self.keys;
-        let vt = |k| keys.vtime(k, p);
-        let removed = self.groups.reqsets[r as usize].queue.remove(&key, t, &vt);
+        let removed = self.groups.reqsets[r as usize].queue.remove(&key, t);
         debug_assert!(removed, "queued task not in its queue");
+        self.tag_started(p, w.tag);
         let pool = &mut self.groups.pools[p as usize];
         pool.waiting -= 1;
         if backfill {
@@ -300,9 +299,7 @@ impl Core {
                 if backfill {
                     pool.backfill.remove(&(seq, t));
                 }
-                let keys = &self.keys;
-                let vt = |k| keys.vtime(k, p);
-                let removed = self.groups.reqsets[r as usize].queue.remove(&key, t, &vt);
+                let removed = self.groups.reqsets[r as usize].queue.remove(&key, t);
                 debug_assert!(removed, "queued task not in its queue");
                 if has_urgent_timer {
                     self.timers.cancel(&self.timer(t, TimerKind::Urgent));
@@ -357,11 +354,17 @@ impl Core {
                     let r = rec.reqset;
                     self.tasks[t as usize].urgent = true;
                     let new = self.queue_key(t);
-                    let keys = &self.keys;
-                    let vt = |k| keys.vtime(k, p);
+                    // A named key's task keeps its tag; the unnamed key's
+                    // is placed between its neighbours'.
+                    let tag = self.groups.pools[p as usize].vt;
+                    let tag = self.tasks[t as usize]
+                        .extra
+                        .as_deref()
+                        .filter(|x| x.fair != NO_KEY)
+                        .map_or(tag, |x| x.tag);
                     let queue = &mut self.groups.reqsets[r as usize].queue;
-                    queue.remove(&old, t, &vt);
-                    queue.push(new, t, &vt);
+                    queue.remove(&old, t);
+                    queue.push(new, t, tag);
                 }
                 (TimerKind::Retry, Phase::Backoff) if rec.timer_at() == timer.at.0 => {
                     self.enqueue_or_start(t, out)
