@@ -115,9 +115,9 @@ impl Bucket {
             .keys
             .iter()
             .find(|&&(_, _, k)| allowed(k))
-            .and_then(|&(_, _, k)| {
-                let (seq, task, tag) = self.first_of(k)?;
-                Some((key_of(rank, seq, k), task, tag))
+            .map(|&(tag, seq, k)| {
+                let (task, _) = self.named[&(k, seq)];
+                (key_of(rank, seq, k), task, tag)
             });
         let plain = if allowed(NO_KEY) {
             self.plain
@@ -146,18 +146,18 @@ impl Bucket {
         self.named.insert((fair, seq), (task, tag));
     }
 
-    /// Removes a named key's waiter, moving the key's entry to its next one.
+    /// Removes a named key's waiter, moving the key's entry to its next one
+    /// if it was the first (what a start usually takes).
     fn remove_named(&mut self, fair: u32, seq: u64) -> bool {
-        let Some((first, _, first_tag)) = self.first_of(fair) else {
+        let Some((_, tag)) = self.named.remove(&(fair, seq)) else {
             return false;
         };
-        if self.named.remove(&(fair, seq)).is_none() {
-            return false;
-        }
-        if first == seq {
-            self.keys.remove(&(first_tag, first, fair));
-            if let Some((next, _, tag)) = self.first_of(fair) {
-                self.keys.insert((tag, next, fair));
+        if self.keys.remove(&(tag, seq, fair)) {
+            let next = self.named.range((fair, seq)..).next();
+            if let Some((&(k, next), &(_, tag))) = next {
+                if k == fair {
+                    self.keys.insert((tag, next, fair));
+                }
             }
         }
         true
