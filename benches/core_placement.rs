@@ -16,7 +16,12 @@
 //! batches of ns per operation, in the bench thread's CPU time (the machine
 //! is shared; wall time is shown beside it).
 //!
-//! A second figure is the cost of a submit that finds a free slot (light
+//! The same run is made again with fair share at work (SPEC §9): every
+//! waiting task carries one of 10,000 fairness keys (weights 1–4), so a
+//! decision also picks the key furthest below its share in each queue and
+//! moves its virtual time. Both runs print PASS/FAIL against 1 µs.
+//!
+//! A last figure is the cost of a submit that finds a free slot (light
 //! load: a fresh core with the same groups, nothing waiting).
 //!
 //! Not a timed test: it prints figures and PASS/FAIL and never fails.
@@ -35,6 +40,8 @@ const GROUPS: usize = 10_000;
 const REQSETS: usize = 1_000;
 const TARGET_NS: f64 = 1_000.0;
 const PRIORITIES: u64 = 4;
+/// Fairness keys of the second run.
+const FAIR_KEYS: u64 = 10_000;
 
 /// The least a scheduler must do per decision over the same data size:
 /// take the best of 1,000,000 queued keys, queue a new one, find a record
@@ -114,7 +121,8 @@ fn decision(
 }
 
 /// Submits `n` tasks spread over every reqset (while groups are full, they
-/// wait); any that start join `running`.
+/// wait), each with one of `keys` fairness keys if `keys > 0`; any that
+/// start join `running`.
 fn submit_spread(
     core: &mut Core,
     topo: &Topology,
@@ -122,11 +130,17 @@ fn submit_spread(
     next_id: &mut u64,
     n: usize,
     running: &mut Vec<(TaskId, u32)>,
+    keys: u64,
 ) {
     let mut out = Vec::new();
     for _ in 0..n {
         let r = rng.below(topo.reqsets.len() as u64) as usize;
-        let spec = topo.spec(*next_id, r, rng.below(PRIORITIES) as i32);
+        let mut spec = topo.spec(*next_id, r, rng.below(PRIORITIES) as i32);
+        if keys > 0 {
+            let key = rng.below(keys);
+            spec.fairness_key = Some(format!("tenant-{key}"));
+            spec.fairness_weight = 1 + (key % 4) as u32;
+        }
         *next_id += 1;
         out.clear();
         core.handle_into(Millis(0), Event::Submitted(spec), &mut out)
@@ -225,33 +239,35 @@ impl Samples {
     }
 }
 
-fn main() {
-    let waiting = env_count("CRONOQ_BENCH_WAITING", 1_000_000);
-    let batches = env_count("CRONOQ_BENCH_BATCHES", 50);
-    let batch = env_count("CRONOQ_BENCH_BATCH", 10_000);
-    let light_batch = 2_000;
+/// What one run measured.
+struct Run {
+    decisions: Samples,
+    base: Samples,
+    idle: usize,
+    full_submit_ns: f64,
+}
 
-    let mut rng = Rng::new(0x5EED_C0DE);
-    let topo = topology(&mut rng, GROUPS, REQSETS, 4, 3);
+/// Fills a core with `waiting` tasks (with `keys` fairness keys, or none)
+/// and times batches of decisions against batches of the baseline.
+fn measure(
+    topo: &Topology,
+    rng: &mut Rng,
+    next_id: &mut u64,
+    waiting: usize,
+    (batches, batch): (usize, usize),
+    keys: u64,
+) -> Run {
     let mut core = Core::new();
     topo.configure(&mut core);
-    let mut next_id = 1;
-    let mut running = topo.fill(&mut core, &mut next_id);
+    let mut running = topo.fill(&mut core, next_id);
     let t = Stopwatch::start();
-    submit_spread(
-        &mut core,
-        &topo,
-        &mut rng,
-        &mut next_id,
-        waiting,
-        &mut running,
-    );
+    submit_spread(&mut core, topo, rng, next_id, waiting, &mut running, keys);
     let (full_submit_ns, _) = t.elapsed_ns();
     let full_submit_ns = full_submit_ns / waiting as f64;
     assert_eq!(running.len() as u64, topo.slots, "every slot busy");
     assert_eq!(core.live_tasks(), waiting + topo.slots as usize);
 
-    let mut baseline = Baseline::new(&mut rng, waiting);
+    let mut baseline = Baseline::new(rng, waiting);
     let mut out = Vec::with_capacity(8);
     let mut decisions = Samples::default();
     let mut base = Samples::default();
@@ -260,38 +276,40 @@ fn main() {
     for _ in 0..batches + 1 {
         let t = Stopwatch::start();
         for _ in 0..batch {
-            if !decision(&mut core, &mut running, &mut rng, &mut out) {
+            if !decision(&mut core, &mut running, rng, &mut out) {
                 idle += 1;
             }
         }
         decisions.push(t, batch);
         // Put the queue back at `waiting` (untimed).
         let missing = waiting + topo.slots as usize - core.live_tasks();
-        submit_spread(
-            &mut core,
-            &topo,
-            &mut rng,
-            &mut next_id,
-            missing,
-            &mut running,
-        );
+        submit_spread(&mut core, topo, rng, next_id, missing, &mut running, keys);
         let t = Stopwatch::start();
         for _ in 0..batch {
-            baseline.op(&mut rng);
+            baseline.op(rng);
         }
         base.push(t, batch);
     }
     decisions.drop_first();
     base.drop_first();
-    let (light, light_waited) = light_submit(&topo, &mut rng, &mut next_id, batches, light_batch);
+    Run {
+        decisions,
+        base,
+        idle,
+        full_submit_ns,
+    }
+}
 
-    let (core_cpu, core_wall) = decisions.medians();
-    let (base_cpu, base_wall) = base.medians();
-    let (light_cpu, light_wall) = light.medians();
-    let mut ratios: Vec<f64> = decisions
+/// Prints one run's decision figures and verdict; returns the baseline's
+/// median CPU ns.
+fn report(run: &Run, title: &str, (batches, batch): (usize, usize), waiting: usize) -> f64 {
+    let (core_cpu, core_wall) = run.decisions.medians();
+    let (base_cpu, base_wall) = run.base.medians();
+    let mut ratios: Vec<f64> = run
+        .decisions
         .cpu
         .iter()
-        .zip(&base.cpu)
+        .zip(&run.base.cpu)
         .map(|(c, b)| c / b)
         .collect();
     let ratio_med = median(&mut ratios);
@@ -300,17 +318,14 @@ fn main() {
     } else {
         "FAIL"
     };
-    println!();
-    println!("core_placement: placement decision cost of cronoq::core::Core");
-    println!("  data      {}", topo.describe());
-    println!("            {waiting} waiting tasks (4 priorities, spread over every reqset)");
-    println!("  figures   median over batches of ns per operation, thread CPU time (wall time)");
+    println!("  {title}");
     println!(
         "  decision  AttemptEnded{{Succeeded}} -> Finished + Start, {batches} x {batch}: \
          {core_cpu:.0} ns ({core_wall:.0})"
     );
     println!(
-        "            {idle} of {} decisions found no waiter for the freed slot",
+        "            {} of {} decisions found no waiter for the freed slot",
+        run.idle,
         (batches + 1) * batch
     );
     println!(
@@ -323,13 +338,55 @@ fn main() {
     );
     println!("  target    decision <= 1 us: {verdict}");
     println!(
+        "            while every slot is busy (the setup, mean of {waiting}): {:.0} ns per submit",
+        run.full_submit_ns
+    );
+    base_cpu
+}
+
+fn main() {
+    let waiting = env_count("CRONOQ_BENCH_WAITING", 1_000_000);
+    let batches = env_count("CRONOQ_BENCH_BATCHES", 50);
+    let batch = env_count("CRONOQ_BENCH_BATCH", 10_000);
+    let light_batch = 2_000;
+
+    let mut rng = Rng::new(0x5EED_C0DE);
+    let topo = topology(&mut rng, GROUPS, REQSETS, 4, 3);
+    let mut next_id = 1;
+    let plain = measure(&topo, &mut rng, &mut next_id, waiting, (batches, batch), 0);
+    let fair = measure(
+        &topo,
+        &mut rng,
+        &mut next_id,
+        waiting,
+        (batches, batch),
+        FAIR_KEYS,
+    );
+    let (light, light_waited) = light_submit(&topo, &mut rng, &mut next_id, batches, light_batch);
+    let (light_cpu, light_wall) = light.medians();
+
+    println!();
+    println!("core_placement: placement decision cost of cronoq::core::Core");
+    println!("  data      {}", topo.describe());
+    println!("            {waiting} waiting tasks (4 priorities, spread over every reqset)");
+    println!("  figures   median over batches of ns per operation, thread CPU time (wall time)");
+    report(
+        &plain,
+        "-- without fairness keys",
+        (batches, batch),
+        waiting,
+    );
+    let base_cpu = report(
+        &fair,
+        &format!("-- with {FAIR_KEYS} fairness keys (weights 1-4, SPEC §9 fair share)"),
+        (batches, batch),
+        waiting,
+    );
+    println!(
         "  submit    finding a free slot (light load), {batches} x {light_batch}: \
          {light_cpu:.0} ns ({light_wall:.0}); ratio to baseline {:.2}; \
          {light_waited} found none",
         light_cpu / base_cpu
-    );
-    println!(
-        "            while every slot is busy (the setup, mean of {waiting}): {full_submit_ns:.0} ns"
     );
     println!("  reproduce cargo bench --bench core_placement");
     println!();

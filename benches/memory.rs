@@ -10,6 +10,7 @@
 //! * core, flat: one pool, no groups, every task waits;
 //! * core, placement data: the `core_placement` topology (10,000 groups,
 //!   1,000 reqsets, every slot busy), tasks spread over the reqsets;
+//!   and the same with every task carrying one of 10,000 fairness keys;
 //! * embedded `Scheduler`, a pool with capacity 0 and an executor, handles
 //!   dropped, and handles kept (their own `size_of` counted as the user's).
 //!
@@ -117,7 +118,8 @@ fn core_flat(n: usize) -> PerTask {
     per_task(before, after, n, 0)
 }
 
-fn core_placement_data(n: usize) -> (PerTask, String) {
+/// `keys > 0`: each task carries one of `keys` fairness keys (SPEC §9).
+fn core_placement_data(n: usize, keys: u64) -> (PerTask, String) {
     let mut rng = Rng::new(0x5EED_C0DE);
     let topo = topology(&mut rng, 10_000, 1_000, 4, 3);
     let mut core = Core::new();
@@ -139,18 +141,20 @@ fn core_placement_data(n: usize) -> (PerTask, String) {
             (
                 rng.below(topo.reqsets.len() as u64) as usize,
                 rng.below(4) as i32,
+                rng.below(keys.max(1)),
             )
         })
         .collect::<Vec<_>>();
     let before = live();
-    for &(r, priority) in &specs_rng {
+    for &(r, priority, key) in &specs_rng {
         out.clear();
-        core.handle_into(
-            Millis(0),
-            Event::Submitted(topo.spec(next_id, r, priority)),
-            &mut out,
-        )
-        .unwrap();
+        let mut spec = topo.spec(next_id, r, priority);
+        if keys > 0 {
+            spec.fairness_key = Some(format!("tenant-{key}"));
+            spec.fairness_weight = 1 + (key % 4) as u32;
+        }
+        core.handle_into(Millis(0), Event::Submitted(spec), &mut out)
+            .unwrap();
         next_id += 1;
         assert!(out.is_empty(), "every slot is busy");
     }
@@ -214,7 +218,8 @@ fn main() {
     let n = env_count("CRONOQ_BENCH_WAITING", 1_000_000);
     let base = baseline(n);
     let flat = core_flat(n);
-    let (placed, data) = core_placement_data(n);
+    let (placed, data) = core_placement_data(n, 0);
+    let (keyed, _) = core_placement_data(n, 10_000);
     let dropped = embedded(n, false);
     let kept = embedded(n, true);
     let verdict = |p: &PerTask| {
@@ -247,6 +252,7 @@ fn main() {
     line("(a) core, one pool, no slots", &flat);
     line("(a) core, placement data", &placed);
     println!("      data: {data}, every slot busy");
+    line("(a) the same, 10,000 fairness keys", &keyed);
     line("(b) embedded Scheduler, handles dropped", &dropped);
     line("(c) embedded Scheduler, handles kept", &kept);
     println!(

@@ -749,12 +749,16 @@ impl Inner {
                 Action::RetryAt { task, attempt, at } => {
                     tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
                 }
+                Action::Preempted { task, attempt } => {
+                    tracing::debug!(task_id = %task, attempt, "attempt preempted");
+                }
                 Action::Finished {
                     task,
                     pool,
                     state,
                     attempts: _,
                     deadline_missed,
+                    reason: _,
                 } => {
                     // A running task cancelled: its attempt is being aborted
                     // and will not report back; the ledger closes it.

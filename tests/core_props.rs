@@ -168,6 +168,7 @@ fn pool_config() -> impl Strategy<Value = PoolConfig> {
                         max: Millis(initial + more),
                     },
                     fleets: declared,
+                    ..PoolConfig::default()
                 }
             },
         )
@@ -585,6 +586,7 @@ impl Model {
                         "revoke of an attempt that is not live {context}"
                     );
                 }
+                Action::Preempted { .. } => panic!("preemption is off {context}"),
                 Action::RetryAt { task, attempt, at } => {
                     assert_eq!(
                         ended.map(|e| e.0),

@@ -374,6 +374,8 @@ pub(crate) fn progress_line(s: &TaskStatus) -> String {
                     WaitReason::HeldForReservation => "free slots are held for a fixed-start task",
                     WaitReason::Backoff => "waiting out the retry backoff",
                     WaitReason::Scheduled => "its fixed start is in the future",
+                    WaitReason::Quota => "its fairness key holds its quota",
+                    WaitReason::Concurrency => "its concurrency key is at its limit",
                 };
                 line.push_str(&format!(": {why} ({reason})"));
             }

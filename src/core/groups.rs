@@ -301,6 +301,14 @@ pub(crate) struct Pool {
     pair_ids: FxHashMap<(String, String), u32>,
     /// Finished tasks that ended after their deadline.
     pub deadline_missed: u64,
+    /// The pool's virtual time: the largest start tag started (SPEC §9,
+    /// `queue.rs`).
+    pub vt: u64,
+    /// Some `[[pools.quotas]]` entry is declared.
+    pub has_quotas: bool,
+    /// Running attempts that may be preempted (pools with `preemption =
+    /// "priority"`): `(priority, latest start first, task)`.
+    pub preemptible: BTreeSet<(i32, std::cmp::Reverse<u64>, u32)>,
 }
 
 impl Pool {
@@ -321,6 +329,9 @@ impl Pool {
             scheduled: 0,
             waiting: 0,
             deadline_missed: 0,
+            vt: 0,
+            has_quotas: false,
+            preemptible: BTreeSet::new(),
             live: 0,
             declared: false,
             vacant: false,

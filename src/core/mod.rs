@@ -23,12 +23,14 @@
 
 mod autoscale;
 mod check;
+mod fair;
 mod groups;
 mod ids;
 mod model;
 mod placement;
 mod queue;
 mod running;
+mod sharing;
 mod snapshot;
 mod spec;
 mod timers;
@@ -119,6 +121,23 @@ pub enum RevokeReason {
     Cancelled,
     /// The attempt ran past its timeout; it will count as lost.
     Timeout,
+    /// A waiter of higher priority takes its slot (SPEC §9): the attempt
+    /// ends `preempted`, does not count toward `max_attempts`, and its task
+    /// waits again in its place.
+    Preempted,
+}
+
+/// Why a task ended `cancelled` when nobody asked (SPEC §9 concurrency
+/// policies); `None` in [`Action::Finished`] otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// A newer task of its concurrency key (`replace_waiting`) replaced it
+    /// while it waited.
+    Replaced,
+    /// Its concurrency key's limit: `skip` found it full, or a newer task
+    /// (`cancel_running`) cancelled it while it ran.
+    Concurrency,
 }
 
 /// A command for the shell, to carry out in order.
@@ -168,6 +187,17 @@ pub enum Action {
         attempts: u32,
         /// It finished after its deadline.
         deadline_missed: bool,
+        /// Why it was cancelled, when a concurrency policy did it.
+        reason: Option<EndReason>,
+    },
+    /// A preempted attempt ended (SPEC §9): it does not count toward
+    /// `max_attempts`, and the task waits again in its original place (or
+    /// started again at once: a `Start` follows).
+    Preempted {
+        /// The task.
+        task: TaskId,
+        /// The attempt that was preempted.
+        attempt: u32,
     },
 }
 
@@ -184,6 +214,8 @@ enum Phase {
     Ready,
     /// Waiting in its reqset's queue.
     Queued,
+    /// Waiting for its concurrency key's limit, outside the queues.
+    Parked,
     /// Waiting out backoff before the next attempt.
     Backoff,
     /// An attempt holds a slot.
@@ -230,6 +262,26 @@ struct TaskExtra {
     /// The pending Retry or AttemptTimeout instant.
     timer_at: u64,
     backoff: Backoff,
+    /// Its fairness key (`fair::NO_KEY`: the pool's unnamed one).
+    fair: u32,
+    /// Its own fairness weight.
+    weight: u32,
+    /// Its concurrency key (`fair::NO_KEY`: none) and limit.
+    conc: u32,
+    conc_limit: u32,
+    preemptible: bool,
+    /// Attempts that ended preempted (they do not count).
+    preempted: u32,
+    /// When the running attempt started, in starts of the core (orders
+    /// `cancel_running` and preemption victims).
+    started: u64,
+    /// While its attempt is revoked for preemption: the slab index and
+    /// `seq` of the task its slot is kept for.
+    kept_for: Option<(u32, u64)>,
+    /// A victim's slot is being kept for this task (it preempts no more).
+    preempting: bool,
+    /// Its start tag (fair share), once it has one (`NONE` before).
+    tag: u64,
 }
 
 impl TaskRec {
@@ -262,8 +314,33 @@ impl TaskRec {
                 attempt_timeout: NONE,
                 timer_at: NONE,
                 backoff,
+                fair: fair::NO_KEY,
+                weight: 1,
+                conc: fair::NO_KEY,
+                conc_limit: 1,
+                preemptible: true,
+                preempted: 0,
+                started: 0,
+                kept_for: None,
+                preempting: false,
+                tag: NONE,
             })
         })
+    }
+
+    /// Its named fairness key, or `fair::NO_KEY`.
+    fn fair_key(&self) -> u32 {
+        self.extra.as_ref().map_or(fair::NO_KEY, |x| x.fair)
+    }
+
+    /// Its concurrency key, or `fair::NO_KEY`.
+    fn conc_key(&self) -> u32 {
+        self.extra.as_ref().map_or(fair::NO_KEY, |x| x.conc)
+    }
+
+    /// Attempts that count toward `max_attempts` (preempted ones do not).
+    fn counted_attempts(&self) -> u32 {
+        self.attempt - self.extra.as_ref().map_or(0, |x| x.preempted)
     }
 }
 
@@ -283,6 +360,9 @@ pub struct TaskView {
     pub state: TaskState,
     /// Why it waits, when it does.
     pub reason: Option<WaitReason>,
+    /// The key a `quota` or `concurrency` wait is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_key: Option<String>,
     /// Attempts started so far.
     pub attempts: u32,
     /// The group of the live attempt.
@@ -310,6 +390,10 @@ pub struct Core {
     free_slab: Vec<u32>,
     by_id: IdIndex,
     timers: Timers,
+    /// Fairness and concurrency keys (SPEC §9).
+    keys: fair::Keys,
+    /// Concurrency keys whose parked tasks may have room (see `settle`).
+    conc_dirty: Vec<u32>,
     /// Pools whose free slots may serve more waiters (see `settle`).
     refill: Vec<u32>,
     /// Groups, reqsets and pools that may have become idle (see `tidy`).
@@ -457,6 +541,7 @@ impl Core {
                 let pool = &mut self.groups.pools[p as usize];
                 pool.config = config;
                 pool.declared = true;
+                self.apply_sharing_config(p);
             }
             Event::CapacitySet {
                 pool,
@@ -473,13 +558,13 @@ impl Core {
                     self.tidy.push(Tidy::Pool(p));
                 }
             }
-            Event::Submitted(spec) => self.submit(spec, 0, out),
+            Event::Submitted(spec) => self.admit(spec, out),
             Event::Recovered {
                 spec,
                 attempts,
                 running,
             } => self.recover(spec, attempts, running, out),
-            Event::CancelRequested(id) => self.cancel(slot.expect("checked"), id, out),
+            Event::CancelRequested(_) => self.cancel_with(slot.expect("checked"), None, out),
             Event::AttemptStarted { .. } => {}
             Event::AttemptEnded {
                 task,
@@ -544,6 +629,7 @@ impl Core {
                 }
                 Tidy::Pool(p) => {
                     if self.groups.pools[p as usize].is_idle() {
+                        self.keys.forget_unnamed(p);
                         self.groups.forget_pool(p);
                     }
                 }
@@ -609,9 +695,19 @@ impl Core {
         }
     }
 
+    /// Offers what an event freed: slots of the pools marked for it, then
+    /// room under the concurrency limits marked, until nothing moves.
     fn settle(&mut self, out: &mut Vec<Action>) {
-        while let Some(p) = self.refill.pop() {
-            self.fill_pool(p, out);
+        loop {
+            if let Some(p) = self.refill.pop() {
+                self.fill_pool(p, out);
+            } else if let Some(c) = self.conc_dirty.pop() {
+                if !self.keys.conc[c as usize].vacant {
+                    self.unpark(c, out);
+                }
+            } else {
+                break;
+            }
         }
     }
 
@@ -713,12 +809,21 @@ impl Core {
         let t = self.by_id.get(id)?;
         let rec = &self.tasks[t as usize];
         let set = &self.groups.reqsets[rec.reqset as usize];
-        let waiting_reason = || self.waiting_reason(rec.reqset);
+        let mut reason_key = None;
+        let mut waiting_reason = || match self.sharing_wait(t) {
+            Some((reason, key)) => {
+                reason_key = Some(key);
+                reason
+            }
+            None => self.waiting_reason(rec.reqset),
+        };
         let (state, reason) = match rec.phase {
             Phase::Scheduled | Phase::Reserved => {
                 (TaskState::Scheduled, Some(WaitReason::Scheduled))
             }
-            Phase::Ready | Phase::Queued => (TaskState::Queued, Some(waiting_reason())),
+            Phase::Ready | Phase::Queued | Phase::Parked => {
+                (TaskState::Queued, Some(waiting_reason()))
+            }
             Phase::Backoff => (TaskState::Queued, Some(WaitReason::Backoff)),
             Phase::Running => (TaskState::Running, None),
             Phase::Draining => (TaskState::Cancelled, None),
@@ -733,6 +838,7 @@ impl Core {
             priority: rec.priority,
             state,
             reason,
+            reason_key,
             attempts: rec.attempt,
             group,
             urgent: rec.urgent,

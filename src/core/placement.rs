@@ -7,8 +7,12 @@
 //!   best matching group with a free slot (rule 2) — O(log groups);
 //! * **a slot frees in group G**: compare the heads of the queues of the
 //!   reqsets G satisfies (at most `2^labels(G)` of them) by urgency, need,
-//!   then submission order (rule 5), after ready fixed-start tasks, which
-//!   come first because the pool held a slot back for them (rule 7).
+//!   fair share, then submission order (rule 5 and SPEC §9), after ready
+//!   fixed-start tasks, which come first because the pool held a slot back
+//!   for them (rule 7). Each head is O(log) to read whatever the number of
+//!   fairness keys (`queue.rs`); in a pool with quotas, a key at its quota
+//!   for G is passed over inside each queue; a winner whose concurrency
+//!   key is full is parked and the choice made again.
 //!
 //! Reservations are per pool: a non-reserved task may take a slot only while
 //! the pool's free slots exceed its due reservations, unless it declared an
@@ -16,7 +20,8 @@
 //! (backfill).
 
 use super::groups::{is_subset, FreeKey, GroupId};
-use super::queue::QueueKey;
+use super::queue::{Head, QueueKey};
+use super::sharing::quota_allows;
 use super::Core;
 
 /// Rule 5 (b): a task that requires labels sorts before one that requires
@@ -32,6 +37,8 @@ pub(crate) struct Waiter {
     /// When it is the head of a queue: that reqset and its queue key, which
     /// let it leave the queue without waiting for its record to load.
     pub head: Option<(u32, QueueKey)>,
+    /// Its start tag when it is the head of a queue (fair share).
+    pub tag: u64,
 }
 
 impl Core {
@@ -82,8 +89,14 @@ impl Core {
         let group_pairs = &self.groups.group_pairs[g as usize];
         for &(_, _, task) in &pool.ready_fixed {
             let r = self.tasks[task as usize].reqset;
-            if is_subset(&self.groups.reqsets[r as usize].pairs, group_pairs) {
-                return Some(Waiter { task, head: None });
+            if is_subset(&self.groups.reqsets[r as usize].pairs, group_pairs)
+                && self.eligible(task, g)
+            {
+                return Some(Waiter {
+                    task,
+                    head: None,
+                    tag: 0,
+                });
             }
         }
 
@@ -97,65 +110,84 @@ impl Core {
                     let r = self.tasks[task as usize].reqset;
                     is_subset(&self.groups.reqsets[r as usize].pairs, group_pairs)
                         && self.can_backfill(task)
+                        && self.eligible(task, g)
                 })
-                .map(|task| Waiter { task, head: None });
+                .map(|task| Waiter {
+                    task,
+                    head: None,
+                    tag: 0,
+                });
         }
 
         // Rule 5: heads of every queue this group can serve.
         let max_bypass = pool.config.max_bypass;
-        let mut best: Option<(bool, QueueKey, u8, u32, u32)> = None;
-        let mut unlabeled_head: Option<(QueueKey, u32)> = None;
-        for &r in &group.reqsets {
-            let set = &self.groups.reqsets[r as usize];
-            let Some((key, task)) = set.queue.head() else {
-                continue;
-            };
-            let need = need(set.pairs.len());
-            // Only the unlabeled head is ever passed over (below), so only
-            // its record can show starvation: skip the others' records.
-            let starved = need == 1 && self.tasks[task as usize].bypass > max_bypass;
-            if need == 1 {
-                unlabeled_head = Some((key, task));
-            }
-            let candidate = (!starved, key, need, task, r);
-            let better = match &best {
-                None => true,
-                Some((b_not_starved, b_key, b_need, _, _)) => {
-                    (
-                        candidate.0,
-                        candidate.1.urgency,
-                        candidate.1.priority,
-                        candidate.2,
-                        candidate.1.seq,
-                    ) < (
-                        *b_not_starved,
-                        b_key.urgency,
-                        b_key.priority,
-                        *b_need,
-                        b_key.seq,
-                    )
+        let quotas = pool.has_quotas;
+        loop {
+            let mut best: Option<(bool, Head, u8, u32)> = None;
+            let mut unlabeled_head: Option<Head> = None;
+            for &r in &self.groups.groups[g as usize].reqsets {
+                let keys = &self.keys;
+                let labels = &self.groups.groups[g as usize].labels;
+                let set = &self.groups.reqsets[r as usize];
+                let need = need(set.pairs.len());
+                let head = if quotas {
+                    set.queue.first_where(&|k| quota_allows(keys, k, labels))
+                } else {
+                    set.queue.head()
+                };
+                let Some(head) = head else {
+                    continue;
+                };
+                let task = head.1;
+                // Only the unlabeled head is ever passed over (below), so only
+                // its record can show starvation: skip the others' records.
+                let starved = need == 1 && self.tasks[task as usize].bypass > max_bypass;
+                if need == 1 {
+                    unlabeled_head = Some(head);
                 }
+                let rank = |(not_starved, (key, _, tag), need, _): &(bool, Head, u8, u32)| {
+                    (
+                        *not_starved,
+                        key.urgency,
+                        key.priority,
+                        *need,
+                        *tag,
+                        key.seq,
+                    )
+                };
+                let candidate = (!starved, head, need, r);
+                if best.as_ref().map_or(true, |b| rank(&candidate) < rank(b)) {
+                    best = Some(candidate);
+                }
+            }
+            let (_, (winner_key, winner, winner_tag), winner_need, winner_set) = best?;
+            let chosen = Waiter {
+                task: winner,
+                head: Some((winner_set, winner_key)),
+                tag: winner_tag,
             };
-            if better {
-                best = Some(candidate);
+            if !self.conc_allows_start(winner) {
+                // Its concurrency key filled up while it waited: it waits
+                // outside the queues, blocking nobody; choose again.
+                self.take_chosen(chosen);
+                self.park(winner);
+                let c = self.tasks[winner as usize].conc_key();
+                self.conc_dirty.push(c);
+                continue;
             }
-        }
-        let (_, winner_key, winner_need, winner, winner_set) = best?;
-        // Rule 5 no-starvation: count how often the unlabeled head lost only
-        // because of need.
-        if let Some((key, task)) = unlabeled_head {
-            if task != winner
-                && winner_need == 0
-                && key.same_urgency(&winner_key)
-                && key.seq < winner_key.seq
-            {
-                self.tasks[task as usize].bypass += 1;
+            // Rule 5 no-starvation: count how often the unlabeled head lost
+            // only because of need.
+            if let Some((key, task, tag)) = unlabeled_head {
+                if task != winner
+                    && winner_need == 0
+                    && key.same_urgency(&winner_key)
+                    && (tag, key.seq) < (winner_tag, winner_key.seq)
+                {
+                    self.tasks[task as usize].bypass += 1;
+                }
             }
+            return Some(chosen);
         }
-        Some(Waiter {
-            task: winner,
-            head: Some((winner_set, winner_key)),
-        })
     }
 
     /// The labels of a group, for the shell (`ctx.group`, leases).

@@ -1,15 +1,37 @@
-//! Waiters of one required-label set, in urgency order.
+//! Waiters of one required-label set, in rule 5 order.
 //!
-//! The order inside a queue is SPEC §2 rule 5 (a) then (c): an urgent task
-//! (its deadline is within the pool's urgency window) comes before every
-//! non-urgent one, earliest deadline first; otherwise higher priority first;
-//! then submission order. Rule 5 (b), "need", compares heads of *different*
-//! queues and lives in `placement.rs`.
+//! The order inside a queue is SPEC §2 rule 5 (a), then §9 (c) fair
+//! share, then (d) submission order: an urgent task (its deadline is within
+//! the pool's urgency window) comes before every non-urgent one, earliest
+//! deadline first; otherwise higher priority first; among equals, the
+//! lowest *virtual start tag* (below); then submission order. Rule 5 (b),
+//! "need", compares heads of *different* queues and lives in
+//! `placement.rs`.
+//!
+//! **Fair share at scale: start tags.** Start-time fair queuing as Goyal,
+//! Vin and Cheng define it: a task joining the queues of a pool gets the
+//! start tag `max(pool virtual time, its key's finish)`, and its key's
+//! finish moves on by `1/weight` (`sharing.rs`); the pool's virtual time is
+//! the largest tag started so far. Serving the lowest tag first gives each
+//! busy key starts in proportion to its weight, and a key that was idle
+//! comes back at the pool's virtual time, with no credit saved up. The tag
+//! is fixed when the task joins, so no start ever reorders a queue: per
+//! rank, each key's waiters are a sub-queue by `seq` (their tags rise with
+//! it), and the keys present are an ordered set by the tag of their first
+//! waiter, which changes only when that waiter leaves. Reading a head is
+//! O(log) whatever the number of keys, reqsets or waiters; a key at its
+//! quota is passed over as one entry, not task by task. Tasks of the
+//! pool's unnamed key (no `fairness_key`) keep the deque of old, each with
+//! its tag: a pool without keys orders exactly as before.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-/// The position of a waiter in its queue. Smaller runs first.
+use super::fair::NO_KEY;
+
+/// The position of a waiter in its queue: rank, submission order and the
+/// fairness key (whose sub-queue holds it). Its start tag is stored beside
+/// it in the queue.
 ///
 /// `urgency` is the deadline for an urgent task and `u64::MAX` otherwise, so
 /// urgent tasks sort first, earliest deadline first.
@@ -18,14 +40,22 @@ pub(crate) struct QueueKey {
     pub urgency: u64,
     pub priority: Reverse<i32>,
     pub seq: u64,
+    /// The task's fairness key, [`NO_KEY`] for the pool's unnamed one.
+    pub fair: u32,
 }
 
 impl QueueKey {
-    pub(crate) fn new(urgent_deadline: Option<u64>, priority: i32, seq: u64) -> QueueKey {
+    pub(crate) fn new(
+        urgent_deadline: Option<u64>,
+        priority: i32,
+        seq: u64,
+        fair: u32,
+    ) -> QueueKey {
         QueueKey {
             urgency: urgent_deadline.unwrap_or(u64::MAX),
             priority: Reverse(priority),
             seq,
+            fair,
         }
     }
 
@@ -33,74 +63,216 @@ impl QueueKey {
     pub(crate) fn same_urgency(&self, other: &QueueKey) -> bool {
         self.urgency == other.urgency && self.priority == other.priority
     }
+
+    fn rank(&self) -> Rank {
+        (self.urgency, self.priority)
+    }
+}
+
+/// A queue's first waiter: its key, its task and its start tag.
+pub(crate) type Head = (QueueKey, u32, u64);
+
+/// The order of two waiters of one queue: rank, start tag, submission order.
+pub(crate) fn order(head: &Head) -> (u64, Reverse<i32>, u64, u64) {
+    (head.0.urgency, head.0.priority, head.2, head.0.seq)
 }
 
 /// Rule 5 (a) rank of a bucket: `(urgency, priority)` of [`QueueKey`].
 type Rank = (u64, Reverse<i32>);
 
-/// Marks a removed entry inside a bucket (see [`WaitQueue`]).
+/// Marks a removed entry inside a bucket's deque (see [`WaitQueue`]).
 const GONE: u32 = u32::MAX;
+
+/// Waiters of one rank.
+#[derive(Default, Debug)]
+struct Bucket {
+    /// Tasks of the unnamed key: `(seq, task, tag)`, by `seq` (and so by
+    /// tag: see `push`).
+    plain: VecDeque<(u64, u32, u64)>,
+    /// Tasks of named keys: `(key, seq) -> (task, tag)`.
+    named: BTreeMap<(u32, u64), (u32, u64)>,
+    /// Named keys present, by the tag and `seq` of their first waiter
+    /// here: `(tag, seq, key)`.
+    keys: BTreeSet<(u64, u64, u32)>,
+}
+
+impl Bucket {
+    fn is_empty(&self) -> bool {
+        self.plain.is_empty() && self.named.is_empty()
+    }
+
+    /// The first waiter of key `k` here: `(seq, task, tag)`.
+    fn first_of(&self, k: u32) -> Option<(u64, u32, u64)> {
+        self.named
+            .range((k, 0)..=(k, u64::MAX))
+            .next()
+            .map(|(&(_, seq), &(task, tag))| (seq, task, tag))
+    }
+
+    /// The first waiter whose key `allowed` lets through.
+    fn head(&self, rank: Rank, allowed: &impl Fn(u32) -> bool) -> Option<Head> {
+        let named = self
+            .keys
+            .iter()
+            .find(|&&(_, _, k)| allowed(k))
+            .map(|&(tag, seq, k)| {
+                let (task, _) = self.named[&(k, seq)];
+                (key_of(rank, seq, k), task, tag)
+            });
+        let plain = if allowed(NO_KEY) {
+            self.plain
+                .front()
+                .map(|&(seq, task, tag)| (key_of(rank, seq, NO_KEY), task, tag))
+        } else {
+            None
+        };
+        match (named, plain) {
+            (Some(a), Some(b)) => Some(if order(&a) < order(&b) { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn push_named(&mut self, fair: u32, seq: u64, task: u32, tag: u64) {
+        match self.first_of(fair) {
+            None => {
+                self.keys.insert((tag, seq, fair));
+            }
+            Some((first, _, first_tag)) if seq < first => {
+                self.keys.remove(&(first_tag, first, fair));
+                self.keys.insert((tag, seq, fair));
+            }
+            Some(_) => {}
+        }
+        self.named.insert((fair, seq), (task, tag));
+    }
+
+    /// Removes a named key's waiter, moving the key's entry to its next one
+    /// if it was the first (what a start usually takes).
+    fn remove_named(&mut self, fair: u32, seq: u64) -> bool {
+        let Some((_, tag)) = self.named.remove(&(fair, seq)) else {
+            return false;
+        };
+        if self.keys.remove(&(tag, seq, fair)) {
+            let next = self.named.range((fair, seq)..).next();
+            if let Some((&(k, next), &(_, tag))) = next {
+                if k == fair {
+                    self.keys.insert((tag, next, fair));
+                }
+            }
+        }
+        true
+    }
+}
+
+fn key_of(rank: Rank, seq: u64, fair: u32) -> QueueKey {
+    QueueKey {
+        urgency: rank.0,
+        priority: rank.1,
+        seq,
+        fair,
+    }
+}
 
 /// Waiting tasks (slab indices) of one required-label set.
 ///
 /// Waiters are kept in buckets of equal rule 5 (a) rank — `(urgency,
-/// priority)` — each a deque sorted by `seq`. A new task has the largest
-/// `seq` so far and goes to the back of its bucket in O(1); the head is the
-/// front of the first bucket. A task that waits again after a failed
-/// attempt keeps its old `seq` and is inserted at its sorted place. A waiter
-/// removed from the middle of a bucket is only marked [`GONE`] (found by
-/// binary search on `seq`); marks are dropped once they reach either end,
-/// so the front and back of every bucket are always live.
+/// priority)`. Tasks of the unnamed key are a deque sorted by `seq`: a new
+/// task has the largest `seq` so far and goes to the back in O(1); a task
+/// that waits again after a failed attempt keeps its old `seq` and is
+/// inserted at its sorted place. A waiter removed from the middle of a
+/// deque is only marked [`GONE`] (found by binary search on `seq`); marks
+/// are dropped once they reach either end, so the front and back of every
+/// deque are always live. Tasks of named keys are in a B-tree by key and
+/// `seq`, their keys ordered by their first waiter's tag (module docs).
 ///
 /// The head is cached: a freed slot compares the heads of several queues,
 /// and reading them must not walk trees and deques spread over memory.
 #[derive(Default, Debug)]
 pub(crate) struct WaitQueue {
-    head: Option<(QueueKey, u32)>,
+    head: Option<Head>,
     len: usize,
-    buckets: BTreeMap<Rank, VecDeque<(u64, u32)>>,
+    buckets: BTreeMap<Rank, Bucket>,
 }
 
 impl WaitQueue {
-    pub(crate) fn push(&mut self, key: QueueKey, task: u32) {
-        if self.head.map_or(true, |(head, _)| key < head) {
-            self.head = Some((key, task));
-        }
-        let bucket = self.buckets.entry((key.urgency, key.priority)).or_default();
+    /// Queues `task` under `key` with start tag `tag`; returns the tag it
+    /// got. A task of the unnamed key inserted before others (waiting
+    /// again at its old place) gets a tag between its neighbours', so the
+    /// key's tags keep rising with `seq`.
+    pub(crate) fn push(&mut self, key: QueueKey, task: u32, tag: u64) -> u64 {
+        let bucket = self.buckets.entry(key.rank()).or_default();
         self.len += 1;
-        match bucket.back() {
-            None => bucket.push_back((key.seq, task)),
-            Some(&(last, _)) if last < key.seq => bucket.push_back((key.seq, task)),
-            Some(_) => match bucket.binary_search_by_key(&key.seq, |&(s, _)| s) {
-                Ok(i) => {
-                    debug_assert_eq!(bucket[i].1, GONE, "queue key reused");
-                    bucket[i].1 = task;
+        let mut tag = tag;
+        if key.fair != NO_KEY {
+            bucket.push_named(key.fair, key.seq, task, tag);
+        } else {
+            let plain = &mut bucket.plain;
+            match plain.back() {
+                None => plain.push_back((key.seq, task, tag)),
+                Some(&(last, _, last_tag)) if last < key.seq => {
+                    tag = tag.max(last_tag);
+                    plain.push_back((key.seq, task, tag));
                 }
-                Err(i) => bucket.insert(i, (key.seq, task)),
-            },
+                Some(_) => {
+                    let i = match plain.binary_search_by_key(&key.seq, |&(s, _, _)| s) {
+                        Ok(i) | Err(i) => i,
+                    };
+                    let live = |e: &(u64, u32, u64)| e.1 != GONE;
+                    let before = plain.range(..i).rev().find(|e| live(e)).map(|e| e.2);
+                    let after = plain
+                        .range(i..)
+                        .find(|e| live(e) && e.0 != key.seq)
+                        .map(|e| e.2);
+                    if let Some(after) = after {
+                        tag = tag.min(after);
+                    }
+                    if let Some(before) = before {
+                        tag = tag.max(before);
+                    }
+                    match plain.get(i) {
+                        Some(e) if e.0 == key.seq => {
+                            debug_assert_eq!(e.1, GONE, "queue key reused");
+                            plain[i] = (key.seq, task, tag);
+                        }
+                        _ => plain.insert(i, (key.seq, task, tag)),
+                    }
+                }
+            }
         }
+        let new: Head = (key, task, tag);
+        if self.head.map_or(true, |head| order(&new) < order(&head)) {
+            self.head = Some(new);
+        }
+        tag
     }
 
     /// Removes `task`, queued under `key`. Returns whether it was there.
     pub(crate) fn remove(&mut self, key: &QueueKey, task: u32) -> bool {
-        if self.head == Some((*key, task)) {
-            self.pop_head();
-            return true;
-        }
-        let rank = (key.urgency, key.priority);
+        let was_head = self.head.is_some_and(|(k, t, _)| k == *key && t == task);
+        let rank = key.rank();
         let Some(bucket) = self.buckets.get_mut(&rank) else {
             return false;
         };
-        let found = if bucket.front() == Some(&(key.seq, task)) {
-            bucket.pop_front();
+        let found = if key.fair != NO_KEY {
+            bucket.remove_named(key.fair, key.seq)
+        } else if bucket
+            .plain
+            .front()
+            .is_some_and(|e| (e.0, e.1) == (key.seq, task))
+        {
+            bucket.plain.pop_front();
             true
-        } else if bucket.back() == Some(&(key.seq, task)) {
-            bucket.pop_back();
+        } else if bucket
+            .plain
+            .back()
+            .is_some_and(|e| (e.0, e.1) == (key.seq, task))
+        {
+            bucket.plain.pop_back();
             true
         } else {
-            match bucket.binary_search_by_key(&key.seq, |&(s, _)| s) {
-                Ok(i) if bucket[i].1 == task => {
-                    bucket[i].1 = GONE;
+            match bucket.plain.binary_search_by_key(&key.seq, |&(s, _, _)| s) {
+                Ok(i) if bucket.plain[i].1 == task => {
+                    bucket.plain[i].1 = GONE;
                     true
                 }
                 _ => false,
@@ -110,66 +282,37 @@ impl WaitQueue {
             return false;
         }
         self.len -= 1;
-        while bucket.front().is_some_and(|&(_, t)| t == GONE) {
-            bucket.pop_front();
+        while bucket.plain.front().is_some_and(|e| e.1 == GONE) {
+            bucket.plain.pop_front();
         }
-        while bucket.back().is_some_and(|&(_, t)| t == GONE) {
-            bucket.pop_back();
+        while bucket.plain.back().is_some_and(|e| e.1 == GONE) {
+            bucket.plain.pop_back();
         }
-        if bucket.is_empty() {
+        if was_head {
+            // Usually the next head is in the same bucket.
+            self.head = if bucket.is_empty() {
+                self.buckets.remove(&rank);
+                self.first_where(&|_| true)
+            } else {
+                bucket.head(rank, &|_| true)
+            };
+        } else if bucket.is_empty() {
             self.buckets.remove(&rank);
-        }
-        if self.head == Some((*key, task)) {
-            self.head = self.first();
         }
         true
     }
 
-    /// Removes the head (what a freed slot usually takes): the front of
-    /// the first bucket, found without a search, and the next head read
-    /// from the same bucket.
-    fn pop_head(&mut self) {
-        let Some(mut first) = self.buckets.first_entry() else {
-            return;
-        };
-        let (urgency, priority) = *first.key();
-        let bucket = first.get_mut();
-        bucket.pop_front();
-        self.len -= 1;
-        while bucket.front().is_some_and(|&(_, t)| t == GONE) {
-            bucket.pop_front();
-        }
-        self.head = match bucket.front() {
-            Some(&(seq, task)) => Some((
-                QueueKey {
-                    urgency,
-                    priority,
-                    seq,
-                },
-                task,
-            )),
-            None => {
-                first.remove();
-                self.first()
-            }
-        };
-    }
-
-    pub(crate) fn head(&self) -> Option<(QueueKey, u32)> {
+    /// The first waiter.
+    pub(crate) fn head(&self) -> Option<Head> {
         self.head
     }
 
-    fn first(&self) -> Option<(QueueKey, u32)> {
-        let (&(urgency, priority), bucket) = self.buckets.first_key_value()?;
-        let &(seq, task) = bucket.front()?;
-        Some((
-            QueueKey {
-                urgency,
-                priority,
-                seq,
-            },
-            task,
-        ))
+    /// The first waiter whose fairness key `allowed` lets through (a key
+    /// at its quota for the group in question is not).
+    pub(crate) fn first_where(&self, allowed: &impl Fn(u32) -> bool) -> Option<Head> {
+        self.buckets
+            .iter()
+            .find_map(|(&rank, bucket)| bucket.head(rank, allowed))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -180,19 +323,26 @@ impl WaitQueue {
         self.len == 0
     }
 
+    /// Every waiter, in no particular order (for checks and views).
+    pub(crate) fn tasks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.buckets.values().flat_map(|b| {
+            b.plain
+                .iter()
+                .filter(|e| e.1 != GONE)
+                .map(|e| e.1)
+                .chain(b.named.values().map(|&(t, _)| t))
+        })
+    }
+
+    /// Every waiter of the unnamed key with its key and tag, in queue
+    /// order (tests).
     #[cfg(test)]
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (QueueKey, u32)> + '_ {
-        self.buckets.iter().flat_map(|(&(urgency, priority), b)| {
-            b.iter().filter(|&&(_, t)| t != GONE).map(move |&(seq, t)| {
-                (
-                    QueueKey {
-                        urgency,
-                        priority,
-                        seq,
-                    },
-                    t,
-                )
-            })
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (QueueKey, u32, u64)> + '_ {
+        self.buckets.iter().flat_map(|(&rank, b)| {
+            b.plain
+                .iter()
+                .filter(|e| e.1 != GONE)
+                .map(move |&(seq, t, tag)| (key_of(rank, seq, NO_KEY), t, tag))
         })
     }
 }
@@ -201,41 +351,91 @@ impl WaitQueue {
 mod tests {
     use super::*;
 
+    fn plain(deadline: Option<u64>, priority: i32, seq: u64) -> QueueKey {
+        QueueKey::new(deadline, priority, seq, NO_KEY)
+    }
+
     #[test]
     fn urgent_before_priority_before_submission_order() {
         let mut q = WaitQueue::default();
-        q.push(QueueKey::new(None, 0, 1), 1);
-        q.push(QueueKey::new(None, 5, 2), 2);
-        q.push(QueueKey::new(Some(900), 0, 3), 3);
-        q.push(QueueKey::new(Some(100), -3, 4), 4);
-        q.push(QueueKey::new(None, 0, 0), 5);
-        let order: Vec<u32> = q.iter().map(|(_, t)| t).collect();
+        q.push(plain(None, 0, 1), 1, 0);
+        q.push(plain(None, 5, 2), 2, 0);
+        q.push(plain(Some(900), 0, 3), 3, 0);
+        q.push(plain(Some(100), -3, 4), 4, 0);
+        q.push(plain(None, 0, 0), 5, 0);
+        let order: Vec<u32> = q.iter().map(|(_, t, _)| t).collect();
         assert_eq!(order, vec![4, 3, 2, 5, 1]);
+        assert_eq!(q.head().map(|h| h.1), Some(4));
     }
 
     #[test]
     fn removal_from_the_middle_and_reinsertion() {
         let mut q = WaitQueue::default();
         for seq in 0..5 {
-            q.push(QueueKey::new(None, 0, seq), seq as u32);
+            q.push(plain(None, 0, seq), seq as u32, 0);
         }
-        assert!(q.remove(&QueueKey::new(None, 0, 2), 2));
-        assert!(!q.remove(&QueueKey::new(None, 0, 2), 2));
+        assert!(q.remove(&plain(None, 0, 2), 2));
+        assert!(!q.remove(&plain(None, 0, 2), 2));
         assert_eq!(q.len(), 4);
-        q.push(QueueKey::new(None, 0, 2), 7);
-        assert!(q.remove(&QueueKey::new(None, 0, 0), 0));
-        assert!(q.remove(&QueueKey::new(None, 0, 1), 1));
-        assert_eq!(q.head(), Some((QueueKey::new(None, 0, 2), 7)));
-        assert!(q.remove(&QueueKey::new(None, 0, 3), 3));
-        assert!(q.remove(&QueueKey::new(None, 0, 4), 4));
-        assert!(q.remove(&QueueKey::new(None, 0, 2), 7));
+        q.push(plain(None, 0, 2), 7, 0);
+        assert!(q.remove(&plain(None, 0, 0), 0));
+        assert!(q.remove(&plain(None, 0, 1), 1));
+        assert_eq!(q.head(), Some((plain(None, 0, 2), 7, 0)));
+        assert!(q.remove(&plain(None, 0, 3), 3));
+        assert!(q.remove(&plain(None, 0, 4), 4));
+        assert!(q.remove(&plain(None, 0, 2), 7));
         assert!(q.is_empty());
         assert_eq!(q.head(), None);
         assert!(q.buckets.is_empty());
-        q.push(QueueKey::new(None, 0, 9), 9);
-        q.push(QueueKey::new(None, 1, 10), 10);
-        assert_eq!(q.head(), Some((QueueKey::new(None, 1, 10), 10)));
-        assert!(q.remove(&QueueKey::new(None, 1, 10), 10));
-        assert_eq!(q.head(), Some((QueueKey::new(None, 0, 9), 9)));
+        q.push(plain(None, 0, 9), 9, 0);
+        q.push(plain(None, 1, 10), 10, 0);
+        assert_eq!(q.head(), Some((plain(None, 1, 10), 10, 0)));
+        assert!(q.remove(&plain(None, 1, 10), 10));
+        assert_eq!(q.head(), Some((plain(None, 0, 9), 9, 0)));
+    }
+
+    /// Keys 1 and 2 and the unnamed key in one rank: the head is the lowest
+    /// tag (then `seq`); a key at its quota is passed over; a higher rank
+    /// still comes first.
+    #[test]
+    fn the_head_is_the_lowest_start_tag_within_a_rank() {
+        let mut q = WaitQueue::default();
+        q.push(QueueKey::new(None, 0, 1, 1), 11, 0);
+        q.push(QueueKey::new(None, 0, 2, 1), 12, 10);
+        q.push(QueueKey::new(None, 0, 3, 2), 21, 5);
+        q.push(plain(None, 0, 4), 31, 7);
+        assert_eq!(q.head().map(|h| h.1), Some(11));
+        assert!(q.remove(&QueueKey::new(None, 0, 1, 1), 11));
+        assert_eq!(q.head().map(|h| h.1), Some(21), "key 1 is now at 10");
+        assert_eq!(q.first_where(&|k| k != 2).map(|h| h.1), Some(31));
+        assert_eq!(q.first_where(&|k| k == 1).map(|h| h.1), Some(12));
+        q.push(QueueKey::new(None, 7, 5, 2), 22, 99);
+        assert_eq!(
+            q.head().map(|h| h.1),
+            Some(22),
+            "priority before fair share"
+        );
+        assert!(q.remove(&QueueKey::new(None, 7, 5, 2), 22));
+        assert!(q.remove(&QueueKey::new(None, 0, 3, 2), 21));
+        assert_eq!(q.head().map(|h| h.1), Some(31));
+        for (key, task) in [(QueueKey::new(None, 0, 2, 1), 12), (plain(None, 0, 4), 31)] {
+            assert!(q.remove(&key, task));
+        }
+        assert!(q.is_empty() && q.buckets.is_empty() && q.head().is_none());
+    }
+
+    /// A task of the unnamed key waiting again at its old place gets a tag
+    /// between its neighbours', so the key's tags rise with `seq`.
+    #[test]
+    fn a_retry_at_its_old_place_gets_a_tag_between_its_neighbours() {
+        let mut q = WaitQueue::default();
+        q.push(plain(None, 0, 1), 1, 10);
+        q.push(plain(None, 0, 5), 5, 50);
+        assert_eq!(q.push(plain(None, 0, 3), 3, 90), 50);
+        assert_eq!(q.push(plain(None, 0, 2), 2, 0), 10);
+        assert_eq!(q.push(plain(None, 0, 0), 9, 70), 10);
+        let tags: Vec<u64> = q.iter().map(|e| e.2).collect();
+        assert_eq!(tags, [10, 10, 10, 50, 50]);
+        assert_eq!(q.head().map(|h| h.1), Some(9));
     }
 }

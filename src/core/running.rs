@@ -7,8 +7,8 @@
 use super::groups::FreeKey;
 use super::timers::TimerKind;
 use super::{
-    Action, AttemptOutcome, Core, GroupId, Millis, Phase, RevokeReason, TaskId, TaskState, Tidy,
-    NONE,
+    Action, AttemptOutcome, Core, EndReason, GroupId, Millis, Phase, RevokeReason, TaskId,
+    TaskState, Tidy, NONE,
 };
 
 impl Core {
@@ -33,7 +33,10 @@ impl Core {
             attempt: rec.attempt,
             group: GroupId(g),
         });
+        self.slot_taken(t, g);
+        let rec = &mut self.tasks[t as usize];
         if let Some(extra) = &mut rec.extra {
+            extra.preempting = false;
             if extra.attempt_timeout != NONE {
                 extra.timer_at = now.0.saturating_add(extra.attempt_timeout);
                 self.timers.add(self.timer(t, TimerKind::AttemptTimeout));
@@ -48,12 +51,14 @@ impl Core {
         outcome: AttemptOutcome,
         out: &mut Vec<Action>,
     ) {
+        self.slot_left(t);
         let rec = &self.tasks[t as usize];
-        let (g, phase, revoked, attempt, max_attempts) = (
+        let (g, phase, revoked, attempt, counted, max_attempts) = (
             rec.group,
             rec.phase,
             rec.revoked,
             rec.attempt,
+            rec.counted_attempts(),
             rec.max_attempts,
         );
         if rec.attempt_timeout() != NONE {
@@ -69,11 +74,14 @@ impl Core {
         let mut retry_now = false;
         match outcome {
             _ if phase == Phase::Draining => self.release(t),
+            o if revoked == Some(RevokeReason::Preempted) && o != AttemptOutcome::Succeeded => {
+                return self.preempted_attempt_ended(t, out);
+            }
             AttemptOutcome::Succeeded => self.finish(t, TaskState::Succeeded, out),
             AttemptOutcome::Cancelled => self.finish(t, TaskState::Cancelled, out),
             AttemptOutcome::Failed { retryable: false } => self.finish(t, TaskState::Failed, out),
             AttemptOutcome::Failed { retryable: true } | AttemptOutcome::Lost
-                if attempt >= max_attempts =>
+                if counted >= max_attempts =>
             {
                 self.finish(t, TaskState::Failed, out)
             }
@@ -81,7 +89,7 @@ impl Core {
                 let rec = &mut self.tasks[t as usize];
                 let backoff = self.groups.pools[rec.pool as usize].config.backoff;
                 let extra = rec.extra_mut(backoff);
-                let at = self.now.plus(extra.backoff.delay_after(attempt));
+                let at = self.now.plus(extra.backoff.delay_after(counted));
                 extra.timer_at = at.0;
                 rec.phase = Phase::Backoff;
                 rec.group = u32::MAX;
@@ -152,6 +160,17 @@ impl Core {
     // ---- ending -----------------------------------------------------------
 
     pub(super) fn finish(&mut self, t: u32, state: TaskState, out: &mut Vec<Action>) {
+        self.finish_with(t, state, None, out);
+    }
+
+    /// Ends a task, saying why when a concurrency policy cancelled it.
+    pub(super) fn finish_with(
+        &mut self,
+        t: u32,
+        state: TaskState,
+        reason: Option<EndReason>,
+        out: &mut Vec<Action>,
+    ) {
         let now = self.now;
         let rec = &self.tasks[t as usize];
         let deadline_missed = rec.deadline != NONE && now > Millis(rec.deadline);
@@ -164,6 +183,7 @@ impl Core {
             state,
             attempts: rec.attempt,
             deadline_missed,
+            reason,
         });
         self.release(t);
     }
@@ -173,8 +193,10 @@ impl Core {
         let rec = &mut self.tasks[t as usize];
         self.by_id.remove(rec.id);
         rec.phase = Phase::Free;
-        rec.extra = None;
         let (p, r) = (rec.pool, rec.reqset);
+        let (fair, conc) = (rec.fair_key(), rec.conc_key());
+        rec.extra = None;
+        self.release_keys(fair, conc);
         self.free_slab.push(t);
         self.groups.pools[p as usize].live -= 1;
         self.groups.reqsets[r as usize].live -= 1;
@@ -182,8 +204,11 @@ impl Core {
         self.tidy.push(Tidy::Pool(p));
     }
 
-    pub(super) fn cancel(&mut self, t: u32, id: TaskId, out: &mut Vec<Action>) {
+    /// Cancels a live task (not already stopping), saying why when a
+    /// concurrency policy does it.
+    pub(super) fn cancel_with(&mut self, t: u32, reason: Option<EndReason>, out: &mut Vec<Action>) {
         let rec = &self.tasks[t as usize];
+        let id = rec.id;
         let p = rec.pool;
         let held = matches!(rec.phase, Phase::Reserved | Phase::Ready);
         match rec.phase {
@@ -201,7 +226,7 @@ impl Core {
                 pool.scheduled -= 1;
                 pool.reservations.remove(&key);
             }
-            Phase::Ready | Phase::Queued => self.take_waiter(t),
+            Phase::Ready | Phase::Queued | Phase::Parked => self.take_waiter(t),
             Phase::Backoff => self.timers.cancel(&self.timer(t, TimerKind::Retry)),
             Phase::Running => {
                 if rec.attempt_timeout() != NONE {
@@ -226,12 +251,13 @@ impl Core {
                     state: TaskState::Cancelled,
                     attempts: rec.attempt,
                     deadline_missed,
+                    reason,
                 });
                 return;
             }
             Phase::Draining | Phase::Free => unreachable!("checked in check_state"),
         }
-        self.finish(t, TaskState::Cancelled, out);
+        self.finish_with(t, TaskState::Cancelled, reason, out);
         if held {
             self.fill_pool(p, out);
         }

@@ -82,6 +82,24 @@ pub struct PoolConfig {
     /// ([`super::autoscale`]); none by default.
     #[serde(default)]
     pub fleets: Vec<FleetConfig>,
+    /// Weights of fairness keys (`[[pools.fairness]]`, SPEC §9): a listed
+    /// key's weight is this one, whatever its tasks carry.
+    #[serde(default)]
+    pub fairness: Vec<FairnessWeight>,
+    /// Quotas of fairness keys (`[[pools.quotas]]`, SPEC §9).
+    #[serde(default)]
+    pub quotas: Vec<QuotaConfig>,
+    /// Whether an eligible waiter may preempt lower-priority work.
+    #[serde(default)]
+    pub preemption: Preemption,
+    /// How long a preempted remote attempt has between SIGTERM and SIGKILL
+    /// (the shells' business; the core only carries it).
+    #[serde(default = "default_preemption_grace")]
+    pub preemption_grace: Millis,
+}
+
+fn default_preemption_grace() -> Millis {
+    Millis(30_000)
 }
 
 impl Default for PoolConfig {
@@ -96,6 +114,10 @@ impl Default for PoolConfig {
             autoscale_max: u32::MAX,
             backoff: Backoff::default(),
             fleets: Vec::new(),
+            fairness: Vec::new(),
+            quotas: Vec::new(),
+            preemption: Preemption::Off,
+            preemption_grace: default_preemption_grace(),
         }
     }
 }
@@ -120,8 +142,181 @@ impl PoolConfig {
                 "backoff initial delay is above its max".into(),
             ));
         }
-        validate_fleets(&self.fleets)
+        validate_fleets(&self.fleets)?;
+        self.validate_sharing()
     }
+
+    /// The SPEC §9 settings: weights and quotas of valid keys, each key
+    /// weighted once, bounded lists, a grace within the horizon.
+    fn validate_sharing(&self) -> Result<(), Rejection> {
+        if self.fairness.len() > MAX_FAIRNESS_ENTRIES {
+            return Err(Rejection::InvalidArgument(format!(
+                "{} fairness weights are declared; at most {MAX_FAIRNESS_ENTRIES} per pool",
+                self.fairness.len()
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for entry in &self.fairness {
+            check_fairness_key(&entry.key)?;
+            check_fairness_weight(entry.weight)?;
+            if !seen.insert(entry.key.as_str()) {
+                return Err(Rejection::InvalidArgument(format!(
+                    "fairness key {:?} is weighted twice",
+                    entry.key
+                )));
+            }
+        }
+        if self.quotas.len() > MAX_QUOTAS {
+            return Err(Rejection::InvalidArgument(format!(
+                "{} quotas are declared; at most {MAX_QUOTAS} per pool",
+                self.quotas.len()
+            )));
+        }
+        for quota in &self.quotas {
+            check_fairness_key(&quota.key)?;
+            quota.labels.validate().map_err(|e| {
+                Rejection::InvalidArgument(format!("quota of {:?}: labels: {e}", quota.key))
+            })?;
+        }
+        if self.preemption_grace > MAX_HORIZON {
+            return Err(Rejection::InvalidArgument(
+                "preemption_grace is longer than the limit of 10 years".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The most `[[pools.fairness]]` entries of one pool.
+pub const MAX_FAIRNESS_ENTRIES: usize = 10_000;
+/// The most `[[pools.quotas]]` entries of one pool.
+pub const MAX_QUOTAS: usize = 1_000;
+/// The longest fairness key, in bytes.
+pub const MAX_FAIRNESS_KEY_LEN: usize = 64;
+/// The longest concurrency key, in bytes.
+pub const MAX_CONCURRENCY_KEY_LEN: usize = 128;
+/// The largest fairness weight.
+pub const MAX_FAIRNESS_WEIGHT: u32 = 1_000;
+
+/// One `[[pools.fairness]]` entry: the weight of a fairness key.
+///
+/// ```
+/// use cronoq::core::{FairnessWeight, PoolConfig};
+/// let config = PoolConfig { fairness: vec![FairnessWeight { key: "team-a".into(), weight: 3 }], ..PoolConfig::default() };
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FairnessWeight {
+    /// The fairness key.
+    pub key: String,
+    /// Its weight: its share of contended slots is proportional to it.
+    pub weight: u32,
+}
+
+/// One `[[pools.quotas]]` entry: the key's tasks hold at most
+/// `max_running` slots of the groups that carry `labels` (`{}`: any group).
+///
+/// ```
+/// use cronoq::core::{Labels, PoolConfig, QuotaConfig};
+/// let quota = QuotaConfig { key: "team-b".into(), labels: Labels::from([("gpu", "a100")]), max_running: 8 };
+/// assert!(PoolConfig { quotas: vec![quota], ..PoolConfig::default() }.validate().is_ok());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// The fairness key it bounds.
+    pub key: String,
+    /// The labels a group must carry for its slots to count.
+    #[serde(default)]
+    pub labels: Labels,
+    /// The most slots the key's tasks hold in such groups at once (0: none).
+    pub max_running: u32,
+}
+
+/// Whether a pool preempts (SPEC §9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Preemption {
+    /// Never.
+    #[default]
+    Off,
+    /// An eligible waiter with no free matching slot revokes a running
+    /// attempt of a preemptible task of strictly lower priority.
+    Priority,
+}
+
+/// What a task with a concurrency key does when it is admitted (SPEC §9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConcurrencyPolicy {
+    /// Wait until fewer than its limit of the key's tasks run.
+    #[default]
+    Queue,
+    /// Cancel the key's older tasks still waiting (reason `replaced`).
+    ReplaceWaiting,
+    /// Cancel the key's running tasks beyond `limit - 1`, oldest first.
+    CancelRunning,
+    /// End the new task `cancelled` if the limit is full.
+    Skip,
+}
+
+impl ConcurrencyPolicy {
+    /// The lowercase name used in config, over HTTP and in the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConcurrencyPolicy::Queue => "queue",
+            ConcurrencyPolicy::ReplaceWaiting => "replace_waiting",
+            ConcurrencyPolicy::CancelRunning => "cancel_running",
+            ConcurrencyPolicy::Skip => "skip",
+        }
+    }
+}
+
+/// A fairness key: 1 to 64 bytes, no control character.
+///
+/// ```
+/// use cronoq::core::check_fairness_key;
+/// assert!(check_fairness_key("team-a").is_ok());
+/// assert!(check_fairness_key("").is_err());
+/// assert!(check_fairness_key(&"k".repeat(65)).is_err());
+/// assert!(check_fairness_key("a\nb").is_err());
+/// ```
+pub fn check_fairness_key(key: &str) -> Result<(), Rejection> {
+    check_key_text("fairness_key", key, MAX_FAIRNESS_KEY_LEN)
+}
+
+/// A concurrency key: 1 to 128 bytes, no control character.
+pub fn check_concurrency_key(key: &str) -> Result<(), Rejection> {
+    check_key_text("concurrency_key", key, MAX_CONCURRENCY_KEY_LEN)
+}
+
+fn check_key_text(what: &str, key: &str, max: usize) -> Result<(), Rejection> {
+    if key.is_empty() {
+        return Err(Rejection::InvalidArgument(format!("{what} is empty")));
+    }
+    if key.len() > max {
+        return Err(Rejection::InvalidArgument(format!(
+            "{what} of {} bytes is above the limit of {max} bytes",
+            key.len()
+        )));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(Rejection::InvalidArgument(format!(
+            "{what} {key:?} holds a control character"
+        )));
+    }
+    Ok(())
+}
+
+/// A fairness weight: 1 to 1,000.
+pub fn check_fairness_weight(weight: u32) -> Result<(), Rejection> {
+    if weight == 0 || weight > MAX_FAIRNESS_WEIGHT {
+        return Err(Rejection::InvalidArgument(format!(
+            "fairness_weight {weight} is outside 1..={MAX_FAIRNESS_WEIGHT}"
+        )));
+    }
+    Ok(())
 }
 
 /// A fixed start: run at `start_at`, at the latest by `start_at + tolerance`.
@@ -158,6 +353,29 @@ pub struct TaskSpec {
     pub backoff: Option<Backoff>,
     /// An attempt running longer than this is revoked and counts as lost.
     pub attempt_timeout: Option<Millis>,
+    /// Its fairness key (SPEC §9); none: the pool's unnamed key, which
+    /// every task without one shares (so the order is rule 5's alone).
+    #[serde(default)]
+    pub fairness_key: Option<String>,
+    /// Its weight, 1 to 1,000, unless `[[pools.fairness]]` weights the key.
+    #[serde(default = "one")]
+    pub fairness_weight: u32,
+    /// Tasks of a pool with the same concurrency key share a limit.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
+    /// At most this many of the key's tasks run while this one starts.
+    #[serde(default = "one")]
+    pub concurrency_limit: u32,
+    /// What admission does when the key's limit is full.
+    #[serde(default)]
+    pub concurrency_policy: ConcurrencyPolicy,
+    /// Whether a higher-priority waiter may preempt its attempt.
+    #[serde(default = "yes")]
+    pub preemptible: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl TaskSpec {
@@ -174,6 +392,12 @@ impl TaskSpec {
             max_attempts: None,
             backoff: None,
             attempt_timeout: None,
+            fairness_key: None,
+            fairness_weight: 1,
+            concurrency_key: None,
+            concurrency_limit: 1,
+            concurrency_policy: ConcurrencyPolicy::Queue,
+            preemptible: true,
         }
     }
 
@@ -196,6 +420,18 @@ impl TaskSpec {
                     "backoff initial delay is above its max".into(),
                 ));
             }
+        }
+        if let Some(key) = &self.fairness_key {
+            check_fairness_key(key)?;
+        }
+        check_fairness_weight(self.fairness_weight)?;
+        if let Some(key) = &self.concurrency_key {
+            check_concurrency_key(key)?;
+        }
+        if self.concurrency_limit == 0 {
+            return Err(Rejection::InvalidArgument(
+                "concurrency_limit must be at least 1".into(),
+            ));
         }
         let spans = [
             ("tolerance", self.fixed_start.map(|f| f.tolerance)),
@@ -325,6 +561,10 @@ pub enum WaitReason {
     Backoff,
     /// Fixed start in the future.
     Scheduled,
+    /// Its fairness key holds its quota of the slots it could use (SPEC §9).
+    Quota,
+    /// Its concurrency key's limit is reached (SPEC §9).
+    Concurrency,
 }
 
 impl WaitReason {
@@ -336,6 +576,8 @@ impl WaitReason {
             WaitReason::HeldForReservation => "held_for_reservation",
             WaitReason::Backoff => "backoff",
             WaitReason::Scheduled => "scheduled",
+            WaitReason::Quota => "quota",
+            WaitReason::Concurrency => "concurrency",
         }
     }
 }

@@ -5,6 +5,7 @@
 //! `impl Core`, split from `mod.rs` by concern; `running.rs` holds what
 //! happens once a task has a slot.
 
+use super::fair::NO_KEY;
 use super::placement;
 use super::queue::QueueKey;
 use super::timers::{Timer, TimerKind};
@@ -88,13 +89,18 @@ impl Core {
     pub(super) fn insert(&mut self, spec: TaskSpec, attempts: u32) -> u32 {
         let p = self.groups.pool(&spec.pool);
         let r = self.groups.reqset(p, &spec.required);
+        let (fair, conc) = self.intern_keys(p, &spec);
         let config = &self.groups.pools[p as usize].config;
         let seq = self.next_seq;
         self.next_seq += 1;
         let needs_extra = spec.fixed_start.is_some()
             || spec.est_runtime.is_some()
             || spec.attempt_timeout.is_some()
-            || spec.backoff.is_some();
+            || spec.backoff.is_some()
+            || fair != NO_KEY
+            || conc != NO_KEY
+            || spec.fairness_weight != 1
+            || !spec.preemptible;
         let extra = needs_extra.then(|| {
             Box::new(TaskExtra {
                 fixed: spec.fixed_start,
@@ -102,6 +108,16 @@ impl Core {
                 attempt_timeout: spec.attempt_timeout.map_or(NONE, |d| d.0),
                 timer_at: NONE,
                 backoff: spec.backoff.unwrap_or(config.backoff),
+                fair,
+                weight: spec.fairness_weight,
+                conc,
+                conc_limit: spec.concurrency_limit,
+                preemptible: spec.preemptible,
+                preempted: 0,
+                started: 0,
+                kept_for: None,
+                preempting: false,
+                tag: NONE,
             })
         });
         let rec = TaskRec {
@@ -171,7 +187,7 @@ impl Core {
     }
 
     /// Reserved → Ready at `start_at`: start on the best matching free slot
-    /// (the held slot is ours), or wait for one.
+    /// it may take (the held slot is ours), or wait for one.
     pub(super) fn fixed_start_due(&mut self, t: u32, out: &mut Vec<Action>) {
         let rec = &mut self.tasks[t as usize];
         rec.phase = Phase::Ready;
@@ -180,7 +196,10 @@ impl Core {
         pool.scheduled -= 1;
         pool.waiting += 1;
         pool.ready_fixed.insert(key);
-        if let Some(g) = self.best_free_group(t) {
+        if !self.conc_allows_start(t) {
+            return;
+        }
+        if let Some(g) = self.best_free_group_for(t) {
             self.take_waiter(t);
             self.start(t, g, false, out);
         }
@@ -200,20 +219,14 @@ impl Core {
         }
     }
 
-    /// Place a task that may run now, or queue it.
-    pub(super) fn enqueue_or_start(&mut self, t: u32, out: &mut Vec<Action>) {
-        if self.pool_allows(t, 0) {
-            if let Some(g) = self.best_free_group(t) {
-                self.start(t, g, false, out);
-                return;
-            }
-        }
-        self.enqueue(t);
-    }
-
     pub(super) fn queue_key(&self, t: u32) -> QueueKey {
         let rec = &self.tasks[t as usize];
-        QueueKey::new(rec.urgent.then_some(rec.deadline), rec.priority, rec.seq)
+        QueueKey::new(
+            rec.urgent.then_some(rec.deadline),
+            rec.priority,
+            rec.seq,
+            rec.fair_key(),
+        )
     }
 
     pub(super) fn enqueue(&mut self, t: u32) {
@@ -231,7 +244,9 @@ impl Core {
             rec.urgent,
         );
         let key = self.queue_key(t);
-        self.groups.reqsets[r as usize].queue.push(key, t);
+        self.joined_queue(t);
+        let tag = self.start_tag(t);
+        self.groups.reqsets[r as usize].queue.push(key, t, tag);
         let pool = &mut self.groups.pools[pool as usize];
         pool.waiting += 1;
         if est != NONE {
@@ -258,6 +273,7 @@ impl Core {
         let backfill = rec.est_runtime() != NONE;
         let removed = self.groups.reqsets[r as usize].queue.remove(&key, t);
         debug_assert!(removed, "queued task not in its queue");
+        self.tag_started(p, w.tag);
         let pool = &mut self.groups.pools[p as usize];
         pool.waiting -= 1;
         if backfill {
@@ -266,10 +282,14 @@ impl Core {
         if has_urgent_timer {
             self.timers.cancel(&self.timer(t, TimerKind::Urgent));
         }
+        self.left_queue(t, true);
     }
 
-    /// Takes a Queued or Ready task out of wherever it waits.
+    /// Takes a Queued, Ready or Parked task out of wherever it waits.
     pub(super) fn take_waiter(&mut self, t: u32) {
+        if self.tasks[t as usize].phase == Phase::Parked {
+            return self.unpark_one(t);
+        }
         let key = self.queue_key(t);
         let rec = &self.tasks[t as usize];
         let (p, r, seq, phase) = (rec.pool, rec.reqset, rec.seq, rec.phase);
@@ -287,6 +307,10 @@ impl Core {
                 if has_urgent_timer {
                     self.timers.cancel(&self.timer(t, TimerKind::Urgent));
                 }
+                // Leaving for a slot or for good: `start` or `finish`
+                // follows, and either way a parked task may take the turn
+                // only once the attempt is counted.
+                self.left_queue(t, false);
             }
             Phase::Ready => {
                 let start_at = self.tasks[t as usize].start_at();
@@ -333,14 +357,24 @@ impl Core {
                     let r = rec.reqset;
                     self.tasks[t as usize].urgent = true;
                     let new = self.queue_key(t);
+                    // A named key's task keeps its tag; the unnamed key's
+                    // is placed between its neighbours'.
+                    let tag = self.groups.pools[p as usize].vt;
+                    let tag = self.tasks[t as usize]
+                        .extra
+                        .as_deref()
+                        .filter(|x| x.fair != NO_KEY)
+                        .map_or(tag, |x| x.tag);
                     let queue = &mut self.groups.reqsets[r as usize].queue;
                     queue.remove(&old, t);
-                    queue.push(new, t);
+                    queue.push(new, t, tag);
                 }
                 (TimerKind::Retry, Phase::Backoff) if rec.timer_at() == timer.at.0 => {
                     self.enqueue_or_start(t, out)
                 }
-                (TimerKind::AttemptTimeout, Phase::Running) if rec.timer_at() == timer.at.0 => {
+                (TimerKind::AttemptTimeout, Phase::Running)
+                    if rec.timer_at() == timer.at.0 && rec.revoked.is_none() =>
+                {
                     let rec = &mut self.tasks[t as usize];
                     rec.revoked = Some(RevokeReason::Timeout);
                     out.push(Action::Revoke {

@@ -347,6 +347,7 @@ impl PoolSection {
                 max: ms(self.backoff_max, d.backoff.max),
             },
             fleets: self.fleets.clone(),
+            ..d
         };
         config.validate().map_err(|e| match e {
             Rejection::InvalidArgument(m) => {

@@ -308,6 +308,14 @@ impl Task {
                 max: Millis::from_duration(max),
             }),
             attempt_timeout: self.attempt_timeout.map(Millis::from_duration),
+            // SPEC §9 fields: not yet settable from a `Task` (issue 36's
+            // shells); absent means today's behaviour.
+            fairness_key: None,
+            fairness_weight: 1,
+            concurrency_key: None,
+            concurrency_limit: 1,
+            concurrency_policy: crate::core::ConcurrencyPolicy::Queue,
+            preemptible: true,
         };
         Ok(spec)
     }

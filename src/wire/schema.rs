@@ -72,12 +72,12 @@ plain_schema!(TaskState, "TaskState", {
     "enum": ["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "missed"]
 });
 plain_schema!(RevokeReason, "RevokeReason", {
-    "type": "string", "enum": ["cancelled", "timeout"]
+    "type": "string", "enum": ["cancelled", "timeout", "preempted"]
 });
 plain_schema!(WaitReason, "WaitReason", {
     "type": "string",
     "description": "why a task that is not running waits",
-    "enum": ["no_group_matches", "groups_full", "held_for_reservation", "backoff", "scheduled"]
+    "enum": ["no_group_matches", "groups_full", "held_for_reservation", "backoff", "scheduled", "quota", "concurrency"]
 });
 
 impl JsonSchema for Backoff {

@@ -11,8 +11,9 @@
 use std::collections::HashMap;
 
 use cronoq::core::{
-    Action, AttemptOutcome, Backoff, Core, Event, FixedStart, Labels, Millis, OnMiss, PoolConfig,
-    PoolName, Rejection, RevokeReason, Snapshot, TaskId, TaskSpec, TaskView,
+    Action, AttemptOutcome, Backoff, ConcurrencyPolicy, Core, EndReason, Event, FixedStart, Labels,
+    Millis, OnMiss, PoolConfig, PoolName, Rejection, RevokeReason, Snapshot, TaskId, TaskSpec,
+    TaskView,
 };
 
 /// The outcome of an attempt that succeeded.
@@ -98,6 +99,30 @@ impl TaskBuilder {
         self.0.attempt_timeout = Some(Millis(ms));
         self
     }
+    /// Fairness key and weight (SPEC §9).
+    pub fn fair(mut self, key: &str, weight: u32) -> Self {
+        self.0.fairness_key = Some(key.to_string());
+        self.0.fairness_weight = weight;
+        self
+    }
+    /// Concurrency key, limit and policy (`queue`, `replace_waiting`,
+    /// `cancel_running`, `skip`).
+    pub fn conc(mut self, key: &str, limit: u32, policy: &str) -> Self {
+        self.0.concurrency_key = Some(key.to_string());
+        self.0.concurrency_limit = limit;
+        self.0.concurrency_policy = match policy {
+            "queue" => ConcurrencyPolicy::Queue,
+            "replace_waiting" => ConcurrencyPolicy::ReplaceWaiting,
+            "cancel_running" => ConcurrencyPolicy::CancelRunning,
+            "skip" => ConcurrencyPolicy::Skip,
+            other => panic!("unknown concurrency policy {other}"),
+        };
+        self
+    }
+    pub fn not_preemptible(mut self) -> Self {
+        self.0.preemptible = false;
+        self
+    }
 }
 
 /// Renders one action as a short line, naming the group by its labels.
@@ -117,6 +142,7 @@ pub fn render(core: &Core, action: &Action) -> String {
             let why = match reason {
                 RevokeReason::Cancelled => "cancelled",
                 RevokeReason::Timeout => "timeout",
+                RevokeReason::Preempted => "preempted",
             };
             format!(
                 "revoke t{task}#{attempt} {{{}}} {why}",
@@ -124,18 +150,25 @@ pub fn render(core: &Core, action: &Action) -> String {
             )
         }
         Action::RetryAt { task, attempt, at } => format!("retry t{task}#{attempt} @{}", at.0),
+        Action::Preempted { task, attempt } => format!("preempted t{task}#{attempt}"),
         Action::Finished {
             task,
             state,
             attempts,
             deadline_missed,
+            reason,
             ..
         } => format!(
-            "finish t{task} {state} attempts={attempts}{}",
+            "finish t{task} {state} attempts={attempts}{}{}",
             if *deadline_missed {
                 " deadline_missed"
             } else {
                 ""
+            },
+            match reason {
+                Some(EndReason::Replaced) => " replaced",
+                Some(EndReason::Concurrency) => " concurrency",
+                None => "",
             }
         ),
     }
@@ -295,13 +328,15 @@ impl Sim {
         self.core.task(TaskId(task))
     }
 
-    /// `state` or `state/reason` of a live task, `gone` once finished.
+    /// `state` or `state/reason` (`/key` for `quota` and `concurrency`)
+    /// of a live task, `gone` once finished.
     pub fn state(&self, task: u64) -> String {
         match self.view(task) {
             None => "gone".into(),
-            Some(v) => match v.reason {
-                Some(r) => format!("{}/{}", v.state, r),
-                None => v.state.to_string(),
+            Some(v) => match (v.reason, v.reason_key) {
+                (Some(r), Some(key)) => format!("{}/{}/{}", v.state, r, key),
+                (Some(r), None) => format!("{}/{}", v.state, r),
+                _ => v.state.to_string(),
             },
         }
     }

@@ -550,12 +550,22 @@ impl Driver {
                     .unwrap_or_default();
                 self.event(now, task, &pool, TaskState::Queued, attempt - 1, None, None);
             }
+            Action::Preempted { task, attempt } => {
+                tracing::debug!(task_id = %task, attempt, "attempt preempted");
+                let pool = self
+                    .core
+                    .task(task)
+                    .map(|t| t.pool.clone())
+                    .unwrap_or_default();
+                self.event(now, task, &pool, TaskState::Queued, attempt, None, None);
+            }
             Action::Finished {
                 task,
                 pool,
                 state,
                 attempts: _,
                 deadline_missed,
+                reason: _,
             } => {
                 // A running attempt of a cancelled task was revoked and ends
                 // with it (the ledger closes it): the worker's late report
