@@ -320,6 +320,22 @@ fn runs(dir: &Path) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The test's cronoq client, a plain NATS connection and its JetStream
+/// context, all on `node`.
+async fn connect_to(node: &Node) -> (Client, async_nats::Client, jetstream::Context) {
+    let client = ClientOptions::new()
+        .request_timeout(Duration::from_secs(2))
+        .wait_poll_interval(Duration::from_millis(200))
+        .connect(&node.url())
+        .await
+        .expect("connecting the test client");
+    let nats = async_nats::connect(node.url())
+        .await
+        .expect("connecting to node 1");
+    let js = jetstream::new(nats.clone());
+    (client, nats, js)
+}
+
 /// Waits until the worker is in the snapshot.
 async fn registered(client: &Client, id: &str) {
     eventually(&format!("worker {id} to register"), || async move {
@@ -428,16 +444,7 @@ async fn cronoq_on_a_three_node_cluster_survives_losing_a_node() {
     // async-nats takes one URL here, not a comma-separated list (see the
     // report); the rest of the cluster is learnt from the servers' INFO.
     let server = start_cronoq_server(&nodes[0].url(), &dir_path).await;
-    let client = ClientOptions::new()
-        .request_timeout(Duration::from_secs(2))
-        .wait_poll_interval(Duration::from_millis(200))
-        .connect(&nodes[0].url())
-        .await
-        .expect("connecting the test client");
-    let nats = async_nats::connect(nodes[0].url())
-        .await
-        .expect("connecting to node 1");
-    let js = jetstream::new(nats.clone());
+    let (client, nats, js) = connect_to(&nodes[0]).await;
 
     // Every stream cronoq made is on all three nodes.
     let streams = layout(&js).await.expect("the streams");
@@ -717,16 +724,7 @@ async fn losing_the_node_that_leads_the_results_stream_costs_no_leadership() {
     let mut nodes = start_nats_cluster(&dir_path);
     wait_for_jetstream_cluster(&nodes[0].url()).await;
     let server = start_cronoq_server(&nodes[0].url(), &dir_path).await;
-    let client = ClientOptions::new()
-        .request_timeout(Duration::from_secs(2))
-        .wait_poll_interval(Duration::from_millis(100))
-        .connect(&nodes[0].url())
-        .await
-        .expect("connecting the test client");
-    let nats = async_nats::connect(nodes[0].url())
-        .await
-        .expect("connecting to node 1");
-    let js = jetstream::new(nats.clone());
+    let (client, nats, js) = connect_to(&nodes[0]).await;
     let workers = [CronoqWorker::start(&nodes[1].url(), &dir_path, "a", "", 4)];
     registered(&client, workers[0].id()).await;
     let epoch = |snap: &cronoq::core::Snapshot| snap.leader.as_ref().map(|l| l.epoch);

@@ -219,13 +219,22 @@ impl JsonSchema for StableCode {
 }
 
 fn error_response(ctx: &mut GenContext) -> Response {
+    answer(
+        "an error: the status follows the code",
+        "application/json",
+        ctx.schema.subschema_for::<ErrorBody>(),
+    )
+}
+
+/// An answer of `media_type` whose body `schema` describes.
+fn answer(description: &str, media_type: &str, schema: Schema) -> Response {
     Response {
-        description: "an error: the status follows the code".into(),
+        description: description.into(),
         content: [(
-            "application/json".into(),
+            media_type.into(),
             MediaType {
                 schema: Some(SchemaObject {
-                    json_schema: ctx.schema.subschema_for::<ErrorBody>(),
+                    json_schema: schema,
                     example: None,
                     external_docs: None,
                 }),
@@ -371,23 +380,11 @@ pub(super) fn text_answer<'t>(
         .get_or_insert_with(Default::default);
     responses.responses.insert(
         StatusCode::Code(status),
-        aide::openapi::ReferenceOr::Item(Response {
-            description: description.into(),
-            content: [(
-                media_type.into(),
-                MediaType {
-                    schema: Some(SchemaObject {
-                        json_schema: json_schema!({"type": "string"}),
-                        example: None,
-                        external_docs: None,
-                    }),
-                    ..MediaType::default()
-                },
-            )]
-            .into_iter()
-            .collect(),
-            ..Response::default()
-        }),
+        aide::openapi::ReferenceOr::Item(answer(
+            description,
+            media_type,
+            json_schema!({"type": "string"}),
+        )),
     );
     op
 }
