@@ -294,17 +294,22 @@ impl Core {
         }
     }
 
-    /// Parks `t` (out of every queue already) until its concurrency key
-    /// has room.
-    pub(super) fn park(&mut self, t: u32) {
-        let rec = &mut self.tasks[t as usize];
-        rec.phase = Phase::Parked;
-        let (p, seq, priority) = (rec.pool, rec.seq, rec.priority);
+    /// Where a parked `t` is kept: its pool, concurrency key and limit,
+    /// and its order there (submission, priority).
+    fn park_place(&self, t: u32) -> (u32, u32, u32, u64, i32) {
+        let rec = &self.tasks[t as usize];
         let x = rec
             .extra
             .as_deref()
             .expect("a parked task has a concurrency key");
-        let (c, limit) = (x.conc, x.conc_limit);
+        (rec.pool, x.conc, x.conc_limit, rec.seq, rec.priority)
+    }
+
+    /// Parks `t` (out of every queue already) until its concurrency key
+    /// has room.
+    pub(super) fn park(&mut self, t: u32) {
+        self.tasks[t as usize].phase = Phase::Parked;
+        let (p, c, limit, seq, priority) = self.park_place(t);
         self.groups.pools[p as usize].waiting += 1;
         self.keys.conc[c as usize]
             .parked
@@ -315,13 +320,7 @@ impl Core {
 
     /// Takes a parked task out of the park.
     pub(super) fn unpark_one(&mut self, t: u32) {
-        let rec = &self.tasks[t as usize];
-        let (p, seq, priority) = (rec.pool, rec.seq, rec.priority);
-        let x = rec
-            .extra
-            .as_deref()
-            .expect("a parked task has a concurrency key");
-        let (c, limit) = (x.conc, x.conc_limit);
+        let (p, c, limit, seq, priority) = self.park_place(t);
         let conc = &mut self.keys.conc[c as usize];
         if let Some(set) = conc.parked.get_mut(&limit) {
             set.remove(&(Reverse(priority), seq, t));
