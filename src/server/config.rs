@@ -119,6 +119,16 @@ pub struct ServerSection {
     /// per unfinished task and a mark per finished one still stored).
     #[serde(default = "default_true")]
     pub warm_standby: bool,
+    /// The log instance this server's leadership writes (its streams are
+    /// `<P>_LOG_<LOG>` and `<P>_SNAP_<LOG>`; one per set of pools, later).
+    #[serde(default = "default_log")]
+    pub log: String,
+    /// A snapshot of the log state is stored after this many entries…
+    #[serde(default = "default_snapshot_entries")]
+    pub snapshot_entries: u64,
+    /// …or this long after the last one, whichever comes first.
+    #[serde(default = "default_snapshot_interval", deserialize_with = "duration")]
+    pub snapshot_interval: Duration,
     /// The environment variable holding the servers' storage key (at
     /// least 32 characters, the same on every server): the leader seals
     /// what it stores with it and every server refuses stored values not
@@ -211,6 +221,18 @@ fn default_lease_ttl() -> Duration {
 fn default_max_payload() -> usize {
     1 << 20
 }
+fn default_log() -> String {
+    "main".into()
+}
+
+fn default_snapshot_entries() -> u64 {
+    10_000
+}
+
+fn default_snapshot_interval() -> Duration {
+    Duration::from_secs(60)
+}
+
 fn default_results_ttl() -> Duration {
     Duration::from_secs(24 * 3600)
 }
@@ -261,6 +283,9 @@ impl Default for ServerSection {
             replicas: default_replicas(),
             journal_batches: None,
             warm_standby: true,
+            log: default_log(),
+            snapshot_entries: default_snapshot_entries(),
+            snapshot_interval: default_snapshot_interval(),
             storage_key_env: None,
             events: Events::default(),
             election_timeout: default_election_timeout(),
@@ -479,6 +504,22 @@ impl ServerConfig {
         if !(1..=5).contains(&self.server.replicas) {
             return Err(Rejection::InvalidArgument(
                 "config: replicas must be between 1 and 5".into(),
+            ));
+        }
+        let log = &self.server.log;
+        if log.is_empty()
+            || log.len() > 32
+            || !log
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(Rejection::InvalidArgument(format!(
+                "config: log {log:?} must be 1-32 characters of a-z, 0-9 and _"
+            )));
+        }
+        if self.server.snapshot_entries == 0 || self.server.snapshot_interval.is_zero() {
+            return Err(Rejection::InvalidArgument(
+                "config: snapshot_entries and snapshot_interval must be positive".into(),
             ));
         }
         if self.server.election_timeout < Duration::from_millis(100) {

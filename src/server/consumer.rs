@@ -389,7 +389,13 @@ async fn known(
         Some(warm) => Ok(warm.known(seq)),
         None => journal_record(results, seal, seq)
             .await
-            .map(warm::Known::of),
+            .map(|record| match record {
+                None => warm::Known::None,
+                Some(r) if r.state.is_terminal() => {
+                    warm::Known::Finished(r.key.is_some().then(|| Box::new(r)))
+                }
+                Some(r) => warm::Known::Live(Box::new(r)),
+            }),
     }
 }
 

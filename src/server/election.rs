@@ -328,11 +328,6 @@ impl Election {
         &self.instance
     }
 
-    /// The leader subject.
-    pub(crate) fn subject(&self) -> &str {
-        &self.subject
-    }
-
     /// The election timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout

@@ -41,7 +41,6 @@ pub(super) struct LeaderInner {
     /// The servers' storage key.
     pub(super) seal: seal::Seal,
     /// Which result batch holds a finished task's result.
-    pub(super) index: result_index::ResultIndex,
     /// Local callers waiting on the driver's replies, by request id.
     pub(super) replies: Replies,
 }
@@ -177,25 +176,14 @@ impl LeaderApi {
             .map_err(|e| unavailable(format!("submit stream: {e}")))
     }
 
-    /// A finished task's result from the bucket: under its own id, or in
-    /// the result batch the index names.
+    /// A finished task's result from the bucket, under its id (written
+    /// there once its entry is in the log, kept for `results_ttl`).
     pub(super) async fn stored_result(&self, id: TaskId) -> Result<Option<TaskStatus>, WireError> {
         let key = id.to_string();
-        if let Some(body) = self.stored(&key).await? {
-            return Ok(Some(wire::TaskRecord::decode(&body)?.into_status()));
+        match self.stored(&key).await? {
+            Some(body) => Ok(Some(wire::TaskRecord::decode(&body)?.into_status())),
+            None => Ok(None),
         }
-        let Some(batch) = self.inner.index.lookup(id.0) else {
-            return Ok(None);
-        };
-        let Some(body) = self.stored(&batch).await? else {
-            return Ok(None);
-        };
-        let batch: wire::ResultRecords = wire::decode(&body)?;
-        Ok(batch
-            .results
-            .into_iter()
-            .find(|r| r.id == id)
-            .map(wire::TaskRecord::into_status))
     }
 
     /// The body stored under `key` in the results bucket, its seal

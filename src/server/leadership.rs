@@ -80,7 +80,6 @@ pub(super) async fn lead(
             journal_waiting_since: journal_waiting_since.clone(),
             guard: guard.clone(),
             seal: base.seal.clone(),
-            index: base.index.clone(),
             replies: Replies::default(),
         }),
     };
@@ -129,19 +128,28 @@ pub(super) async fn lead(
         .state
         .clone();
     let startup_last = startup.last_sequence;
-    // Also with no submission left: the warm copy hands over the keys of
-    // finished tasks, whose submissions were purged (`consume`).
+    // The log to its end, then this leadership's takeover entry after it
+    // (fenced: every later append of the deposed leader is refused).
     let warm = warm_journal(base).await;
+    base.warm_paused.send_replace(true);
+    let (appender, journal_before) = base
+        .warm
+        .take_over(&base.log, epoch, &base.server_id)
+        .await
+        .map_err(|e| Error::Nats {
+            context: "taking over the log".into(),
+            source: e.to_string().into(),
+        })?;
     // A successor prepared while the leader was silent, if nothing it
     // read changed since (`successor`).
     let prepared = prepared.and_then(|p| {
-        let why = match &warm {
-            None => Some("the warm journal is behind"),
-            Some(warm) => {
+        let why = match warm {
+            false => Some("the warm journal is behind"),
+            true => {
                 let found = successor::Basis {
                     submit_first: startup.first_sequence,
                     submit_last: startup_last,
-                    journal_records: warm.records_seen(),
+                    journal_records: journal_before,
                     max_age: results_max_age,
                 };
                 successor::unusable(&p.basis, &found)
@@ -177,42 +185,17 @@ pub(super) async fn lead(
             if catch_up_to.is_some() {
                 driver.catch_up_first(usize::try_from(startup.messages).unwrap_or(usize::MAX));
             }
-            // The start records (a few keys: one per recent turn with
-            // attempts still running), read from the bucket whether warm
-            // or not.
-            let starts = match catch_up_to {
-                Some(_) => read_starts(&base.results, &base.seal).await?,
-                None => wire::StartIndex::default(),
-            };
-            // The schedules (few keys; read whether the stream holds
-            // anything or not): they step once the journal is read.
-            driver.restore_schedules(read_schedules(&base.results, &base.seal).await?);
-            (driver, Arc::new(starts), None)
+            // The schedules: they step once the journal is read.
+            driver.restore_schedules(base.warm.schedules());
+            (driver, Arc::new(wire::StartIndex::default()), None)
         }
     };
-    // Without a warm copy, the result batches: a task finished in one has
-    // no record of its own to say so.
-    let batched = match (&warm, catch_up_to) {
-        (None, Some(upto)) => {
-            read_results(
-                &base.results,
-                &base.seal,
-                &base.index,
-                startup.first_sequence,
-                upto,
-            )
-            .await?
-        }
-        _ => BatchedResults::default(),
-    };
-    // The only writer now: no need to follow its own writes.
-    base.warm_paused.send_replace(true);
     // The standby's copy of the submit stream: taken (and so emptied)
     // whatever follows, used with a warm journal only (it holds no
     // records), as far as it got within a short wait — after what a
     // prepared driver was handed.
     let copied = match catch_up_to {
-        Some(upto) if warm.is_some() => {
+        Some(upto) if warm => {
             let whole = base
                 .submissions
                 .caught_up(upto, warm_submits::CATCH_UP_WAIT)
@@ -241,9 +224,9 @@ pub(super) async fn lead(
         base.results.clone(),
         Startup {
             last: startup_last,
-            warm,
+            warm: Some(base.warm.clone()),
             starts,
-            batched: Arc::new(batched),
+            batched: Arc::default(),
             catch_up_to,
             copied,
             keys_bound: handed.is_some(),
@@ -256,31 +239,26 @@ pub(super) async fn lead(
         CommitCtx {
             client: client_for(&api),
             inputs: inputs.clone(),
-            results: Fenced {
-                js: base.js.clone(),
-                bucket: base.subjects.results_bucket(),
-                subject: election.subject().to_string(),
-                fence: election.fence.clone(),
-                lost: lost_tx,
-                election: election.clone(),
-                epoch,
-                pending_records: journal_pending,
-                atomic: AtomicBool::new(base.atomic_batches),
-                batch_max: AtomicUsize::new(journal::MAX_BATCH),
-                batches: AtomicU64::new(0),
-                client: base.client.clone(),
-            },
             pending: pending.clone(),
             js: base.js.clone(),
             submit_stream: base.submit_stream.clone(),
             subjects: base.subjects.clone(),
             guard,
             seal: base.seal.clone(),
-            index: base.index.clone(),
             tenure: tenure.clone(),
             replies: api.inner.replies.clone(),
             waiting_since: journal_waiting_since,
+            pending_records: journal_pending,
+            lost: lost_tx,
+            log: base.log.clone(),
+            journal: base.warm.clone(),
+            results_prefix: format!("$KV.{}.", base.subjects.results_bucket()),
+            snapshot_every: journal::SnapshotEvery {
+                entries: s.snapshot_entries,
+                interval: s.snapshot_interval,
+            },
         },
+        appender,
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
     let driver = {
@@ -316,7 +294,7 @@ pub(super) async fn lead(
 pub(super) fn new_driver(
     base: &Base,
     epoch: u64,
-    results_max_age: Duration,
+    _results_max_age: Duration,
     now: Millis,
 ) -> Driver {
     let s = &base.config.server;
@@ -341,21 +319,11 @@ pub(super) fn new_driver(
             // the new leader; one silent this long is gone anyway.
             reattach_grace: worker_timeout,
             events: s.events,
-            // No max age: JetStream keeps records for good.
-            record_refresh: if results_max_age.is_zero() {
-                Millis(u64::MAX / 4)
-            } else {
-                Millis::from_duration(results_max_age / 3).max(Millis(100))
-            },
-            // In atomic batches a start record costs no fence check or
-            // acknowledgement of its own; a separate start write would
-            // compete with the batch for the leader subject (10164 on a
-            // replicated stream). Record by record, one write per turn.
-            group_starts: !base.atomic_batches,
-            // The small results of a turn in one record: one write for
-            // them all, or one message of the atomic batch instead of one
-            // per result (each replicated on a cluster).
-            group_results: true,
+            // The log expires nothing: no record is written again.
+            record_refresh: Millis(u64::MAX / 4),
+            // Every record of a turn goes in its one entry anyway.
+            group_starts: false,
+            group_results: false,
             max_schedules: s.max_schedules,
             schedules_refused: (base.auth.required() && !base.seal.is_set()).then(|| {
                 "schedules need [server] storage_key_env when credentials are required: \

@@ -50,7 +50,6 @@
 //! | `successor.rs` | a successor's driver prepared while the leader is silent |
 //! | `warm.rs` | a standby's warm copy of the journal |
 //! | `warm_submits.rs` | a standby's copy of the submit stream, decoded |
-//! | `result_index.rs` | which result batch holds a finished task's result |
 //! | `requests.rs` | worker and client requests over NATS |
 //! | `guard.rs` | credentials, nonces and sessions of one leadership |
 //! | `fires.rs` | schedule fires the leader publishes, sealed; telling them from forgeries |
@@ -71,10 +70,11 @@ mod guard;
 mod journal;
 mod leader_api;
 mod leadership;
+mod log;
+mod log_store;
 mod node;
 mod process;
 mod requests;
-mod result_index;
 mod runner;
 pub mod seal;
 #[cfg(test)]
@@ -87,7 +87,7 @@ mod warm_submits;
 pub use config::*;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 

@@ -166,42 +166,31 @@ pub async fn serve(
     else {
         return Ok(());
     };
-    // One fence check per group commit instead of one per record. Waited
-    // for like the rest while JetStream does not answer; a refusal (the
-    // stream will not take the setting) means record by record.
-    let atomic_batches = if s.journal_in_batches() {
-        let results_stream = format!("KV_{}", subjects.results_bucket());
-        let version = client.server_info().version;
-        let asked = until_jetstream("atomic batches on the results stream", &stop_rx, || async {
-            match journal::enable_atomic(&js, &version, &results_stream).await {
-                Err(e) if jetstream_not_answering(&e) => Err(Error::Nats {
-                    context: "allowing atomic batches".into(),
-                    source: e.into(),
-                }),
-                answer => Ok(answer),
-            }
+    // The log: the leader's durable state, one entry per group commit.
+    let log_names = crate::server::log_store::LogNames::new(&subjects, &s.log);
+    let Some(log) = until_jetstream("the log", &stop_rx, || async {
+        crate::server::log_store::LogStore::open(
+            js.clone(),
+            log_names.clone(),
+            s.replicas,
+            seal.clone(),
+            nats_max_payload.saturating_sub(512),
+        )
+        .await
+        .map_err(|e| Error::Nats {
+            context: "creating the log".into(),
+            source: e.to_string().into(),
         })
-        .await;
-        match asked {
-            None => return Ok(()),
-            Some(Ok(on)) => on,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "cannot allow atomic batches on the results stream");
-                false
-            }
-        }
-    } else {
-        false
+    })
+    .await
+    else {
+        return Ok(());
     };
-    tracing::info!(
-        atomic_batches,
-        "journal writes: {}",
-        if atomic_batches {
-            "atomic batches, one fence check each"
-        } else {
-            "one fenced write per record"
-        }
-    );
+    if s.journal_batches.is_some() {
+        tracing::warn!(
+            "[server] journal_batches has no effect: the log appends one entry per group commit"
+        );
+    }
 
     let listener = tokio::net::TcpListener::bind(&s.http_addr)
         .await
@@ -279,13 +268,11 @@ pub async fn serve(
                 format!("KV_{}", subjects.results_bucket()),
                 "the results bucket's stream",
             ),
+            (log_names.log_stream.clone(), "the log stream"),
         ],
         node.inner.missing.clone(),
     ));
     let (warm_paused, warm_paused_rx) = watch::channel(false);
-    let ttl = config.server.results_ttl;
-    let index =
-        result_index::ResultIndex::new((!ttl.is_zero()).then(|| Millis::from_duration(ttl)));
     let base = Arc::new(Base {
         config: config.clone(),
         pools,
@@ -299,11 +286,10 @@ pub async fn serve(
         results,
         max_payload_bytes,
         nats_max_payload,
-        atomic_batches,
+        log,
         takeovers: Arc::default(),
         auth,
-        warm: warm::WarmJournal::sealed(seal.clone(), index.clone()),
-        index,
+        warm: warm::WarmJournal::sealed(seal.clone()),
         warm_paused,
         seal: seal.clone(),
         submissions: warm_submits::WarmSubmissions::default(),
@@ -312,7 +298,7 @@ pub async fn serve(
     // takeover reads it from memory.
     let follower = base.config.server.warm_standby.then(|| {
         tokio::spawn(warm::follow(
-            base.results.clone(),
+            base.log.clone(),
             base.submit_stream.clone(),
             base.warm.clone(),
             warm_paused_rx.clone(),
@@ -343,7 +329,7 @@ pub async fn serve(
         tokio::spawn(watch_standby(
             base.js.clone(),
             base.submit_stream.clone(),
-            format!("KV_{}", base.subjects.results_bucket()),
+            base.log.names().log_stream.clone(),
             (base.warm.clone(), base.submissions.clone()),
             base.warm_paused.subscribe(),
             node.inner.standby_warm.clone(),
@@ -470,22 +456,6 @@ where
     }
 }
 
-/// An error of a JetStream request that says nothing about the request
-/// itself: no answer (yet).
-pub(super) fn jetstream_not_answering(error: &str) -> bool {
-    let e = error.to_ascii_lowercase();
-    [
-        "timed out",
-        "timeout",
-        "no responders",
-        "unavailable",
-        "not enabled",
-        "10008",
-    ]
-    .iter()
-    .any(|s| e.contains(s))
-}
-
 /// Resolves once `stop` turns true.
 pub(super) async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
@@ -509,16 +479,14 @@ pub(super) struct Base {
     pub(super) results: kv::Store,
     pub(super) max_payload_bytes: usize,
     pub(super) nats_max_payload: usize,
-    /// The results stream takes atomic batches ([`journal`]).
-    pub(super) atomic_batches: bool,
+    /// The log this server's leaderships write.
+    pub(super) log: crate::server::log_store::LogStore,
     /// Times this process took the lead.
     pub(super) takeovers: Arc<AtomicU64>,
     /// The credentials `[auth]` allows.
     pub(super) auth: Arc<Authenticator>,
     /// This process's warm copy of the journal.
     pub(super) warm: warm::WarmJournal,
-    /// Which result batch holds which finished task's result.
-    pub(super) index: result_index::ResultIndex,
     /// The servers' storage key.
     pub(super) seal: seal::Seal,
     /// True while this process leads: the copy is not followed

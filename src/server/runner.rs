@@ -131,17 +131,16 @@ pub(super) async fn drive(
                             })
                             .insert(seq);
                     }
-                    turn.records.push(
-                        Item::Task(Persisted {
-                            seq,
-                            record,
-                            dead_letter,
-                        })
-                        .record(),
-                    );
+                    turn.records.push(Item::Task(Persisted {
+                        seq,
+                        record,
+                        dead_letter,
+                    }));
                 }
-                Output::PersistStarts { slot, record } => {
-                    turn.records.push(Item::Starts(slot, record).record())
+                // Not made: every start is in its task's record, in the
+                // turn's entry (`group_starts = false`).
+                Output::PersistStarts { slot, .. } => {
+                    tracing::error!(slot, "a start record outside the log; ignored")
                 }
                 Output::PersistResults { n, record } => {
                     // Marked before the floor can pass them (below).
@@ -149,10 +148,17 @@ pub(super) async fn drive(
                         pending_results.lock().unwrap_or_else(|e| e.into_inner())
                     });
                     pending.extend(record.results.iter().map(|r| r.id.0));
-                    turn.records.push(Item::Results(n, record).record())
+                    let _ = n;
+                    for record in record.results {
+                        turn.records.push(Item::Task(Persisted {
+                            seq: record.id.0,
+                            record,
+                            dead_letter: None,
+                        }));
+                    }
                 }
                 Output::PersistSchedule { name, stored } => {
-                    turn.records.push(Item::Schedule(name, stored).record())
+                    turn.records.push(Item::Schedule(name, stored))
                 }
                 // A discarded duplicate has no result: the purge takes it.
                 Output::Discard { .. } => {}

@@ -1,11 +1,19 @@
-//! The committer: the shell of the journal pipeline (`pipeline.rs`). Stores each turn's records (task records, start records, atomic batches) as the pipeline allows and announces each turn it releases.
+//! The committer: appends each group of the driver's turns to the log as
+//! one entry (`server::log_store`: pipelined, fenced by the log itself)
+//! and announces each turn once its entry, and every earlier one, is
+//! stored. Then it applies the entry to the leadership's copy of the log
+//! state (the same function every standby applies it with), writes the
+//! results it holds to the results bucket for lookups, and now and then
+//! stores a snapshot of that state and truncates the log below it.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 use crate::server::*;
 
-use super::acks::{Acks, Key, Retry, Sending, ACK_SWEEP};
-use rustc_hash::FxHashMap;
-
-use super::pipeline::{self, Limits, Pipeline, Released, WriteId};
+use super::super::log::Item as LogItem;
+use super::super::log_store::{Appender, LogError, LogStore};
 
 /// A task's record to store (a live task's attempts, or a finished
 /// task's result); a refused submission's dead letter to write first.
@@ -15,72 +23,56 @@ pub(in crate::server) struct Persisted {
     pub(in crate::server) dead_letter: Option<WireError>,
 }
 
-/// What one journal record write stores.
+/// What one turn stores.
 // Task records are nearly every item: boxing them would cost an
 // allocation per record written.
 #[allow(clippy::large_enum_variant)]
 pub(in crate::server) enum Item {
-    /// A task's record under its sequence.
+    /// A task's record.
     Task(Persisted),
-    /// The starts of a turn under a start-record slot (`s.<n>`).
-    Starts(u32, wire::StartRecords),
-    /// The small results of a turn under a result batch's key
-    /// (`r.<epoch>.<n>`).
-    Results(u64, wire::ResultRecords),
-    /// A schedule's record (`sched.<name>`, JSON); `None`: deleted.
+    /// A schedule's record; `None`: deleted.
     Schedule(String, Option<Box<crate::schedule::StoredSchedule>>),
 }
 
-impl Item {
-    /// The pipeline's record of it (a task's order, a result, a dead
-    /// letter written by itself).
-    pub(in crate::server) fn record(self) -> pipeline::Record<Item> {
-        match &self {
-            Item::Task(p) => pipeline::Record {
-                task: Some(p.seq),
-                terminal: p.record.state.is_terminal(),
-                finished: Vec::new(),
-                alone: p.dead_letter.is_some(),
-                body: self,
-            },
-            Item::Results(_, records) => pipeline::Record {
-                task: None,
-                terminal: false,
-                finished: records.results.iter().map(|r| r.id.0).collect(),
-                alone: false,
-                body: self,
-            },
-            Item::Starts(..) | Item::Schedule(..) => pipeline::Record {
-                task: None,
-                terminal: false,
-                finished: Vec::new(),
-                alone: false,
-                body: self,
-            },
-        }
-    }
+/// What one driver turn produced: records to store, then what to announce.
+#[derive(Default)]
+pub(in crate::server) struct Turn {
+    /// The driver's turn number.
+    pub(in crate::server) number: u64,
+    pub(in crate::server) records: Vec<Item>,
+    pub(in crate::server) announce: Vec<Output>,
 }
 
-/// What one driver turn produced: records to store, then what to announce.
-pub(in crate::server) type Turn = pipeline::Turn<Item, Output>;
+/// A stored group's turns, ready to announce.
+pub(in crate::server) struct Released<A> {
+    /// The newest turn number of the group.
+    pub(in crate::server) number: u64,
+    pub(in crate::server) announce: Vec<A>,
+    /// Tasks whose results it stored.
+    pub(in crate::server) terminal: Vec<u64>,
+}
 
-/// The most records being written at once; the driver's turns queue up
-/// behind them.
-pub(in crate::server) const MAX_IN_FLIGHT: usize = 4096;
+/// The most entries being appended at once; the driver's turns queue up
+/// behind them, and the next entry takes every queued turn (group
+/// commit): the busier the log, the larger its entries.
+pub(in crate::server) const MAX_ENTRIES_IN_FLIGHT: usize = 64;
 
-/// The most atomic batches being written at once. While one is under way
-/// the driver's turns queue up, and the next batch takes every queued
-/// record (group commit): the busier the journal, the larger its batches.
-/// One: a replicated stream admits one fenced write per subject at a time
-/// (10164) anyway.
-pub(in crate::server) const MAX_BATCHES_IN_FLIGHT: usize = 1;
+/// The most items one entry takes from the queue (it is cut into messages
+/// as large as NATS allows anyway).
+const MAX_ITEMS_PER_ENTRY: usize = 4096;
+
+/// When the leadership stores a snapshot of the log state.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::server) struct SnapshotEvery {
+    pub(in crate::server) entries: u64,
+    pub(in crate::server) interval: Duration,
+}
 
 /// Where the committer stores and announces.
 pub(in crate::server) struct CommitCtx {
     pub(in crate::server) client: async_nats::Client,
     /// The driver's inputs: which leases went out, and when.
     pub(in crate::server) inputs: mpsc::Sender<Input>,
-    pub(in crate::server) results: Fenced,
     pub(in crate::server) pending: Pending,
     pub(in crate::server) js: jetstream::Context,
     pub(in crate::server) submit_stream: stream::Stream,
@@ -89,8 +81,6 @@ pub(in crate::server) struct CommitCtx {
     pub(in crate::server) guard: Arc<Guard>,
     /// Seals every record written (the servers' storage key).
     pub(in crate::server) seal: seal::Seal,
-    /// Where each result batch's results are (lookups).
-    pub(in crate::server) index: result_index::ResultIndex,
     /// A turn is announced only while the leadership may act: its writes
     /// may have been stored just before a pause, and a lease or reply sent
     /// after it would come from a deposed leader.
@@ -100,109 +90,201 @@ pub(in crate::server) struct CommitCtx {
     /// Wall-clock ms since which writes are under way and none was stored
     /// (0: none under way): `/readyz` is 503 past a bound.
     pub(in crate::server) waiting_since: Arc<AtomicU64>,
+    /// Entries being appended (the `cronoq_journal_pending_records` gauge).
+    pub(in crate::server) pending_records: Arc<AtomicU64>,
+    /// Set when an append is refused: a successor leads.
+    pub(in crate::server) lost: watch::Sender<Option<String>>,
+    /// The log, for snapshots.
+    pub(in crate::server) log: LogStore,
+    /// This process's copy of the log state (applied as entries are
+    /// stored; followed again once this leadership ends).
+    pub(in crate::server) journal: warm::WarmJournal,
+    /// The results bucket's subject prefix (`$KV.<bucket>.`): finished
+    /// tasks' records for lookups, written after their entry is stored.
+    pub(in crate::server) results_prefix: String,
+    pub(in crate::server) snapshot_every: SnapshotEvery,
 }
 
-/// The journal's group commit, pipelined; the ordering is the pure
-/// [`Pipeline`]'s (`pipeline.rs`), this is its shell. It takes the
-/// driver's turns in order, as many as are queued at once, and starts the
-/// writes the pipeline allows (fenced on the leader subject; one task's
-/// records in the order they were made): atomic batches of up to
-/// [`journal::MAX_BATCH`] records, one fence check each, at most
-/// [`MAX_BATCHES_IN_FLIGHT`] at once; or, where NATS cannot, one fenced
-/// write per record, up to [`MAX_IN_FLIGHT`]. As writes are stored, it
-/// announces each turn the pipeline releases — once its records and every
-/// earlier turn's are stored — in order: leases, revokes, events, replies.
-/// So a worker never holds a lease whose attempt is not journaled, and
-/// nobody hears "succeeded" (nor gets an outcome acknowledged) before the
-/// result is stored; yet the writes of later turns are already under way.
-/// The writes under way are polled together here (one
-/// `FuturesUnordered`): a tokio task per write would cost a scheduling,
-/// and often a thread wake-up, each. Fenced out (a successor leads): stops,
-/// announcing nothing more.
-pub(in crate::server) async fn commit(mut turns: mpsc::UnboundedReceiver<Turn>, ctx: CommitCtx) {
+/// One group commit waiting for its entry (or, with nothing to store, for
+/// the entries before it).
+struct Queued {
+    stored: bool,
+    turns: Vec<Released<Output>>,
+    /// Finished tasks' records, written for lookups once stored.
+    results: Vec<(u64, Bytes)>,
+}
+
+/// The journal's group commit, pipelined: it takes the driver's turns in
+/// order, as many as are queued at once, appends their records as one
+/// entry (up to [`MAX_ENTRIES_IN_FLIGHT`] under way), and announces each
+/// turn — leases, revokes, events, replies — once its entry and every
+/// earlier one are stored. So a worker never holds a lease whose attempt
+/// is not in the log, and nobody hears "succeeded" (nor gets an outcome
+/// acknowledged) before the result is stored. Fenced out (a successor
+/// leads): stops, announcing nothing more.
+pub(in crate::server) async fn commit(
+    mut turns: mpsc::UnboundedReceiver<Turn>,
+    ctx: CommitCtx,
+    mut appender: Appender,
+) {
     let ctx = Arc::new(ctx);
-    let mut pipeline: Pipeline<Item, Output> = Pipeline::new(Limits {
-        max_records: MAX_IN_FLIGHT,
-        max_batches: MAX_BATCHES_IN_FLIGHT,
-        max_batch: journal::MAX_BATCH,
-    });
-    let mut under_way = futures_util::stream::FuturesUnordered::<WriteFuture>::new();
-    // Records written on their own take their acknowledgements here.
-    let mut acks = Acks::open(&ctx.results).await;
-    let mut sweep = tokio::time::interval(ACK_SWEEP);
-    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut queue: VecDeque<Queued> = VecDeque::new();
+    let mut since_snapshot = 0u64;
+    let mut last_snapshot = tokio::time::Instant::now();
+    let mut snapshotting: Option<tokio::task::JoinHandle<()>> = None;
     'commit: loop {
-        let atomic = ctx.results.atomic.load(Ordering::Relaxed);
-        let waiting = acks.as_ref().is_some_and(Acks::waiting);
-        let mut writes = Vec::new();
         let mut stored_now = false;
         tokio::select! {
-            Some((id, stored)) = under_way.next(), if !under_way.is_empty() => {
-                if !stored {
-                    break; // fenced out
-                }
+            stored = appender.next_stored(), if appender.pending() > 0 => {
+                let (seq, entry) = match stored {
+                    Ok(stored) => stored,
+                    Err(e) => {
+                        if matches!(e, LogError::Fenced) {
+                            let _ = ctx.lost.send(Some(
+                                "an append to the log was fenced out: another server leads".into(),
+                            ));
+                        }
+                        tracing::warn!(error = %e, "the log refused an append; announcing nothing more");
+                        break;
+                    }
+                };
                 stored_now = true;
-                writes = pipeline.stored(id);
-            }
-            ack = next_ack(&mut acks) => match (ack, acks.as_mut()) {
-                (Some(ack), Some(inbox)) => match inbox.acked(&ctx.results, &ack) {
-                    Some(Ok(id)) => {
-                        stored_now = true;
-                        writes = pipeline.stored(id);
+                ctx.journal.apply_stored(seq, &entry);
+                since_snapshot += 1;
+                // This entry's turns, then every turn queued behind it that
+                // stores nothing.
+                let mut first = true;
+                while let Some(q) = queue.front() {
+                    if q.stored && !first {
+                        break;
                     }
-                    Some(Err(retry)) => under_way.push(write_fully(&ctx, retry)),
-                    None => {}
-                },
-                // The subscription ended: every write the full way.
-                (_, inbox) => {
-                    for retry in inbox.map(|i| i.overdue(&ctx.results, None)).unwrap_or_default() {
-                        under_way.push(write_fully(&ctx, retry));
-                    }
-                    acks = None;
-                }
-            },
-            _ = sweep.tick(), if waiting => {
-                if let Some(inbox) = acks.as_mut() {
-                    for retry in inbox.overdue(&ctx.results, Some(std::time::Instant::now())) {
-                        under_way.push(write_fully(&ctx, retry));
+                    first = false;
+                    let q = queue.pop_front().expect("front");
+                    write_results(&ctx, q.results).await;
+                    for released in q.turns {
+                        if !announce(&ctx, released).await {
+                            break 'commit;
+                        }
                     }
                 }
             }
-            turn = turns.recv(), if pipeline.accepting(atomic) => {
+            turn = turns.recv(), if appender.pending() < MAX_ENTRIES_IN_FLIGHT => {
                 // The driver is gone: so is the commit.
                 let Some(first) = turn else { break };
-                let mut records = first.records.len();
+                let mut items = first.records.len();
                 let mut group = vec![first];
-                while records < MAX_IN_FLIGHT {
+                while items < MAX_ITEMS_PER_ENTRY {
                     match turns.try_recv() {
                         Ok(turn) => {
-                            records += turn.records.len();
+                            items += turn.records.len();
                             group.push(turn);
                         }
                         Err(_) => break,
                     }
                 }
-                writes = pipeline.push(group, atomic);
+                let mut entry = Vec::with_capacity(items);
+                let mut queued = Queued { stored: false, turns: Vec::with_capacity(group.len()), results: Vec::new() };
+                for turn in group {
+                    let mut terminal = Vec::new();
+                    for item in turn.records {
+                        match item {
+                            Item::Task(p) => {
+                                if let Some(reason) = &p.dead_letter {
+                                    copy_dead_letter(&ctx, p.seq, &p.record.pool, reason).await;
+                                }
+                                if p.record.state.is_terminal() {
+                                    terminal.push(p.seq);
+                                    let body = wire::encode(&p.record);
+                                    queued.results.push((p.seq, ctx.seal.seal(&p.seq.to_string(), body.into())));
+                                }
+                                entry.push(LogItem::Task(p.record));
+                            }
+                            Item::Schedule(name, stored) => entry.push(LogItem::Schedule(name, stored)),
+                        }
+                    }
+                    queued.turns.push(Released { number: turn.number, announce: turn.announce, terminal });
+                }
+                if entry.is_empty() {
+                    if queue.is_empty() {
+                        for released in queued.turns {
+                            if !announce(&ctx, released).await {
+                                break 'commit;
+                            }
+                        }
+                    } else {
+                        queue.push_back(queued);
+                    }
+                } else {
+                    queued.stored = true;
+                    if let Err(e) = appender.send(entry).await {
+                        tracing::warn!(error = %e, "appending to the log failed");
+                        break;
+                    }
+                    queue.push_back(queued);
+                }
             }
         }
-        for write in writes {
-            match start_write(&ctx, &mut acks, write).await {
-                Some(Started::Future(future)) => under_way.push(future),
-                Some(Started::Sent) => {}
-                None => break 'commit, // fenced out
-            }
+        ctx.pending_records
+            .store(appender.pending() as u64, Ordering::Relaxed);
+        note_progress(&ctx.waiting_since, appender.pending() > 0, stored_now);
+        let due = since_snapshot >= ctx.snapshot_every.entries
+            || (since_snapshot > 0 && last_snapshot.elapsed() >= ctx.snapshot_every.interval);
+        if due && snapshotting.as_ref().map_or(true, |s| s.is_finished()) {
+            since_snapshot = 0;
+            last_snapshot = tokio::time::Instant::now();
+            snapshotting = Some(tokio::spawn(snapshot(ctx.clone())));
         }
-        while let Some(released) = pipeline.release() {
-            if !announce(&ctx, released).await {
-                break 'commit;
-            }
-        }
-        let busy = !under_way.is_empty() || acks.as_ref().is_some_and(Acks::waiting);
-        note_progress(&ctx.waiting_since, busy, stored_now);
     }
     // Fenced out or stopped: the replies of turns never announced will
     // not come.
     ctx.replies.close();
+}
+
+/// Stores a snapshot of the leadership's log state (only stored entries
+/// are applied to it), pruned below the submit stream's first message,
+/// then truncates the log below it.
+async fn snapshot(ctx: Arc<CommitCtx>) {
+    if let Ok(info) = ctx.submit_stream.clone().info().await {
+        ctx.journal.prune_below(info.state.first_sequence);
+    }
+    let (at, bytes) = ctx.journal.snapshot();
+    match ctx.log.write_snapshot(at, bytes).await {
+        Ok(written) => tracing::debug!(
+            at,
+            bytes = written.bytes,
+            took_ms = written.took.as_millis() as u64,
+            "snapshot stored"
+        ),
+        Err(e) => tracing::warn!(at, error = %e, "storing a snapshot failed"),
+    }
+}
+
+/// Writes finished tasks' records to the results bucket for lookups
+/// (`GET /v1/tasks/{id}` of a task the leader no longer retains): after
+/// their entry is stored, not waited for, never read to decide anything.
+async fn write_results(ctx: &CommitCtx, results: Vec<(u64, Bytes)>) {
+    for (seq, body) in results {
+        let subject = format!("{}{seq}", ctx.results_prefix);
+        if let Err(e) = ctx.js.publish(subject, body).await {
+            tracing::debug!(seq, error = %e, "writing a result for lookups failed");
+        }
+    }
+}
+
+/// Copies a refused submission to the dead-letter stream before its
+/// record is appended.
+async fn copy_dead_letter(ctx: &CommitCtx, seq: u64, pool: &PoolName, reason: &WireError) {
+    let max_payload = ctx.client.server_info().max_payload;
+    Box::pin(dead_letter_copy(
+        &ctx.js,
+        &ctx.submit_stream,
+        &ctx.subjects,
+        seq,
+        pool,
+        reason,
+        max_payload,
+    ))
+    .await;
 }
 
 /// Keeps `waiting_since` (wall-clock ms): 0 while no write is under way;
@@ -217,112 +299,6 @@ fn note_progress(waiting_since: &AtomicU64, busy: bool, stored: bool) {
         (true, true, _) | (true, false, 0) => waiting_since.store(now, Ordering::Relaxed),
         (true, false, _) => {}
     }
-}
-
-/// The next acknowledgement on the inbox; never, without one.
-async fn next_ack(acks: &mut Option<Acks>) -> Option<async_nats::Message> {
-    match acks {
-        Some(acks) => acks.next().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// How a write the pipeline allowed was started.
-enum Started {
-    /// Under way as a future of its own.
-    Future(WriteFuture),
-    /// Published; its acknowledgement comes to the inbox.
-    Sent,
-}
-
-/// Starts one write the pipeline allowed: a record on its own goes through
-/// the inbox ([`Acks`]) when there is one, anything else as a future of
-/// its own. `None`: fenced out.
-async fn start_write(
-    ctx: &Arc<CommitCtx>,
-    acks: &mut Option<Acks>,
-    write: pipeline::Write<Item>,
-) -> Option<Started> {
-    let id = write.id;
-    if write.batch {
-        // Encoded here: the future keeps the bytes, not the records.
-        let records: Vec<(Key, Bytes)> = write
-            .records
-            .into_iter()
-            .filter_map(|r| match r.body {
-                Item::Task(p) => Some((
-                    Key::Task(p.seq),
-                    ctx.seal
-                        .seal(&p.seq.to_string(), wire::encode(&p.record).into()),
-                )),
-                Item::Results(n, records) => {
-                    let key = results_key(ctx, n, &records);
-                    let body = ctx.seal.seal(&key, wire::encode(&records).into());
-                    Some((Key::Named(key), body))
-                }
-                Item::Starts(..) | Item::Schedule(..) => None,
-            })
-            .collect();
-        let ctx = ctx.clone();
-        return Some(Started::Future(Box::pin(async move {
-            (id, store_batch(&ctx, records).await)
-        })));
-    }
-    let Some(record) = write.records.into_iter().next() else {
-        return Some(Started::Future(Box::pin(async move { (id, true) })));
-    };
-    let (key, body): (Key, Bytes) = match record.body {
-        Item::Task(p) if p.dead_letter.is_some() => {
-            let encoded = Encoded::of(p, &ctx.seal);
-            let ctx = ctx.clone();
-            return Some(Started::Future(Box::pin(async move {
-                (id, store_record(&ctx, encoded).await)
-            })));
-        }
-        Item::Task(p) => (Key::Task(p.seq), wire::encode(&p.record).into()),
-        Item::Starts(slot, starts) => (Key::Slot(slot), wire::encode(&starts).into()),
-        Item::Results(n, records) => {
-            let key = results_key(ctx, n, &records);
-            (Key::Named(key), wire::encode(&records).into())
-        }
-        Item::Schedule(name, stored) => {
-            // MessagePack: the template's payload as bytes, not a JSON
-            // array of numbers four times its size (issue 34). Records
-            // stored as JSON before are still read
-            // ([`crate::server::takeover::read_schedules`]).
-            let body = wire::encode(&stored);
-            (Key::Named(schedule_key(&name)), body.into())
-        }
-    };
-    let retry = match acks {
-        Some(acks) => match acks.send(&ctx.results, &ctx.seal, id, key, body).await {
-            Sending::Sent => return Some(Started::Sent),
-            Sending::Fenced => return None,
-            Sending::Retry(retry) => retry,
-        },
-        None => {
-            let body = ctx.seal.seal(&key.to_string(), body);
-            (id, key, body)
-        }
-    };
-    Some(Started::Future(write_fully(ctx, retry)))
-}
-
-/// The key of this leadership's result batch `n`, indexed as it is
-/// written: a lookup reaches for it only once the leader no longer
-/// retains the results, long after.
-fn results_key(ctx: &CommitCtx, n: u64, records: &wire::ResultRecords) -> String {
-    let key = wire::result_key(ctx.results.epoch, n);
-    let ids = records.results.iter().map(|r| r.id.0).collect();
-    ctx.index.add(&key, records.written_at, ids);
-    key
-}
-
-/// A record write the full way (`put_counted`: errors told apart, retried
-/// while NATS is away) as a future of its own.
-fn write_fully(ctx: &Arc<CommitCtx>, (id, key, body): Retry) -> WriteFuture {
-    let ctx = ctx.clone();
-    Box::pin(async move { (id, put_counted(&ctx, &key.to_string(), &body).await) })
 }
 
 /// Announces a turn the pipeline released: its terminal tasks' submissions
@@ -448,11 +424,6 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
     true
 }
 
-/// The results bucket's key of a schedule's record.
-pub(in crate::server) fn schedule_key(name: &str) -> String {
-    format!("sched.{name}")
-}
-
 /// Publishes a schedule's fire to the submit stream under its tick's id
 /// (`Nats-Msg-Id`, [`crate::server::fires::fire_submission`]): a second
 /// publish of the tick (a successor deciding it again) is answered with
@@ -520,125 +491,6 @@ async fn publish_fire(
             result,
         })
         .await;
-}
-
-/// One write under way in the committer: its id, and whether it was
-/// stored (`false`: fenced out).
-pub(in crate::server) type WriteFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = (WriteId, bool)> + Send>>;
-
-/// Stores one record (a refused submission's dead letter first), retrying
-/// while NATS is away; `false` if fenced out — a successor leads and will
-/// finish the task itself (the submission stays pending: this server
-/// purges nothing past it).
-pub(in crate::server) async fn store_record(ctx: &CommitCtx, write: Encoded) -> bool {
-    let Encoded {
-        seq,
-        body,
-        dead_letter,
-    } = write;
-    if let Some(dead_letter) = dead_letter {
-        let (pool, reason) = *dead_letter;
-        let max_payload = ctx.client.server_info().max_payload;
-        // Boxed: the rare path would otherwise make every record's write
-        // future as large as its own.
-        Box::pin(dead_letter_copy(
-            &ctx.js,
-            &ctx.submit_stream,
-            &ctx.subjects,
-            seq,
-            &pool,
-            &reason,
-            max_payload,
-        ))
-        .await;
-    }
-    put_counted(ctx, &seq.to_string(), &body).await
-}
-
-/// A record write as the committer keeps it while under way: the encoded
-/// record, and (rarely) the pool and reason of a dead letter to copy first.
-pub(in crate::server) struct Encoded {
-    pub(in crate::server) seq: u64,
-    pub(in crate::server) body: Bytes,
-    pub(in crate::server) dead_letter: Option<Box<(PoolName, WireError)>>,
-}
-
-impl Encoded {
-    pub(in crate::server) fn of(write: Persisted, seal: &seal::Seal) -> Encoded {
-        Encoded {
-            seq: write.seq,
-            body: seal.seal(&write.seq.to_string(), wire::encode(&write.record).into()),
-            dead_letter: write
-                .dead_letter
-                .map(|reason| Box::new((write.record.pool, reason))),
-        }
-    }
-}
-
-/// One fenced write under `key` ([`put_key_retrying`]), counted in the
-/// `cronoq_journal_pending_records` gauge while under way.
-pub(in crate::server) async fn put_counted(ctx: &CommitCtx, key: &str, body: &Bytes) -> bool {
-    let in_flight = &ctx.results.pending_records;
-    in_flight.fetch_add(1, Ordering::Relaxed);
-    let stored = put_key_retrying(ctx, key, body).await;
-    in_flight.fetch_sub(1, Ordering::Relaxed);
-    stored
-}
-
-/// Stores a batch of records (none with a dead letter), retrying while
-/// NATS is away; `false` if fenced out. Should the stream stop allowing
-/// atomic batches, one record after another.
-pub(in crate::server) async fn store_batch(ctx: &CommitCtx, records: Vec<(Key, Bytes)>) -> bool {
-    let mut delay = Duration::from_millis(100);
-    let in_flight = &ctx.results.pending_records;
-    let n = records.len() as u64;
-    in_flight.fetch_add(n, Ordering::Relaxed);
-    let stored = loop {
-        match ctx.results.put_batch(&records).await {
-            Ok(stored) => break stored,
-            Err(journal::BatchError::Disabled) => {
-                tracing::warn!(
-                    "the results stream no longer allows atomic batches; writing record by record"
-                );
-                let mut stored = true;
-                for (key, body) in &records {
-                    if !put_key_retrying(ctx, &key.to_string(), body).await {
-                        stored = false;
-                        break;
-                    }
-                }
-                break stored;
-            }
-            Err(journal::BatchError::Failed(e)) => {
-                tracing::warn!(records = n, error = %e, "storing a batch of task records failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(JOURNAL_RETRY_MAX);
-            }
-        }
-    };
-    in_flight.fetch_sub(n, Ordering::Relaxed);
-    stored
-}
-
-/// The longest pause between two tries of a journal write: once NATS is
-/// back (a restart), writes resume within it.
-pub(in crate::server) const JOURNAL_RETRY_MAX: Duration = Duration::from_secs(1);
-
-/// One fenced write under `key`, retried while NATS is away; `false` if
-/// fenced out.
-pub(in crate::server) async fn put_key_retrying(ctx: &CommitCtx, key: &str, body: &Bytes) -> bool {
-    let mut delay = Duration::from_millis(100);
-    loop {
-        match ctx.results.put(key, body.clone()).await {
-            Ok(stored) => return stored,
-            Err(e) => {
-                tracing::warn!(key, error = %e, "storing a journal record failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(JOURNAL_RETRY_MAX);
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,27 +1,18 @@
-//! The journal: what the leader stores in JetStream and how.
+//! The journal's shell beside the log (`server::log`, `server::log_store`):
 //!
-//! - `fence.rs`: every write is fenced on the leader subject
-//!   ([`Fenced`]), so a deposed leader's writes are refused;
-//! - `acks.rs`: the committer's acknowledgement inbox for records written
-//!   on their own (no request, timer or JSON decoding per write);
-//! - `committer.rs`: the committer stores each turn's records, one task's
-//!   records in order, and announces a turn only once it and every earlier
-//!   turn are stored;
-//! - `pipeline.rs`: that ordering as a pure state machine (which writes
-//!   may start, which turns may be announced), run by the committer and
-//!   by the failover simulation;
-//! - `batch.rs`: records in atomic batches, one fence check per batch
-//!   (replicated streams);
+//! - `committer.rs`: appends each group of turns as one log entry and
+//!   announces each turn once its entry, and every earlier one, is stored;
+//! - `pipeline.rs`: the per-record ordering the journal used before the
+//!   log, still run by the failover simulation (to be replaced by the log's
+//!   own, issue 35);
 //! - `dead_letters.rs`: refused submissions copied with their reason;
 //! - `purge.rs`: finished submissions dropped from the submit stream.
 
-mod acks;
-mod batch;
 mod committer;
 mod dead_letters;
-mod fence;
+#[cfg(test)]
 pub(crate) mod pipeline;
 mod purge;
 
 #[allow(unused_imports)]
-pub(in crate::server) use self::{batch::*, committer::*, dead_letters::*, fence::*, purge::*};
+pub(in crate::server) use self::{committer::*, dead_letters::*, purge::*};

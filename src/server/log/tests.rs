@@ -1,0 +1,216 @@
+//! Unit and property tests of the log: messages, the reader's order, the
+//! apply function, snapshots.
+
+use proptest::prelude::*;
+
+use super::state::{Runs, KEYED_KEPT};
+use super::*;
+use crate::core::{PoolName, TaskId, TaskState};
+use crate::server::seal::Seal;
+
+pub(crate) fn record(seq: u64, state: TaskState) -> TaskRecord {
+    TaskRecord {
+        v: crate::wire::PROTOCOL_VERSION,
+        id: TaskId(seq),
+        pool: PoolName::default(),
+        state,
+        attempts: Vec::new(),
+        output: None,
+        error: None,
+        deadline_missed: false,
+        written_at: None,
+        schedule: None,
+        scheduled_at: None,
+        key: None,
+    }
+}
+
+fn entry(epoch: u64, n: u64, items: Vec<Item>) -> Entry {
+    Entry { epoch, n, items }
+}
+
+fn takeover(epoch: u64) -> Entry {
+    entry(epoch, 0, vec![Item::Takeover { server: "s".into() }])
+}
+
+/// Every message of `entries`, sealed, in order.
+fn messages(seal: &Seal, entries: &[Entry], max: usize) -> Vec<bytes::Bytes> {
+    entries
+        .iter()
+        .flat_map(|e| pieces(e, max))
+        .map(|p| seal.seal(SEAL_KEY, p.into()))
+        .collect()
+}
+
+fn read(seal: &Seal, messages: &[bytes::Bytes]) -> (Vec<Entry>, Vec<Dropped>) {
+    let mut assembler = Assembler::default();
+    let (mut entries, mut dropped) = (Vec::new(), Vec::new());
+    for m in messages {
+        match assembler.push(seal, m) {
+            Ok(Some(e)) => entries.push(e),
+            Ok(None) => {}
+            Err(why) => dropped.push(why),
+        }
+    }
+    (entries, dropped)
+}
+
+#[test]
+fn an_entry_larger_than_a_message_is_stored_in_parts_and_read_whole() {
+    let seal = Seal::from_secret("0123456789abcdef0123456789abcdef").unwrap();
+    let mut big = record(7, TaskState::Succeeded);
+    big.output = Some(vec![42u8; 10_000].into());
+    let log = [
+        takeover(3),
+        entry(3, 1, vec![Item::Task(big)]),
+        entry(3, 2, vec![Item::Task(record(8, TaskState::Queued))]),
+    ];
+    let stored = messages(&seal, &log, 1024);
+    assert!(
+        stored.len() > 12,
+        "the large entry is cut: {}",
+        stored.len()
+    );
+    assert!(stored.iter().all(|m| m.len() <= 1024));
+    let (entries, dropped) = read(&seal, &stored);
+    assert_eq!(entries, log);
+    assert!(dropped.is_empty());
+}
+
+#[test]
+fn a_deposed_leaders_incomplete_entry_and_later_appends_are_not_the_logs() {
+    let seal = Seal::none();
+    let mut big = record(7, TaskState::Succeeded);
+    big.output = Some(vec![1u8; 4000].into());
+    let old = [takeover(3), entry(3, 1, vec![Item::Task(big)])];
+    let mut stored = messages(&seal, &old, 1024);
+    // The deposed leader's last parts never landed: the successor's
+    // takeover came first.
+    stored.truncate(stored.len() - 2);
+    stored.extend(messages(&seal, &[takeover(9)], 1024));
+    // A replay of the old leadership's first entry, and of the new one's.
+    stored.extend(messages(&seal, &old[..1], 1024));
+    stored.extend(messages(&seal, &[takeover(9)], 1024));
+    let tail = entry(9, 1, vec![Item::Task(record(8, TaskState::Succeeded))]);
+    stored.extend(messages(&seal, std::slice::from_ref(&tail), 1024));
+    let (entries, dropped) = read(&seal, &stored);
+    assert_eq!(entries, vec![old[0].clone(), takeover(9), tail]);
+    assert_eq!(dropped.len(), 2, "{dropped:?}");
+}
+
+#[test]
+fn a_message_not_sealed_with_the_storage_key_is_dropped() {
+    let seal = Seal::from_secret("0123456789abcdef0123456789abcdef").unwrap();
+    let forged = messages(&Seal::none(), &[takeover(5)], 1024);
+    let (entries, dropped) = read(&seal, &forged);
+    assert!(entries.is_empty());
+    assert!(matches!(dropped[..], [Dropped::Unreadable(_)]));
+}
+
+#[test]
+fn a_finished_task_stays_finished_until_its_submission_is_purged() {
+    let mut state = LogState::default();
+    state.apply(1, &takeover(1));
+    state.apply(
+        2,
+        &entry(
+            1,
+            1,
+            vec![
+                Item::Task(record(10, TaskState::Running)),
+                Item::Task(record(11, TaskState::Running)),
+            ],
+        ),
+    );
+    state.apply(
+        3,
+        &entry(1, 2, vec![Item::Task(record(11, TaskState::Succeeded))]),
+    );
+    assert_eq!(state.known(11), Known::Finished);
+    assert!(matches!(state.known(10), Known::Live(_)));
+    assert_eq!(state.known(12), Known::None);
+    // A record of a live attempt after the result is not taken.
+    state.apply(
+        4,
+        &entry(1, 3, vec![Item::Task(record(11, TaskState::Running))]),
+    );
+    assert_eq!(state.known(11), Known::Finished);
+    // Time passes: nothing expires. The stream is purged below 11.
+    state.prune_below(11);
+    assert_eq!(state.known(10), Known::None, "purged");
+    assert_eq!(state.known(11), Known::Finished);
+    assert_eq!(state.applied(), 4);
+}
+
+#[test]
+fn keyed_results_outlive_their_submissions_and_are_bounded() {
+    let mut state = LogState::default();
+    let mut n = 0;
+    for seq in 1..=(KEYED_KEPT as u64 + 5) {
+        n += 1;
+        let mut r = record(seq, TaskState::Succeeded);
+        r.key = Some(format!("k{seq}"));
+        state.apply(seq, &entry(1, n, vec![Item::Task(r)]));
+    }
+    state.prune_below(u64::MAX);
+    let keyed = state.keyed_finished(u64::MAX);
+    assert_eq!(keyed.len(), KEYED_KEPT);
+    assert_eq!(keyed[0].0, 6, "the oldest go first");
+    assert!(keyed[0].1.is_some(), "small: kept whole");
+    assert_eq!(state.known(KEYED_KEPT as u64 + 5), Known::Finished);
+}
+
+#[test]
+fn a_snapshot_reads_back_as_the_state_it_was_taken_of() {
+    let mut state = LogState::default();
+    state.apply(1, &takeover(4));
+    let mut keyed = record(3, TaskState::Failed);
+    keyed.key = Some("k".into());
+    let mut items = vec![Item::Task(keyed), Item::Task(record(5, TaskState::Running))];
+    items.extend((10..1000).map(|s| Item::Task(record(s, TaskState::Succeeded))));
+    state.apply(2, &entry(4, 1, items));
+    state.prune_below(2);
+    let back = LogState::from_snapshot(&state.snapshot()).unwrap();
+    assert_eq!(back, state);
+    assert_eq!(back.len(), (1, 991, 2, 1));
+    assert_eq!(back.position(), (4, Some(1)));
+}
+
+proptest! {
+    /// Runs hold exactly the sequences inserted and not pruned.
+    #[test]
+    fn runs_are_a_set(ops in proptest::collection::vec((0u64..200, any::<bool>()), 0..300)) {
+        let mut runs = Runs::default();
+        let mut model = std::collections::BTreeSet::new();
+        for (seq, prune) in ops {
+            if prune && seq % 7 == 0 {
+                runs.remove_below(seq);
+                model = model.split_off(&seq);
+            } else {
+                runs.insert(seq);
+                model.insert(seq);
+            }
+            prop_assert_eq!(runs.count(), model.len() as u64);
+        }
+        for seq in 0..200 {
+            prop_assert_eq!(runs.contains(seq), model.contains(&seq));
+        }
+    }
+
+    /// Whatever the cut, the reader gets the entries the writer appended.
+    #[test]
+    fn pieces_read_back_as_entries(sizes in proptest::collection::vec(0usize..3000, 1..8), max in 200usize..2000) {
+        let seal = Seal::none();
+        let mut log = vec![takeover(2)];
+        for (i, size) in sizes.iter().enumerate() {
+            let mut r = record(i as u64 + 1, TaskState::Succeeded);
+            r.output = Some(vec![7u8; *size].into());
+            log.push(entry(2, i as u64 + 1, vec![Item::Task(r)]));
+        }
+        let stored = messages(&seal, &log, max);
+        prop_assert!(stored.iter().all(|m| m.len() <= max));
+        let (entries, dropped) = read(&seal, &stored);
+        prop_assert!(dropped.is_empty());
+        prop_assert_eq!(entries, log);
+    }
+}
