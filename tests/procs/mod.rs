@@ -392,8 +392,14 @@ impl NatsServer {
 }
 
 /// The `cronoq` binary under test.
+/// The `cronoq` binary under test: this build's, or the one
+/// `CRONOQ_TEST_BIN` names (to run a test against an older build, and
+/// see it fail there).
 pub fn cronoq_binary() -> &'static str {
-    env!("CARGO_BIN_EXE_cronoq")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("CRONOQ_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cronoq").into())
+    })
 }
 
 /// The server config of the tests: short timeouts so a dead worker is
