@@ -706,18 +706,14 @@ async fn a_server_started_before_jetstream_is_ready_waits_for_it_and_leads() {
 /// the first task submitted after it succeeding is printed (not asserted:
 /// no test depends on wall-clock speed).
 ///
-/// Open (ignored until fixed): on the code of 2026-12-07 it still fails — epoch
-/// 1 → 5, the first task 6-8 s after the kill. The renewals go
-/// unacknowledged while the stream elects a leader, the right to act runs
-/// out, and `leadership::Tenure::check` steps the driver down; the server
-/// then leads again and reads the journal cold. The fix: pause the driver
-/// (act on nothing) instead of stopping it while renewals cannot be
-/// stored, renew on the same fence when the stream is back (giving up only
-/// when the compare-and-set says another server wrote), shift the lease
-/// and worker-silence deadlines by the pause, and make a standby start its
-/// count again after it could not read the leader subject.
+/// Fixed: while renewals cannot be stored the leadership acts on nothing
+/// (`leadership::Tenure::wait`) and keeps renewing on the same fence,
+/// giving up only when the compare-and-set finds another server's record;
+/// once a renewal is stored the driver forgives the pause (leases and
+/// worker silence counted from then, `Driver::forgive_pause`), and a
+/// standby counts the leader's silence again after it could not read the
+/// leader subject (`election::Standby::could_not_read`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 34 finding 14, open: see the doc comment"]
 async fn losing_the_node_that_leads_the_results_stream_costs_no_leadership() {
     let dir = scratch("nats-cluster-results");
     let dir_path = dir.path().to_path_buf();

@@ -100,6 +100,13 @@ impl Standby {
     pub fn lost_race(&mut self) {
         self.last = None;
     }
+
+    /// The leader record could not be read: its silence is counted again
+    /// from the next read (the stream may be electing a leader, and the
+    /// leader's renewals wait for it too).
+    pub fn could_not_read(&mut self) {
+        self.last = None;
+    }
 }
 
 /// The leader's rule: it may act (lease, reply, write, look at its
@@ -452,7 +459,14 @@ impl Election {
                         }
                     }
                 }
-                Err(e) => tracing::debug!(error = %e, "cannot read the leader record yet"),
+                Err(e) => {
+                    // The stream may be electing a leader of its own, and
+                    // the leader's renewals wait for it too: count its
+                    // silence again from when it can be read (issue 34,
+                    // finding 14).
+                    standby.could_not_read();
+                    tracing::debug!(error = %e, "cannot read the leader record yet")
+                }
             }
             tokio::time::sleep(poll).await;
         }
@@ -496,17 +510,29 @@ impl Election {
                 Write::Lost => {
                     // A renewal of ours stored without its acknowledgement
                     // (lost with a NATS restart) moved the subject.
-                    if self.reclaim_fence(epoch, expected).await {
-                        wait = Duration::ZERO;
-                        continue;
+                    match self.reclaim(epoch, expected).await {
+                        Some(true) => {
+                            wait = Duration::ZERO;
+                            continue;
+                        }
+                        Some(false) => return "another server took over".into(),
+                        // Not readable now: not an answer (issue 34,
+                        // finding 14). Asked again.
+                        None => wait = (every / 8).max(Duration::from_millis(10)),
                     }
-                    return "another server took over".into();
                 }
+                // Not stored, and nobody else's either: the leadership
+                // goes on renewing, acting on nothing meanwhile once the
+                // right to act lapsed (`leadership::Tenure::wait`), until
+                // a renewal is stored or another server's record is found
+                // (issue 34, finding 14: a stream electing its leader
+                // answers nothing for seconds).
                 Write::Failed(e) => {
-                    if !renewed.may_act(self.timeout) {
-                        return format!("could not renew within the election timeout: {e}");
+                    if renewed.may_act(self.timeout) {
+                        tracing::warn!(error = %e, "renewing leadership failed; retrying");
+                    } else {
+                        tracing::debug!(error = %e, "renewing leadership failed; retrying");
                     }
-                    tracing::warn!(error = %e, "renewing leadership failed; retrying");
                     wait = (every / 8).max(Duration::from_millis(10));
                 }
             }
@@ -521,9 +547,13 @@ impl Election {
     /// to that record's sequence (unless it moved meanwhile) and the
     /// caller tries again. The right to act is not extended: only a
     /// renewal whose send time is known does that.
-    pub(crate) async fn reclaim_fence(&self, epoch: u64, expected: u64) -> bool {
-        match self.observe().await {
-            Ok(o) if o.epoch() == epoch && self.is_own_live(&o) => {
+    async fn reclaim(&self, epoch: u64, expected: u64) -> Option<bool> {
+        let observed = match self.observe().await {
+            Ok(o) => o,
+            Err(_) => return None,
+        };
+        Some(match observed {
+            o if o.epoch() == epoch && self.is_own_live(&o) => {
                 let _ = self.fence.compare_exchange(
                     expected,
                     o.seq.max(expected),
@@ -534,7 +564,7 @@ impl Election {
                 fence != 0 && fence != expected
             }
             _ => false,
-        }
+        })
     }
 
     /// Hands over: followers take over at their next poll.

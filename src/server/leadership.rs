@@ -375,15 +375,37 @@ impl Tenure {
         self.renewed.may_act(self.timeout)
     }
 
-    /// `valid`, and if not, the driver steps down (acts on nothing more;
-    /// the election loop sees the driver stop and stands by).
-    pub(super) fn check(&self, driver: &mut Driver) -> bool {
+    /// Returns once the leadership may act. While it may not (its last
+    /// stored renewal is older than the election timeout allows), the
+    /// driver acts on nothing: it waits. Either a renewal is stored again
+    /// — a compare-and-set on the leader record, so nobody else led
+    /// meanwhile — and the driver goes on, forgiving the pause
+    /// ([`Driver::forgive_pause`]); or the renewal loop finds another
+    /// server leading, and the leadership is stopped (this task with it).
+    pub(super) async fn wait(&self, driver: &mut Driver) {
         if self.valid() {
-            return true;
+            return;
         }
-        tracing::warn!("leadership not renewed in time: acting on nothing more; the driver stops");
-        driver.step_down();
-        false
+        let paused = std::time::Instant::now();
+        tracing::warn!(
+            "leadership not renewed in time: acting on nothing until a renewal is stored"
+        );
+        while !self.valid() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tracing::warn!(
+            paused_ms = paused.elapsed().as_millis() as u64,
+            "leadership renewed again: going on"
+        );
+        driver.forgive_pause(wall_now());
+    }
+
+    /// [`Tenure::valid`], waited for (a turn's announcements wait while
+    /// the leadership may not act).
+    pub(super) async fn wait_valid(&self) {
+        while !self.valid() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 

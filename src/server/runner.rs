@@ -35,6 +35,9 @@ pub(super) async fn drive(
     // Each turn's outputs, in a buffer kept from turn to turn.
     let mut outputs: Vec<Output> = Vec::new();
     loop {
+        // Before every turn: a pause (SIGSTOP, a stalled VM, renewals
+        // that cannot be stored) can fall between any two.
+        tenure.wait(&mut driver).await;
         let now = wall_now();
         beat.store(now.0, Ordering::Relaxed);
         let input = match inputs.try_recv() {
@@ -67,16 +70,10 @@ pub(super) async fn drive(
         if let Some(input) = input {
             // The right to act is judged before every input: a pause
             // (SIGSTOP, a stalled VM) can fall between any two.
-            if !feed(&mut driver, &tenure, input) {
-                return;
-            }
+            feed(&mut driver, &tenure, input).await;
             for _ in 0..1024 {
                 match inputs.try_recv() {
-                    Ok(input) => {
-                        if !feed(&mut driver, &tenure, input) {
-                            return;
-                        }
-                    }
+                    Ok(input) => feed(&mut driver, &tenure, input).await,
                     Err(_) => break,
                 }
             }
@@ -84,9 +81,7 @@ pub(super) async fn drive(
         // Before the timers too: a leader resumed after a pause past the
         // election timeout finds every worker silent and every lease
         // expired, and must not act on that (a successor leads).
-        if !tenure.check(&mut driver) {
-            return;
-        }
+        tenure.wait(&mut driver).await;
         let now = wall_now();
         if now >= last_housekeeping.plus(housekeeping_every)
             || driver.next_wakeup().is_some_and(|w| w <= now)
@@ -99,9 +94,7 @@ pub(super) async fn drive(
             }
             last_housekeeping = now;
         }
-        if !tenure.check(&mut driver) {
-            return;
-        }
+        tenure.wait(&mut driver).await;
         driver.take_outputs_into(&mut outputs);
         // Sized once: the turn's vectors go to the committer with it.
         let records = outputs.iter().filter(|o| is_record(o)).count();
@@ -190,15 +183,13 @@ fn is_record(output: &Output) -> bool {
     )
 }
 
-/// Hands `input` to the driver, the right to act judged first; a batch's
-/// inputs in order, judged and stamped once for the batch (handed over at
-/// one moment, they only fill the driver's memory: what the driver sends
-/// is judged again before the turn's outputs go out). False once that
-/// right is lost.
-fn feed(driver: &mut Driver, tenure: &Tenure, input: Input) -> bool {
-    if !tenure.check(driver) {
-        return false;
-    }
+/// Hands `input` to the driver, the right to act judged first (waited
+/// for while it lapsed); a batch's inputs in order, judged and stamped
+/// once for the batch (handed over at one moment, they only fill the
+/// driver's memory: what the driver sends is judged again before the
+/// turn's outputs go out).
+async fn feed(driver: &mut Driver, tenure: &Tenure, input: Input) {
+    tenure.wait(driver).await;
     let now = wall_now();
     match input {
         Input::Batch(inputs) => {
@@ -208,7 +199,6 @@ fn feed(driver: &mut Driver, tenure: &Tenure, input: Input) -> bool {
         }
         input => handle_guarded(driver, now, input),
     }
-    true
 }
 
 /// Hands one input to the driver. A panic (a bug: every input is checked)

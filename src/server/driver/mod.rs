@@ -300,10 +300,43 @@ impl Driver {
     /// are dropped unanswered (their responders with them), timers are
     /// not looked at (a paused leader would otherwise find every worker
     /// silent and remove it), and nothing queued goes out.
+    #[cfg(test)]
     pub(crate) fn step_down(&mut self) {
         self.deposed = true;
         self.out.clear();
         self.dirty.clear();
+    }
+
+    /// The leadership could not renew for a while and acted on nothing
+    /// (issue 34, finding 14: the NATS node leading the results stream
+    /// was lost, and no renewal could be stored until the stream elected
+    /// another), and now renewed again: nobody else led meanwhile. What
+    /// the pause made look overdue is not: every worker counts as heard
+    /// from at `now`, every lease runs at least a time to live from `now`,
+    /// and parked attempts wait at least the re-attach grace again (a
+    /// worker that gave its attempt up meanwhile stops renewing, and the
+    /// lease expires as usual).
+    pub(crate) fn forgive_pause(&mut self, now: Millis) {
+        let ids: Vec<String> = self.workers.keys().cloned().collect();
+        for id in ids {
+            self.touch(&id, now);
+        }
+        let floor = now.plus(self.settings.lease_ttl);
+        let late: Vec<TaskId> = self
+            .lease_deadlines
+            .iter()
+            .take_while(|(at, _)| *at < floor)
+            .map(|(_, task)| *task)
+            .collect();
+        for task in late {
+            if let Some(mut lease) = self.drop_lease(task) {
+                lease.expires = floor;
+                self.put_lease(task, lease);
+            }
+        }
+        self.reattach_until = self
+            .reattach_until
+            .max(now.plus(self.settings.reattach_grace));
     }
 
     /// Whether [`Driver::step_down`] was called.

@@ -312,10 +312,10 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
         mut announce,
         terminal,
     } = released;
-    if !ctx.tenure.valid() {
-        tracing::warn!("leadership not renewed in time: announcing nothing more");
-        return false;
-    }
+    // Stored, but announced only while the leadership may act: after a
+    // pause, once a renewal is stored again (else the leadership is
+    // stopped, this task with it).
+    ctx.tenure.wait_valid().await;
     if !terminal.is_empty() {
         let mut pending = ctx.pending.lock().unwrap_or_else(|e| e.into_inner());
         for seq in terminal {

@@ -1156,6 +1156,28 @@ fn a_lease_lives_its_ttl_from_when_it_was_sent() {
     assert_eq!(status.attempts[0].error.as_deref(), Some("lease expired"));
 }
 
+/// Issue 34, finding 14: a leadership that could not renew for a while
+/// (a stream electing its leader) acted on nothing; once renewed, what the
+/// pause made look overdue is not: the running attempt's lease and its
+/// worker are counted from the end of the pause.
+#[test]
+fn a_pause_the_leadership_survived_expires_no_lease_and_no_worker() {
+    let mut d = driver();
+    register(&mut d, "a", "", 1);
+    submit(&mut d, 1, 1, "");
+    assert_eq!(leases(&mut d).len(), 1);
+    d.handle(Millis(0), Input::LeasesSent(vec![(TaskId(1), 1)]));
+    // 30 s of pause: past the lease's ttl (10 s) and the worker's timeout.
+    d.forgive_pause(Millis(30_000));
+    d.housekeeping(Millis(30_000));
+    assert_eq!(d.status(TaskId(1)).unwrap().state, TaskState::Running);
+    assert_eq!(d.snapshot(Millis(30_000)).workers.len(), 1);
+    // Nothing renewed after it: the lease expires a ttl after the pause.
+    d.housekeeping(Millis(45_000));
+    let status = d.status(TaskId(1)).unwrap();
+    assert_ne!(status.state, TaskState::Running);
+}
+
 /// The results bucket's max age expires every record, the newest of a
 /// key too: a live task's record is written again every
 /// `record_refresh`, so an attempt that runs longer than `results_ttl`
