@@ -214,6 +214,7 @@ impl Sim {
                         epoch: if takeover { 0 } else { epoch },
                         resigned: false,
                         instance: self.servers[i].id.clone(),
+                        renewal: 0,
                         seal: None,
                     });
                     Some(seq)

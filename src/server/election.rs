@@ -53,6 +53,9 @@ use crate::core::Millis;
 pub struct Standby {
     /// The sequence seen last and when it was first seen (own clock).
     last: Option<(u64, Millis)>,
+    /// The highest record count seen of each writing process (the newest
+    /// few): a record at or below it is a replay.
+    newest: std::collections::BTreeMap<String, u64>,
 }
 
 impl Standby {
@@ -67,7 +70,7 @@ impl Standby {
     /// ```
     /// use cronoq::core::Millis;
     /// use cronoq::server::election::{LeaderRecord, Observed, Standby};
-    /// let rec = |id: &str| Some(LeaderRecord { id: "s".into(), http: String::new(), epoch: 3, resigned: false, instance: id.into(), seal: None });
+    /// let rec = |id: &str| Some(LeaderRecord { id: "s".into(), http: String::new(), epoch: 3, resigned: false, instance: id.into(), renewal: 0, seal: None });
     /// let mut s = Standby::default();
     /// let seen = Observed { seq: 9, record: rec("a") };
     /// assert_eq!(s.consider(Millis(0), Millis(750), &seen, "b"), None);
@@ -81,6 +84,16 @@ impl Standby {
         observed: &Observed,
         me: &str,
     ) -> Option<u64> {
+        let replay = self.replayed(observed);
+        if let Some(r) = observed.record.as_ref().filter(|r| r.renewal > 0 && !replay) {
+            self.newest.insert(r.instance.clone(), r.renewal);
+            if self.newest.len() > 16 {
+                let oldest = self.newest.iter().min_by_key(|(_, n)| **n).map(|(i, _)| i.clone());
+                if let Some(oldest) = oldest.filter(|o| *o != r.instance) {
+                    self.newest.remove(&oldest);
+                }
+            }
+        }
         let stale = match (&observed.record, self.last) {
             (None, _) => true,
             (Some(r), _) if r.resigned => true,
@@ -88,12 +101,27 @@ impl Standby {
             // renewal): take it back now.
             (Some(r), _) if !me.is_empty() && r.instance == me => true,
             (Some(_), Some((seq, since))) if seq == observed.seq => now >= since.plus(timeout),
+            // A genuine record published again (issue 34, finding 9): the
+            // subject moved, nobody renewed. Counted from before it; the
+            // takeover expects its sequence.
+            (Some(_), Some((_, since))) if replay => {
+                self.last = Some((observed.seq, since));
+                now >= since.plus(timeout)
+            }
             _ => {
                 self.last = Some((observed.seq, now));
                 false
             }
         };
         stale.then_some(observed.seq)
+    }
+
+    /// Whether `observed` repeats a record this standby has seen its
+    /// writer surpass (or seen itself): a replay, not a renewal.
+    pub fn replayed(&self, observed: &Observed) -> bool {
+        observed.record.as_ref().is_some_and(|r| {
+            r.renewal > 0 && self.newest.get(&r.instance).is_some_and(|&n| r.renewal <= n)
+        })
     }
 
     /// Another server's write came first: start counting again.
@@ -152,6 +180,11 @@ pub struct LeaderRecord {
     /// with the same server id (a mistake) are still told apart.
     #[serde(default)]
     pub instance: String,
+    /// The writing process's count of its records (from 1; 0 from servers
+    /// before issue 34): a record whose count its process already
+    /// surpassed is a replay, not a renewal (finding 9).
+    #[serde(default)]
+    pub renewal: u64,
     /// The servers' storage seal over the fields above
     /// ([`super::seal`]); with a storage key set, a record without the
     /// right one is no record at all.
@@ -166,7 +199,7 @@ impl LeaderRecord {
             self.seal.as_deref(),
             &self.id,
             &self.instance,
-            self.epoch,
+            (self.epoch, self.renewal),
             self.resigned,
             &self.http,
         )
@@ -205,7 +238,7 @@ impl Observed {
     /// let forged: LeaderRecord = serde_json::from_str(r#"{"id":"evil","epoch":99999999}"#).unwrap();
     /// let o = Observed { seq: 12, record: Some(forged) };
     /// assert!(o.not_genuine().is_some());
-    /// let real = LeaderRecord { id: "s1".into(), http: String::new(), epoch: 9, resigned: false, instance: "0123456789abcdef".into(), seal: None };
+    /// let real = LeaderRecord { id: "s1".into(), http: String::new(), epoch: 9, resigned: false, instance: "0123456789abcdef".into(), renewal: 0, seal: None };
     /// assert_eq!(Observed { seq: 12, record: Some(real) }.not_genuine(), None);
     /// ```
     pub fn not_genuine(&self) -> Option<String> {
@@ -273,6 +306,9 @@ pub(crate) struct Election {
     /// The servers' storage key: seals this process's records, and a
     /// record not sealed with it is none.
     seal: super::seal::Seal,
+    /// Records this process wrote (each carries its count: a replay of an
+    /// older one is told from a renewal).
+    written: Arc<AtomicU64>,
 }
 
 /// The header pair that fences a write on `subject`'s last sequence.
@@ -304,6 +340,7 @@ impl Election {
             timeout,
             fence: Arc::new(AtomicU64::new(0)),
             seal: super::seal::Seal::none(),
+            written: Arc::default(),
         }
     }
 
@@ -316,17 +353,23 @@ impl Election {
 
     /// A record of this process (epoch 0: a takeover).
     fn record(&self, epoch: u64, resigned: bool) -> LeaderRecord {
+        let renewal = self.written.fetch_add(1, Ordering::SeqCst) + 1;
         let mut record = LeaderRecord {
             id: self.server_id.clone(),
             http: self.http.clone(),
             epoch,
             resigned,
             instance: self.instance.clone(),
+            renewal,
             seal: None,
         };
-        record.seal =
-            self.seal
-                .leader_seal(&record.id, &record.instance, epoch, resigned, &record.http);
+        record.seal = self.seal.leader_seal(
+            &record.id,
+            &record.instance,
+            (epoch, renewal),
+            resigned,
+            &record.http,
+        );
         record
     }
 
@@ -417,9 +460,10 @@ impl Election {
         loop {
             match self.observe().await {
                 Ok(observed) => {
+                    let replay = standby.replayed(&observed);
                     seen.send_modify(|last| {
                         let since = match last {
-                            Some(l) if l.observed.seq == observed.seq => l.since,
+                            Some(l) if l.observed.seq == observed.seq || replay => l.since,
                             _ => Instant::now(),
                         };
                         *last = observed.record.is_some().then(|| Seen {
@@ -476,7 +520,6 @@ impl Election {
     /// gets the instant of every successful renewal.
     pub(crate) async fn hold(&self, epoch: u64, renewed: &AtomicInstant) -> String {
         let every = (self.timeout / 4).max(Duration::from_millis(10));
-        let record = self.record(epoch, false);
         // The first renewal goes out at once: it carries the epoch, and
         // workers that see it re-register with this leader now.
         let mut wait = Duration::ZERO;
@@ -493,6 +536,7 @@ impl Election {
             // asked again. Had the write been stored after all, the next
             // one is refused as "wrong last sequence" and the fence is
             // reclaimed (below).
+            let record = self.record(epoch, false);
             let write = tokio::time::timeout(every, self.write(expected, &record)).await;
             let write = write.unwrap_or_else(|_| {
                 Write::Failed(format!(
@@ -649,6 +693,7 @@ mod tests {
             epoch: 3,
             resigned: false,
             instance: instance.into(),
+            renewal: 0,
             seal: None,
         })
     }
@@ -680,6 +725,33 @@ mod tests {
             record: record("s1", ""),
         };
         assert_eq!(s.consider(Millis(752), timeout, &old, ""), None);
+    }
+
+    /// Issue 34, finding 9: a dead leader's genuine (sealed) record
+    /// published again and again moves the subject, but it is no renewal:
+    /// the standby counts the silence from the last real one and takes
+    /// over after the timeout (expecting the replay's sequence). A real
+    /// renewal (a higher count) resets the count as before.
+    #[test]
+    fn a_replayed_leader_record_is_not_a_renewal() {
+        let timeout = Millis(750);
+        let mut s = Standby::default();
+        let at = |seq: u64, renewal: u64| Observed {
+            seq,
+            record: record("s1", "dead").map(|r| LeaderRecord { renewal, ..r }),
+        };
+        assert_eq!(s.consider(Millis(0), timeout, &at(5, 7), "me"), None);
+        // Replays of renewal 7 every 500 ms under new sequences.
+        assert_eq!(s.consider(Millis(500), timeout, &at(6, 7), "me"), None);
+        assert!(s.replayed(&at(7, 7)));
+        assert_eq!(s.consider(Millis(1_000), timeout, &at(7, 7), "me"), Some(7));
+        // A real renewal counts as one.
+        let mut s = Standby::default();
+        assert_eq!(s.consider(Millis(0), timeout, &at(5, 7), "me"), None);
+        assert_eq!(s.consider(Millis(500), timeout, &at(6, 8), "me"), None);
+        assert_eq!(s.consider(Millis(1_000), timeout, &at(7, 9), "me"), None);
+        assert_eq!(s.consider(Millis(1_749), timeout, &at(7, 9), "me"), None);
+        assert_eq!(s.consider(Millis(1_750), timeout, &at(7, 9), "me"), Some(7));
     }
 
     /// A graceful stop while a renewal is in flight: the renewal lands

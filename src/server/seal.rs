@@ -185,12 +185,16 @@ impl Seal {
         &self,
         id: &str,
         instance: &str,
-        epoch: u64,
+        (epoch, renewal): (u64, u64),
         resigned: bool,
         http: &str,
     ) -> Option<String> {
         let key = self.key.as_ref()?;
-        let text = format!("{id}\n{instance}\n{epoch}\n{resigned}\n{http}");
+        let mut text = format!("{id}\n{instance}\n{epoch}\n{resigned}\n{http}");
+        // Records of servers before the count have none (the same text).
+        if renewal > 0 {
+            text.push_str(&format!("\n{renewal}"));
+        }
         let mac = Seal::mac(key, "_leader", text.as_bytes());
         Some(crate::auth::hex(&mac))
     }
@@ -202,7 +206,7 @@ impl Seal {
         seal: Option<&str>,
         id: &str,
         instance: &str,
-        epoch: u64,
+        epoch: (u64, u64),
         resigned: bool,
         http: &str,
     ) -> bool {
@@ -335,12 +339,12 @@ mod tests {
     #[test]
     fn a_leader_record_seal_covers_its_fields() {
         let seal = Seal::from_secret(SECRET).unwrap();
-        let s = seal.leader_seal("s1", "i", 5, false, "h");
-        assert!(seal.leader_ok(s.as_deref(), "s1", "i", 5, false, "h"));
-        assert!(!seal.leader_ok(s.as_deref(), "evil", "i", 5, false, "h"));
-        assert!(!seal.leader_ok(s.as_deref(), "s1", "i", 99_999_999, false, "h"));
-        assert!(!seal.leader_ok(None, "s1", "i", 5, false, "h"));
-        assert!(Seal::none().leader_ok(None, "evil", "", 1, false, ""));
+        let s = seal.leader_seal("s1", "i", (5, 0), false, "h");
+        assert!(seal.leader_ok(s.as_deref(), "s1", "i", (5, 0), false, "h"));
+        assert!(!seal.leader_ok(s.as_deref(), "evil", "i", (5, 0), false, "h"));
+        assert!(!seal.leader_ok(s.as_deref(), "s1", "i", (99_999_999, 0), false, "h"));
+        assert!(!seal.leader_ok(None, "s1", "i", (5, 0), false, "h"));
+        assert!(Seal::none().leader_ok(None, "evil", "", (1, 0), false, ""));
     }
 
     /// A fire's seal covers every field the leader takes from it: change
@@ -410,7 +414,7 @@ mod tests {
         assert!(!seal.fire_ok("", &fire));
         assert!(!seal.fire_ok(&good[..63], &fire));
         // Not a stored value's MAC: the domains differ.
-        assert_ne!(good, seal.leader_seal("s1", "i", 5, false, "h").unwrap(),);
+        assert_ne!(good, seal.leader_seal("s1", "i", (5, 0), false, "h").unwrap(),);
     }
 
     #[test]
