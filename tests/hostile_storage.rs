@@ -187,3 +187,58 @@ async fn a_forged_leader_record_is_followed_by_nobody() {
     assert_eq!(c.succeeded(id).await, "after-forgery on [] by cpu");
     standby.kill9();
 }
+
+/// Issue 34, finding 9 (on an open NATS): the probe took the dead
+/// leader's last *genuine* record (sealed, so believed) and published it
+/// again every 0.5 s after `kill -9` of the leader; the standby saw the
+/// subject move, counted it as renewals, and the cluster stayed leaderless
+/// (one `/readyz` answered 200 "follower of" the dead server). A record
+/// now carries its writer's count: a replay is no renewal, and the
+/// standby takes over while the replays go on.
+#[tokio::test]
+async fn a_dead_leaders_replayed_record_does_not_keep_the_cluster_leaderless() {
+    let mut c = Cluster::start_with_env(&config(), &[KEY_ENV], &[("cpu", "", 1)]).await;
+    let mut standby =
+        CronoqServer::start_configured(&c.nats, c.dir.path(), &config(), &[KEY_ENV], false).await;
+    let nats = async_nats::connect(c.nats_url()).await.unwrap();
+    let js = async_nats::jetstream::new(nats);
+    let stream = js.get_stream("KV_CRONOQ_RESULTS").await.unwrap();
+    let genuine = stream
+        .get_last_raw_message_by_subject("$KV.CRONOQ_RESULTS._leader")
+        .await
+        .expect("the leader's record")
+        .payload;
+    let dead = c.server.id().to_string();
+    c.server.kill9();
+    let replaying = tokio::spawn({
+        let js = js.clone();
+        async move {
+            loop {
+                let _ = js
+                    .publish("$KV.CRONOQ_RESULTS._leader", genuine.clone())
+                    .await;
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    });
+    let addr = standby
+        .http_url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    procs::eventually("the standby to lead despite the replays", || async {
+        match procs::readyz(addr).await {
+            Some(h) if h.ready && h.detail.starts_with("leader") => Ok(()),
+            Some(h) if h.ready && h.detail.contains(&dead) => Err(format!(
+                "ready as a follower of the dead leader: {}",
+                h.detail
+            )),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    replaying.abort();
+    std::mem::swap(&mut c.server, &mut standby);
+    let id = c.submit_payload("after-replays", "").await;
+    assert_eq!(c.succeeded(id).await, "after-replays on [] by cpu");
+}

@@ -85,10 +85,18 @@ impl Standby {
         me: &str,
     ) -> Option<u64> {
         let replay = self.replayed(observed);
-        if let Some(r) = observed.record.as_ref().filter(|r| r.renewal > 0 && !replay) {
+        if let Some(r) = observed
+            .record
+            .as_ref()
+            .filter(|r| r.renewal > 0 && !replay)
+        {
             self.newest.insert(r.instance.clone(), r.renewal);
             if self.newest.len() > 16 {
-                let oldest = self.newest.iter().min_by_key(|(_, n)| **n).map(|(i, _)| i.clone());
+                let oldest = self
+                    .newest
+                    .iter()
+                    .min_by_key(|(_, n)| **n)
+                    .map(|(i, _)| i.clone());
                 if let Some(oldest) = oldest.filter(|o| *o != r.instance) {
                     self.newest.remove(&oldest);
                 }
@@ -120,7 +128,11 @@ impl Standby {
     /// writer surpass (or seen itself): a replay, not a renewal.
     pub fn replayed(&self, observed: &Observed) -> bool {
         observed.record.as_ref().is_some_and(|r| {
-            r.renewal > 0 && self.newest.get(&r.instance).is_some_and(|&n| r.renewal <= n)
+            r.renewal > 0
+                && self
+                    .newest
+                    .get(&r.instance)
+                    .is_some_and(|&n| r.renewal <= n)
         })
     }
 

@@ -414,7 +414,10 @@ mod tests {
         assert!(!seal.fire_ok("", &fire));
         assert!(!seal.fire_ok(&good[..63], &fire));
         // Not a stored value's MAC: the domains differ.
-        assert_ne!(good, seal.leader_seal("s1", "i", (5, 0), false, "h").unwrap(),);
+        assert_ne!(
+            good,
+            seal.leader_seal("s1", "i", (5, 0), false, "h").unwrap(),
+        );
     }
 
     #[test]
