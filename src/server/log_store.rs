@@ -669,26 +669,9 @@ impl Appender {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{PoolName, TaskId, TaskState};
+    use crate::core::TaskState;
+    use crate::server::log::tests::record;
     use crate::server::log::Known;
-    use crate::wire::TaskRecord;
-
-    fn record(seq: u64, state: TaskState) -> TaskRecord {
-        TaskRecord {
-            v: crate::wire::PROTOCOL_VERSION,
-            id: TaskId(seq),
-            pool: PoolName::default(),
-            state,
-            attempts: Vec::new(),
-            output: None,
-            error: None,
-            deadline_missed: false,
-            written_at: None,
-            schedule: None,
-            scheduled_at: None,
-            key: None,
-        }
-    }
 
     async fn store(url: &str, seal: Seal) -> LogStore {
         let client = async_nats::connect(url).await.unwrap();

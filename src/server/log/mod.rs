@@ -221,4 +221,4 @@ impl Assembler {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
