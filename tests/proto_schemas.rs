@@ -188,6 +188,12 @@ fn submits() -> Vec<Submit> {
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         schedule: None,
         scheduled_at: None,
+        fairness_key: Some("team-a".into()),
+        fairness_weight: Some(3),
+        concurrency_key: Some("deploy-prod".into()),
+        concurrency_limit: Some(1),
+        concurrency_policy: Some("cancel_running".into()),
+        preemptible: Some(false),
     };
     // A schedule's fire, as the leader publishes it (sealed in headers).
     let fire = Submit {

@@ -321,7 +321,11 @@ class Scheduler(ScheduleCalls):
         Options: ``pool`` (default ``"default"``), ``labels``,
         ``priority``, ``deadline``, ``start_at``, ``tolerance``,
         ``max_attempts``, ``idempotency_key``, ``attempt_timeout``,
-        ``est_runtime``, ``backoff=(initial, max)``.
+        ``est_runtime``, ``backoff=(initial, max)``; sharing a pool
+        (SPEC §9): ``fairness_key``, ``fairness_weight``,
+        ``concurrency_key``, ``concurrency_limit``, ``concurrency_policy``
+        (``"queue"``, ``"replace_waiting"``, ``"cancel_running"``,
+        ``"skip"``), ``preemptible``.
         """
         pump = self._pump
         if _get_running_loop() is not pump.loop:
