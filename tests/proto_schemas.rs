@@ -424,16 +424,21 @@ fn reports_reply() -> AttemptReportsReply {
 }
 
 fn revokes() -> Vec<Revoke> {
-    [RevokeReason::Cancelled, RevokeReason::Timeout]
-        .into_iter()
-        .map(|reason| Revoke {
-            v: PROTOCOL_VERSION,
-            task_id: TaskId(42),
-            attempt: 1,
-            epoch: 7,
-            reason,
-        })
-        .collect()
+    [
+        RevokeReason::Cancelled,
+        RevokeReason::Timeout,
+        RevokeReason::Preempted,
+    ]
+    .into_iter()
+    .map(|reason| Revoke {
+        v: PROTOCOL_VERSION,
+        task_id: TaskId(42),
+        attempt: 1,
+        epoch: 7,
+        reason,
+        grace: (reason == RevokeReason::Preempted).then_some(Millis(30_000)),
+    })
+    .collect()
 }
 
 fn task_events() -> Vec<TaskEvent> {
