@@ -298,7 +298,10 @@ class Scheduler(ScheduleCalls):
     def configure_pool(self, pool: str, **settings: Any) -> None:
         """Pool settings: ``max_attempts``, ``urgency_window``, ``max_bypass``,
         ``reservation_lead``, ``on_miss`` (``"skip"``/``"run"``),
-        ``autoscale_min``, ``autoscale_max``, ``backoff=(initial, max)``.
+        ``autoscale_min``, ``autoscale_max``, ``backoff=(initial, max)``;
+        sharing the pool (SPEC §9): ``fairness={key: weight}``,
+        ``quotas=[{"key", "labels", "max_running"}]``, ``preemption``
+        (``"off"``/``"priority"``), ``preemption_grace``.
         Settings not given take their defaults."""
         self._native.configure_pool(pool, **settings)
 

@@ -173,6 +173,10 @@ class Scheduler(ScheduleCalls):
         autoscale_min: int = ...,
         autoscale_max: int = ...,
         backoff: Tuple[Duration, Duration] = ...,
+        fairness: Dict[str, int] = ...,
+        quotas: List[Dict[str, Any]] = ...,
+        preemption: Literal["off", "priority"] = ...,
+        preemption_grace: Duration = ...,
     ) -> None: ...
     def executor(self, pool: str) -> Callable[[F], F]: ...
     def submit(

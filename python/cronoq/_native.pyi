@@ -78,7 +78,8 @@ class TaskStatus:
     @property
     def reason(self) -> Optional[str]:
         """Why it waits: ``"no_group_matches"``, ``"groups_full"``,
-        ``"held_for_reservation"``, ``"backoff"``, ``"scheduled"``."""
+        ``"held_for_reservation"``, ``"backoff"``, ``"scheduled"``,
+        ``"quota"``, ``"concurrency"``."""
     @property
     def done(self) -> bool: ...
     @property
