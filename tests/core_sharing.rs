@@ -1060,3 +1060,39 @@ fn starvation_a_flood_of_one_key_does_not_hold_back_another() {
         "{late:?} did not start within the next 20 starts: {next_starts:?}"
     );
 }
+
+/// The snapshot lists a pool's busiest 1,000 fairness keys, then one
+/// `_other` row summing the rest (so totals stay whole and /metrics stays
+/// bounded).
+#[test]
+fn snapshot_lists_the_busiest_keys_then_the_rest_as_other() {
+    use cronoq::core::{Millis, MAX_KEY_ROWS, OTHER_KEYS};
+    let mut core = cronoq::core::Core::new();
+    let pool = pool("p");
+    core.handle(
+        Millis(0),
+        Event::CapacitySet {
+            pool: pool.clone(),
+            labels: Labels::new(),
+            slots: 1,
+        },
+    )
+    .unwrap();
+    let n = MAX_KEY_ROWS as u64 + 5;
+    for id in 1..=n {
+        let spec = TaskSpec {
+            fairness_key: Some(format!("k{id:05}")),
+            ..TaskSpec::new(TaskId(id), pool.clone())
+        };
+        core.handle(Millis(0), Event::Submitted(spec)).unwrap();
+    }
+    let snap = core.snapshot();
+    let keys = &snap.pools[0].fairness_keys;
+    assert_eq!(keys.len(), MAX_KEY_ROWS + 1);
+    assert!(snap.truncated);
+    let other = keys.last().unwrap();
+    assert_eq!(other.key, OTHER_KEYS);
+    let total: u64 = keys.iter().map(|k| k.running + k.waiting).sum();
+    assert_eq!(total, n);
+    assert_eq!(other.running + other.waiting, 5);
+}

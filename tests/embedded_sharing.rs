@@ -188,6 +188,17 @@ async fn concurrency_queue_waits_with_reason_concurrency_and_blocks_nobody() {
         status(&sched, second.id()),
         (TaskState::Queued, Some(WaitReason::Concurrency))
     );
+    assert_eq!(
+        sched.task(second.id()).unwrap().reason_key.as_deref(),
+        Some("deploy")
+    );
+    let snap = sched.snapshot();
+    let pool = snap.pools.iter().find(|p| p.name.as_str() == POOL).unwrap();
+    let row = &pool.concurrency_keys[0];
+    assert_eq!(
+        (row.key.as_str(), row.running, row.waiting, row.limit),
+        ("deploy", 1, 1, Some(1))
+    );
     gates.open("d1");
     gates.open("d2");
     gates.open("other");
@@ -274,6 +285,29 @@ async fn a_key_at_its_quota_waits_with_reason_quota_and_blocks_nobody() {
         status(&sched, b2.id()),
         (TaskState::Queued, Some(WaitReason::Quota))
     );
+    // Why-waiting names the key; the snapshot and /metrics show the keys.
+    let waiting = sched.task(b2.id()).unwrap();
+    assert_eq!(waiting.reason_key.as_deref(), Some("team-b"));
+    let snap = sched.snapshot();
+    let pool = snap.pools.iter().find(|p| p.name.as_str() == POOL).unwrap();
+    let b = pool
+        .fairness_keys
+        .iter()
+        .find(|k| k.key == "team-b")
+        .unwrap();
+    assert_eq!((b.running, b.waiting, b.share_permille), (1, 1, 500));
+    assert_eq!((b.quotas[0].held, b.quotas[0].max_running), (1, 1));
+    let health = cronoq::api::Health {
+        live: true,
+        ready: true,
+        detail: String::new(),
+    };
+    let text = cronoq::http::metrics_text(&snap, &health);
+    assert!(
+        text.contains(r#"cronoq_fairness_key_running{pool="shared",key="team-b"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"cronoq_fairness_key_share{pool="shared",key="team-a"} 0.5"#));
     for name in ["b1", "b2", "a1"] {
         gates.open(name);
     }

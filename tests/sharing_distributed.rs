@@ -65,7 +65,11 @@ async fn preemption_sends_sigterm_and_the_attempt_ends_preempted_uncounted() {
     c.release("low-done");
     let status = c.finished(low).await;
     assert_eq!(status.state, TaskState::Succeeded, "{}", describe(&status));
-    let outcomes: Vec<_> = status.attempts.iter().map(|a| a.outcome.as_deref()).collect();
+    let outcomes: Vec<_> = status
+        .attempts
+        .iter()
+        .map(|a| a.outcome.as_deref())
+        .collect();
     assert_eq!(outcomes, [Some("preempted"), Some("succeeded")]);
 }
 
@@ -150,7 +154,12 @@ async fn each_concurrency_policy_through_another_submission_path() {
     c.running(s1).await;
     let s2 = publish("s2").await;
     let skipped = c.finished(s2).await;
-    assert_eq!(skipped.state, TaskState::Cancelled, "{}", describe(&skipped));
+    assert_eq!(
+        skipped.state,
+        TaskState::Cancelled,
+        "{}",
+        describe(&skipped)
+    );
     assert!(skipped.attempts.is_empty());
     c.release("s");
     c.succeeded(s1).await;
@@ -192,7 +201,12 @@ async fn each_concurrency_policy_through_another_submission_path() {
     c.running(c1).await;
     let c2 = c.submit(cancel("c2")).await;
     let cancelled = c.finished(c1).await;
-    assert_eq!(cancelled.state, TaskState::Cancelled, "{}", describe(&cancelled));
+    assert_eq!(
+        cancelled.state,
+        TaskState::Cancelled,
+        "{}",
+        describe(&cancelled)
+    );
     c.succeeded(c2).await;
     let names = c.run_names();
     assert!(!names.contains(&"s2".to_string()) && !names.contains(&"r2".to_string()));
@@ -202,7 +216,10 @@ async fn each_concurrency_policy_through_another_submission_path() {
 async fn bad_sharing_config_is_a_clear_error() {
     for (bad, want) in [
         ("preemption = \"always\"", "preemption"),
-        ("[[pools.fairness]]\nkey = \"a\"\nweight = 0", "fairness_weight 0"),
+        (
+            "[[pools.fairness]]\nkey = \"a\"\nweight = 0",
+            "fairness_weight 0",
+        ),
         (
             "[[pools.quotas]]\nkey = \"\"\nmax_running = 1",
             "fairness_key is empty",
@@ -213,7 +230,12 @@ async fn bad_sharing_config_is_a_clear_error() {
         let path = dir.path().join("cronoq.toml");
         std::fs::write(&path, config).unwrap();
         let out = procs::run_cli(
-            &["server", "--config", path.to_str().unwrap(), "--check-config"],
+            &[
+                "server",
+                "--config",
+                path.to_str().unwrap(),
+                "--check-config",
+            ],
             None,
         )
         .await;

@@ -410,7 +410,10 @@ pub(crate) fn progress_line(s: &TaskStatus) -> String {
                     WaitReason::Quota => "its fairness key holds its quota",
                     WaitReason::Concurrency => "its concurrency key is at its limit",
                 };
-                line.push_str(&format!(": {why} ({reason})"));
+                match &s.reason_key {
+                    Some(key) => line.push_str(&format!(": {why} ({reason}: {key})")),
+                    None => line.push_str(&format!(": {why} ({reason})")),
+                }
             }
             if let Some(last) = s.attempts.last() {
                 line.push_str(&format!(
@@ -554,7 +557,11 @@ fn status_text(s: &TaskStatus) -> String {
         s.state.as_str()
     );
     if let Some(reason) = s.reason {
-        let _ = write!(out, " ({})", reason.as_str());
+        match &s.reason_key {
+            Some(key) => write!(out, " ({}: {key})", reason.as_str()),
+            None => write!(out, " ({})", reason.as_str()),
+        }
+        .ok();
     }
     if s.deadline_missed {
         out.push_str("  deadline missed");
@@ -676,6 +683,7 @@ mod tests {
             pool: crate::core::PoolName::default(),
             state,
             reason,
+            reason_key: None,
             attempts: attempts
                 .iter()
                 .enumerate()

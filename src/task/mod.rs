@@ -644,6 +644,10 @@ pub struct TaskStatus {
     pub state: TaskState,
     /// Why it waits, while it does.
     pub reason: Option<WaitReason>,
+    /// The key it waits for (SPEC §9): its fairness key when `reason` is
+    /// `quota`, its concurrency key when `concurrency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_key: Option<String>,
     /// Attempts so far.
     pub attempts: Vec<AttemptRecord>,
     /// Output, once succeeded (lossy UTF-8 in JSON).
@@ -754,7 +758,7 @@ impl TaskStatus {
     /// # use cronoq::{TaskStatus, TaskState, TaskId, PoolName};
     /// let (output, output_base64) = cronoq::task::output_fields(Some(&[0u8, 255][..]));
     /// let status = TaskStatus {
-    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Succeeded, reason: None,
+    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Succeeded, reason: None, reason_key: None,
     ///     attempts: vec![], output, output_base64, error: None, deadline_missed: false,
     ///     schedule: None, scheduled_at: None,
     ///     output_size: None,
@@ -795,7 +799,7 @@ impl TaskStatus {
     /// ```
     /// # use cronoq::{TaskStatus, TaskState, TaskId, PoolName};
     /// let status = TaskStatus {
-    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Failed, reason: None,
+    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Failed, reason: None, reason_key: None,
     ///     attempts: vec![], output: Some("big".into()), output_base64: Some("Ymln".into()),
     ///     error: Some("x".repeat(10_000)), deadline_missed: false,
     ///     schedule: None, scheduled_at: None,
@@ -863,6 +867,7 @@ impl TaskStatus {
             pool: o.pool.clone(),
             state: o.state,
             reason: None,
+            reason_key: None,
             attempts: o.attempts.clone(),
             output,
             output_base64,
@@ -882,6 +887,7 @@ impl TaskStatus {
             pool,
             state,
             reason: None,
+            reason_key: None,
             attempts: Vec::new(),
             output: None,
             output_base64: None,
@@ -905,6 +911,7 @@ impl TaskStatus {
             pool: view.pool,
             state: view.state,
             reason: view.reason,
+            reason_key: view.reason_key,
             attempts,
             output: None,
             output_base64: None,
