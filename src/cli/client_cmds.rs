@@ -612,7 +612,7 @@ mod tests {
         let mut full = vec!["cronoq", "submit"];
         full.extend_from_slice(argv);
         match super::super::Cli::parse_from(full).command {
-            super::super::Command::Submit(a) => a,
+            super::super::Command::Submit(a) => *a,
             other => panic!("{other:?}"),
         }
     }

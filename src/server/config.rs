@@ -369,7 +369,6 @@ impl PoolSection {
             quotas: self.quotas.clone(),
             preemption: self.preemption.unwrap_or(d.preemption),
             preemption_grace: ms(self.preemption_grace, d.preemption_grace),
-            ..d
         };
         config.validate().map_err(|e| match e {
             Rejection::InvalidArgument(m) => {
