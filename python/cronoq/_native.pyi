@@ -81,6 +81,10 @@ class TaskStatus:
         ``"held_for_reservation"``, ``"backoff"``, ``"scheduled"``,
         ``"quota"``, ``"concurrency"``."""
     @property
+    def reason_key(self) -> Optional[str]:
+        """The key it waits for: its fairness key when ``reason`` is
+        ``"quota"``, its concurrency key when ``"concurrency"``."""
+    @property
     def done(self) -> bool: ...
     @property
     def ok(self) -> bool: ...

@@ -511,6 +511,13 @@ impl TaskStatus {
         self.inner.reason.map(|r| r.as_str())
     }
 
+    /// The key it waits for: its fairness key when `reason` is `"quota"`,
+    /// its concurrency key when `"concurrency"` (SPEC §9).
+    #[getter]
+    fn reason_key(&self) -> Option<String> {
+        self.inner.reason_key.clone()
+    }
+
     /// It has finished (succeeded, failed, cancelled or missed).
     #[getter]
     fn done(&self) -> bool {

@@ -50,6 +50,7 @@ async def test_concurrency_keywords_reach_the_core(gates: Gates):
     second = await sched.submit(b"d2", concurrency_key="deploy", concurrency_policy="queue")
     skipped = await sched.submit(b"d3", concurrency_key="deploy", concurrency_policy="skip")
     assert sched.task(second.id).reason == "concurrency"
+    assert sched.task(second.id).reason_key == "deploy"
     assert (await skipped.wait()).state == "cancelled"
     gates.release("d1", "d2")
     assert (await first.wait()).ok and (await second.wait()).ok
@@ -68,6 +69,7 @@ async def test_a_key_at_its_quota_waits_with_reason_quota(gates: Gates):
     a1 = await sched.submit(b"a1", fairness_key="team-a")
     await eventually("b1 and a1 start", lambda: {"b1", "a1"} <= set(gates.started()))
     assert sched.task(b2.id).reason == "quota"
+    assert sched.task(b2.id).reason_key == "team-b"
     gates.release("b1", "b2", "a1")
     for h in (b1, b2, a1):
         assert (await h.wait()).ok
