@@ -40,8 +40,8 @@ use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
 use crate::core::{
-    Action, Core, ErrorCode, Event, Labels, Millis, PoolConfig, PoolName, Rejection, RevokeReason,
-    Snapshot, TaskId, TaskState,
+    Action, Core, ErrorCode, Event, Labels, Millis, PoolConfig, PoolName, Rejection, Snapshot,
+    TaskId, TaskState,
 };
 use crate::ledger::{Done, Ledger};
 pub use crate::task::TaskContext;
@@ -736,9 +736,7 @@ impl Inner {
                     ..
                 } => {
                     tracing::debug!(task_id = %task, attempt, ?reason, "attempt revoked");
-                    if reason == RevokeReason::Timeout {
-                        st.ledger.timed_out(task, attempt);
-                    }
+                    st.ledger.revoked(task, attempt, reason);
                     let run = st.ledger.get_mut(task).map(|e| e.run_extra());
                     if let Some((a, handle)) = run.and_then(|r| r.abort.as_ref()) {
                         if *a == attempt {

@@ -48,6 +48,8 @@ pub(crate) mod test_nats;
 pub mod wire;
 pub mod worker;
 
-pub use crate::core::{Labels, PoolConfig, PoolName, Snapshot, TaskId, TaskState};
+pub use crate::core::{
+    ConcurrencyPolicy, Labels, PoolConfig, PoolName, Preemption, Snapshot, TaskId, TaskState,
+};
 pub use embedded::{Scheduler, SchedulerBuilder, TaskContext, TaskHandle};
 pub use task::{Outcome, Task, TaskError, TaskStatus};

@@ -79,6 +79,7 @@ fn queued(id: TaskId) -> TaskStatus {
         pool: PoolName::new("inference").unwrap(),
         state: TaskState::Queued,
         reason: Some(cronoq::core::WaitReason::NoGroupMatches),
+        reason_key: None,
         attempts: vec![],
         output: None,
         output_base64: None,

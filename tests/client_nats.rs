@@ -252,6 +252,7 @@ fn status(id: TaskId, state: TaskState) -> TaskStatus {
         pool: PoolName::new("inference").unwrap(),
         state,
         reason: None,
+        reason_key: None,
         attempts: vec![],
         output,
         output_base64,

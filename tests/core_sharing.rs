@@ -985,3 +985,114 @@ mod properties {
         }
     }
 }
+
+// ---- starvation (issue 36, item 6) --------------------------------------------
+
+/// One key floods 100,000 tasks, another submits 10 behind them: the 10
+/// start within the next 20 starts. Counted in starts, not time, on the
+/// bare core (no invariant check per event: it would be quadratic here), so
+/// the machine's speed cannot change the answer.
+#[test]
+fn starvation_a_flood_of_one_key_does_not_hold_back_another() {
+    use cronoq::core::{Action, AttemptOutcome, Core, Millis};
+    const SLOTS: u32 = 4;
+    let mut core = Core::new();
+    let pool = pool("p");
+    core.handle(
+        Millis(0),
+        Event::CapacitySet {
+            pool: pool.clone(),
+            labels: Labels::new(),
+            slots: SLOTS,
+        },
+    )
+    .unwrap();
+    let spec = |id: u64, key: &str| TaskSpec {
+        fairness_key: Some(key.into()),
+        ..TaskSpec::new(TaskId(id), pool.clone())
+    };
+    let mut running = std::collections::VecDeque::new();
+    let note = |actions: Vec<Action>, running: &mut std::collections::VecDeque<(u64, u32)>| {
+        let mut started = Vec::new();
+        for a in actions {
+            if let Action::Start { task, attempt, .. } = a {
+                running.push_back((task.0, attempt));
+                started.push(task.0);
+            }
+        }
+        started
+    };
+    for id in 1..=100_000 {
+        let actions = core
+            .handle(Millis(0), Event::Submitted(spec(id, "flood")))
+            .unwrap();
+        note(actions, &mut running);
+    }
+    assert_eq!(running.len(), SLOTS as usize);
+    let few: Vec<u64> = (100_001..=100_010).collect();
+    for &id in &few {
+        let actions = core
+            .handle(Millis(1), Event::Submitted(spec(id, "few")))
+            .unwrap();
+        assert!(note(actions, &mut running).is_empty(), "every slot is busy");
+    }
+    let mut next_starts = Vec::new();
+    while next_starts.len() < 20 {
+        let (task, attempt) = running.pop_front().expect("something runs");
+        let actions = core
+            .handle(
+                Millis(2),
+                Event::AttemptEnded {
+                    task: TaskId(task),
+                    attempt,
+                    outcome: AttemptOutcome::Succeeded,
+                },
+            )
+            .unwrap();
+        next_starts.extend(note(actions, &mut running));
+    }
+    let late: Vec<&u64> = few
+        .iter()
+        .filter(|id| !next_starts[..20].contains(id))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{late:?} did not start within the next 20 starts: {next_starts:?}"
+    );
+}
+
+/// The snapshot lists a pool's busiest 1,000 fairness keys, then one
+/// `_other` row summing the rest (so totals stay whole and /metrics stays
+/// bounded).
+#[test]
+fn snapshot_lists_the_busiest_keys_then_the_rest_as_other() {
+    use cronoq::core::{Millis, MAX_KEY_ROWS, OTHER_KEYS};
+    let mut core = cronoq::core::Core::new();
+    let pool = pool("p");
+    core.handle(
+        Millis(0),
+        Event::CapacitySet {
+            pool: pool.clone(),
+            labels: Labels::new(),
+            slots: 1,
+        },
+    )
+    .unwrap();
+    let n = MAX_KEY_ROWS as u64 + 5;
+    for id in 1..=n {
+        let spec = TaskSpec {
+            fairness_key: Some(format!("k{id:05}")),
+            ..TaskSpec::new(TaskId(id), pool.clone())
+        };
+        core.handle(Millis(0), Event::Submitted(spec)).unwrap();
+    }
+    let snap = core.snapshot();
+    let keys = &snap.pools[0].fairness_keys;
+    assert_eq!(keys.len(), MAX_KEY_ROWS + 1);
+    assert!(snap.truncated);
+    let other = keys.last().unwrap();
+    assert_eq!(other.key, OTHER_KEYS);
+    let total: u64 = keys.iter().map(|k| k.running + k.waiting).sum();
+    assert_eq!(total, n);
+    assert_eq!(other.running + other.waiting, 5);
+}

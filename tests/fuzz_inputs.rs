@@ -458,6 +458,11 @@ proptest! {
         priority in any::<i32>(),
         key in prop::option::of(hostile_text()),
         traceparent in prop::option::of(hostile_text()),
+        fairness_key in prop::option::of(hostile_text()),
+        weight_and_limit in (prop::option::of(any::<u32>()), prop::option::of(any::<u32>())),
+        concurrency_key in prop::option::of(hostile_text()),
+        concurrency_policy in prop::option::of(hostile_text()),
+        preemptible in prop::option::of(any::<bool>()),
     ) {
         let ms = |i: usize| times[i].map(Millis);
         let submit = wire::Submit {
@@ -476,6 +481,12 @@ proptest! {
             traceparent,
             schedule: None,
             scheduled_at: None,
+            fairness_key,
+            fairness_weight: weight_and_limit.0,
+            concurrency_key,
+            concurrency_limit: weight_and_limit.1,
+            concurrency_policy,
+            preemptible,
         };
         let subjects = Subjects::new("cronoq").unwrap();
         let mut headers = async_nats::HeaderMap::new();

@@ -23,9 +23,9 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use cronoq::core::{
-    Autoscale, Backoff, Core, Demand, ErrorCode, Event, FleetAutoscale, GroupSnapshot, Labels,
-    LeaderInfo, Millis, PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState,
-    WaitReason, WorkerInfo,
+    Autoscale, Backoff, ConcurrencyKeySnapshot, Core, Demand, ErrorCode, Event,
+    FairnessKeySnapshot, FleetAutoscale, GroupSnapshot, Labels, LeaderInfo, Millis, PoolName,
+    PoolSnapshot, QuotaSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason, WorkerInfo,
 };
 use cronoq::task::{AttemptRecord, TaskStatus};
 use cronoq::wire::{
@@ -188,6 +188,12 @@ fn submits() -> Vec<Submit> {
         traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         schedule: None,
         scheduled_at: None,
+        fairness_key: Some("team-a".into()),
+        fairness_weight: Some(3),
+        concurrency_key: Some("deploy-prod".into()),
+        concurrency_limit: Some(1),
+        concurrency_policy: Some("cancel_running".into()),
+        preemptible: Some(false),
     };
     // A schedule's fire, as the leader publishes it (sealed in headers).
     let fire = Submit {
@@ -418,16 +424,21 @@ fn reports_reply() -> AttemptReportsReply {
 }
 
 fn revokes() -> Vec<Revoke> {
-    [RevokeReason::Cancelled, RevokeReason::Timeout]
-        .into_iter()
-        .map(|reason| Revoke {
-            v: PROTOCOL_VERSION,
-            task_id: TaskId(42),
-            attempt: 1,
-            epoch: 7,
-            reason,
-        })
-        .collect()
+    [
+        RevokeReason::Cancelled,
+        RevokeReason::Timeout,
+        RevokeReason::Preempted,
+    ]
+    .into_iter()
+    .map(|reason| Revoke {
+        v: PROTOCOL_VERSION,
+        task_id: TaskId(42),
+        attempt: 1,
+        epoch: 7,
+        reason,
+        grace: (reason == RevokeReason::Preempted).then_some(Millis(30_000)),
+    })
+    .collect()
 }
 
 fn task_events() -> Vec<TaskEvent> {
@@ -462,6 +473,7 @@ fn task_statuses() -> Vec<TaskStatus> {
         pool: pool("inference"),
         state: TaskState::Succeeded,
         reason: Some(WaitReason::Backoff),
+        reason_key: None,
         attempts: vec![
             AttemptRecord {
                 attempt: 1,
@@ -505,12 +517,19 @@ fn task_statuses() -> Vec<TaskStatus> {
         WaitReason::GroupsFull,
         WaitReason::HeldForReservation,
         WaitReason::Scheduled,
+        WaitReason::Quota,
+        WaitReason::Concurrency,
     ] {
         statuses.push(TaskStatus {
             id: TaskId(43),
             pool: PoolName::default(),
             state: TaskState::Queued,
             reason: Some(reason),
+            reason_key: match reason {
+                WaitReason::Quota => Some("team-b".into()),
+                WaitReason::Concurrency => Some("deploy-prod".into()),
+                _ => None,
+            },
             attempts: Vec::new(),
             output: None,
             output_base64: None,
@@ -568,6 +587,24 @@ fn snapshots() -> Vec<Snapshot> {
                 slots_per_worker: 2,
             }],
             waiting_without_fleet: 2,
+            fairness_keys: vec![FairnessKeySnapshot {
+                key: "team-a".into(),
+                running: 1,
+                waiting: 2,
+                weight: Some(3),
+                share_permille: 1000,
+                quotas: vec![QuotaSnapshot {
+                    labels: labels(&[("gpu", "a100")]),
+                    max_running: 8,
+                    held: 1,
+                }],
+            }],
+            concurrency_keys: vec![ConcurrencyKeySnapshot {
+                key: "deploy-prod".into(),
+                running: 1,
+                waiting: 1,
+                limit: Some(1),
+            }],
         }],
         workers: vec![WorkerInfo {
             id: "gpu-node-7".into(),

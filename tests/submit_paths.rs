@@ -56,6 +56,11 @@ fn flag_and_header(option: &str) -> (&'static str, &'static str) {
         "max_attempts" => ("--max-attempts", "Cronoq-Max-Attempts"),
         "attempt_timeout" => ("--attempt-timeout", "Cronoq-Attempt-Timeout"),
         "backoff" => ("--backoff", "Cronoq-Backoff"),
+        "fairness_key" => ("--fairness-key", "Cronoq-Fairness-Key"),
+        "fairness_weight" => ("--fairness-weight", "Cronoq-Fairness-Weight"),
+        "concurrency_key" => ("--concurrency-key", "Cronoq-Concurrency-Key"),
+        "concurrency_limit" => ("--concurrency-limit", "Cronoq-Concurrency-Limit"),
+        "concurrency_policy" => ("--concurrency-policy", "Cronoq-Concurrency-Policy"),
         other => panic!("the table uses option {other}: give it a flag and a header here"),
     }
 }

@@ -155,6 +155,7 @@ async fn given_http_the_wait_goes_over_http() {
         pool: PoolName::default(),
         state: TaskState::Succeeded,
         reason: None,
+        reason_key: None,
         attempts: Vec::new(),
         output: Some("answered over http".into()),
         output_base64: None,

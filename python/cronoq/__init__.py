@@ -298,7 +298,10 @@ class Scheduler(ScheduleCalls):
     def configure_pool(self, pool: str, **settings: Any) -> None:
         """Pool settings: ``max_attempts``, ``urgency_window``, ``max_bypass``,
         ``reservation_lead``, ``on_miss`` (``"skip"``/``"run"``),
-        ``autoscale_min``, ``autoscale_max``, ``backoff=(initial, max)``.
+        ``autoscale_min``, ``autoscale_max``, ``backoff=(initial, max)``;
+        sharing the pool (SPEC §9): ``fairness={key: weight}``,
+        ``quotas=[{"key", "labels", "max_running"}]``, ``preemption``
+        (``"off"``/``"priority"``), ``preemption_grace``.
         Settings not given take their defaults."""
         self._native.configure_pool(pool, **settings)
 
@@ -321,7 +324,11 @@ class Scheduler(ScheduleCalls):
         Options: ``pool`` (default ``"default"``), ``labels``,
         ``priority``, ``deadline``, ``start_at``, ``tolerance``,
         ``max_attempts``, ``idempotency_key``, ``attempt_timeout``,
-        ``est_runtime``, ``backoff=(initial, max)``.
+        ``est_runtime``, ``backoff=(initial, max)``; sharing a pool
+        (SPEC §9): ``fairness_key``, ``fairness_weight``,
+        ``concurrency_key``, ``concurrency_limit``, ``concurrency_policy``
+        (``"queue"``, ``"replace_waiting"``, ``"cancel_running"``,
+        ``"skip"``), ``preemptible``.
         """
         pump = self._pump
         if _get_running_loop() is not pump.loop:

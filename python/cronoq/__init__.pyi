@@ -11,6 +11,7 @@ from typing import (
     Dict,
     Generator,
     List,
+    Literal,
     Optional,
     Tuple,
     TypeVar,
@@ -51,6 +52,8 @@ Duration = Union[timedelta, int, float]
 """A ``timedelta`` or a number of seconds."""
 Time = Union[datetime, timedelta, int, float]
 """A ``datetime`` (naive = local time) or a duration from now."""
+ConcurrencyPolicy = Literal["queue", "replace_waiting", "cancel_running", "skip"]
+"""What admission does when a concurrency key's limit is full (SPEC §9)."""
 Output = Union[bytes, str, None]
 AsyncExecutor = Callable[[TaskContext, bytes], Awaitable[Output]]
 SyncExecutor = Callable[[TaskContext, bytes], Output]
@@ -170,6 +173,10 @@ class Scheduler(ScheduleCalls):
         autoscale_min: int = ...,
         autoscale_max: int = ...,
         backoff: Tuple[Duration, Duration] = ...,
+        fairness: Dict[str, int] = ...,
+        quotas: List[Dict[str, Any]] = ...,
+        preemption: Literal["off", "priority"] = ...,
+        preemption_grace: Duration = ...,
     ) -> None: ...
     def executor(self, pool: str) -> Callable[[F], F]: ...
     def submit(
@@ -187,6 +194,12 @@ class Scheduler(ScheduleCalls):
         attempt_timeout: Optional[Duration] = ...,
         est_runtime: Optional[Duration] = ...,
         backoff: Optional[Tuple[Duration, Duration]] = ...,
+        fairness_key: Optional[str] = ...,
+        fairness_weight: Optional[int] = ...,
+        concurrency_key: Optional[str] = ...,
+        concurrency_limit: Optional[int] = ...,
+        concurrency_policy: Optional[ConcurrencyPolicy] = ...,
+        preemptible: Optional[bool] = ...,
     ) -> TaskHandle: ...
     def cancel(self, task: Union[int, TaskHandle]) -> None: ...
     def task(self, task_id: int) -> Optional[TaskStatus]: ...
@@ -247,6 +260,12 @@ class Client(ScheduleCalls):
         attempt_timeout: Optional[Duration] = ...,
         est_runtime: Optional[Duration] = ...,
         backoff: Optional[Tuple[Duration, Duration]] = ...,
+        fairness_key: Optional[str] = ...,
+        fairness_weight: Optional[int] = ...,
+        concurrency_key: Optional[str] = ...,
+        concurrency_limit: Optional[int] = ...,
+        concurrency_policy: Optional[ConcurrencyPolicy] = ...,
+        preemptible: Optional[bool] = ...,
     ) -> int: ...
     async def get(self, task_id: int) -> TaskStatus: ...
     async def cancel(self, task_id: int) -> None: ...

@@ -78,7 +78,12 @@ class TaskStatus:
     @property
     def reason(self) -> Optional[str]:
         """Why it waits: ``"no_group_matches"``, ``"groups_full"``,
-        ``"held_for_reservation"``, ``"backoff"``, ``"scheduled"``."""
+        ``"held_for_reservation"``, ``"backoff"``, ``"scheduled"``,
+        ``"quota"``, ``"concurrency"``."""
+    @property
+    def reason_key(self) -> Optional[str]:
+        """The key it waits for: its fairness key when ``reason`` is
+        ``"quota"``, its concurrency key when ``"concurrency"``."""
     @property
     def done(self) -> bool: ...
     @property

@@ -169,6 +169,25 @@ pub struct TaskArgs<'a, 'py> {
     pub attempt_timeout: Option<&'a Bound<'py, PyAny>>,
     pub est_runtime: Option<&'a Bound<'py, PyAny>>,
     pub backoff: Option<&'a Bound<'py, PyAny>>,
+    pub fairness_key: Option<&'a Bound<'py, PyAny>>,
+    pub fairness_weight: Option<&'a Bound<'py, PyAny>>,
+    pub concurrency_key: Option<&'a Bound<'py, PyAny>>,
+    pub concurrency_limit: Option<&'a Bound<'py, PyAny>>,
+    pub concurrency_policy: Option<&'a Bound<'py, PyAny>>,
+    pub preemptible: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// A keyword that must be a `str`.
+fn text(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
+    match given(obj) {
+        Some(o) => Ok(Some(
+            o.cast::<PyString>()
+                .map_err(|_| invalid(format!("{what} must be a str, not {}", type_name(o))))?
+                .to_cow()?
+                .into_owned(),
+        )),
+        None => Ok(None),
+    }
 }
 
 fn given<'a, 'py>(o: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
@@ -239,6 +258,29 @@ impl TaskArgs<'_, '_> {
             backoff,
             idempotency_key,
             traceparent: None,
+            fairness_key: text(self.fairness_key, "fairness_key")?,
+            fairness_weight: given(self.fairness_weight)
+                .map(|w| integer::<u32>(w, "fairness_weight", "an integer from 1 to 1000"))
+                .transpose()?,
+            concurrency_key: text(self.concurrency_key, "concurrency_key")?,
+            concurrency_limit: given(self.concurrency_limit)
+                .map(|n| integer::<u32>(n, "concurrency_limit", "a positive 32-bit integer"))
+                .transpose()?,
+            concurrency_policy: text(self.concurrency_policy, "concurrency_policy")?
+                .as_deref()
+                .map(cronoq::ConcurrencyPolicy::parse)
+                .transpose()
+                .map_err(rejection)?,
+            preemptible: match given(self.preemptible) {
+                Some(p) => Some(
+                    p.cast::<pyo3::types::PyBool>()
+                        .map_err(|_| {
+                            invalid(format!("preemptible must be a bool, not {}", type_name(p)))
+                        })?
+                        .is_true(),
+                ),
+                None => None,
+            },
         };
         options.into_task().map_err(rejection)
     }
@@ -469,6 +511,13 @@ impl TaskStatus {
         self.inner.reason.map(|r| r.as_str())
     }
 
+    /// The key it waits for: its fairness key when `reason` is `"quota"`,
+    /// its concurrency key when `"concurrency"` (SPEC §9).
+    #[getter]
+    fn reason_key(&self) -> Option<String> {
+        self.inner.reason_key.clone()
+    }
+
     /// It has finished (succeeded, failed, cancelled or missed).
     #[getter]
     fn done(&self) -> bool {
@@ -558,4 +607,64 @@ impl NativeSnapshot {
     fn table(&self) -> String {
         self.inner.to_table()
     }
+}
+
+/// `fairness={"team-a": 3, ...}`: each key's weight (`[[pools.fairness]]`).
+pub fn fairness_weights(obj: &Bound<'_, PyAny>) -> PyResult<Vec<cronoq::core::FairnessWeight>> {
+    let dict = obj.cast::<PyDict>().map_err(|_| {
+        invalid(format!(
+            "fairness must be a dict of key to weight, not {}",
+            type_name(obj)
+        ))
+    })?;
+    let mut out = Vec::with_capacity(dict.len());
+    for (key, weight) in dict.iter() {
+        let key = text(Some(&key), "fairness key")?.unwrap_or_default();
+        let weight = integer::<u32>(&weight, "fairness weight", "an integer from 1 to 1000")?;
+        out.push(cronoq::core::FairnessWeight { key, weight });
+    }
+    Ok(out)
+}
+
+/// `quotas=[{"key": "team-b", "labels": {"gpu": "a100"}, "max_running": 8}]`
+/// (`[[pools.quotas]]`).
+pub fn quotas(obj: &Bound<'_, PyAny>) -> PyResult<Vec<cronoq::core::QuotaConfig>> {
+    let shape = || {
+        invalid(format!(
+            "quotas must be a list of dicts with key, labels and max_running, not {}",
+            type_name(obj)
+        ))
+    };
+    let list: Vec<Bound<'_, PyAny>> = obj.extract().map_err(|_| shape())?;
+    let mut out = Vec::with_capacity(list.len());
+    for item in list {
+        let dict = item.cast::<PyDict>().map_err(|_| shape())?;
+        let mut quota = cronoq::core::QuotaConfig {
+            key: String::new(),
+            labels: cronoq::Labels::new(),
+            max_running: 0,
+        };
+        let mut has_max = false;
+        for (name, value) in dict.iter() {
+            match name.extract::<String>().unwrap_or_default().as_str() {
+                "key" => quota.key = text(Some(&value), "quota key")?.unwrap_or_default(),
+                "labels" => quota.labels = labels(Some(&value), "quota labels")?,
+                "max_running" => {
+                    has_max = true;
+                    quota.max_running =
+                        integer::<u32>(&value, "quota max_running", "a non-negative integer")?;
+                }
+                other => {
+                    return Err(invalid(format!(
+                        "a quota has key, labels and max_running, not {other:?}"
+                    )))
+                }
+            }
+        }
+        if !has_max {
+            return Err(invalid("a quota needs max_running"));
+        }
+        out.push(quota);
+    }
+    Ok(out)
 }

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cronoq::core::{Backoff, Millis, OnMiss, PoolConfig, TaskId};
+use cronoq::core::{Backoff, Millis, OnMiss, PoolConfig, Preemption, TaskId};
 use pyo3::prelude::*;
 
 use crate::bridge::Bridge;
@@ -68,7 +68,8 @@ impl Scheduler {
 
     #[pyo3(signature = (pool, *, max_attempts = None, urgency_window = None, max_bypass = None,
                         reservation_lead = None, on_miss = None, autoscale_min = None,
-                        autoscale_max = None, backoff = None))]
+                        autoscale_max = None, backoff = None, fairness = None, quotas = None,
+                        preemption = None, preemption_grace = None))]
     #[allow(clippy::too_many_arguments)]
     fn configure_pool(
         &self,
@@ -82,6 +83,10 @@ impl Scheduler {
         autoscale_min: Option<&Bound<'_, PyAny>>,
         autoscale_max: Option<&Bound<'_, PyAny>>,
         backoff: Option<&Bound<'_, PyAny>>,
+        fairness: Option<&Bound<'_, PyAny>>,
+        quotas: Option<&Bound<'_, PyAny>>,
+        preemption: Option<&str>,
+        preemption_grace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let mut config = PoolConfig::default();
         let u32_of = |o: &Bound<'_, PyAny>, what: &str| {
@@ -126,6 +131,27 @@ impl Scheduler {
                 max: Millis::from_duration(convert::duration(&max, "backoff max")?),
             };
         }
+        if let Some(f) = fairness {
+            config.fairness = convert::fairness_weights(f)?;
+        }
+        if let Some(q) = quotas {
+            config.quotas = convert::quotas(q)?;
+        }
+        if let Some(p) = preemption {
+            config.preemption = match p {
+                "off" => Preemption::Off,
+                "priority" => Preemption::Priority,
+                other => {
+                    return Err(invalid(format!(
+                        "preemption must be \"off\" or \"priority\", not {other:?}"
+                    )))
+                }
+            };
+        }
+        if let Some(d) = preemption_grace {
+            config.preemption_grace =
+                Millis::from_duration(convert::duration(d, "preemption_grace")?);
+        }
         py.detach(|| {
             let _runtime = runtime().enter();
             self.inner.configure_pool(pool, config)
@@ -144,7 +170,9 @@ impl Scheduler {
     #[pyo3(signature = (payload, *, pool = "default", labels = None, priority = None,
                         deadline = None, start_at = None, tolerance = None, max_attempts = None,
                         idempotency_key = None, attempt_timeout = None, est_runtime = None,
-                        backoff = None))]
+                        backoff = None, fairness_key = None, fairness_weight = None,
+                        concurrency_key = None, concurrency_limit = None,
+                        concurrency_policy = None, preemptible = None))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -161,6 +189,12 @@ impl Scheduler {
         attempt_timeout: Option<&Bound<'_, PyAny>>,
         est_runtime: Option<&Bound<'_, PyAny>>,
         backoff: Option<&Bound<'_, PyAny>>,
+        fairness_key: Option<&Bound<'_, PyAny>>,
+        fairness_weight: Option<&Bound<'_, PyAny>>,
+        concurrency_key: Option<&Bound<'_, PyAny>>,
+        concurrency_limit: Option<&Bound<'_, PyAny>>,
+        concurrency_policy: Option<&Bound<'_, PyAny>>,
+        preemptible: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<TaskHandle> {
         let task = TaskArgs {
             payload,
@@ -175,6 +209,12 @@ impl Scheduler {
             attempt_timeout,
             est_runtime,
             backoff,
+            fairness_key,
+            fairness_weight,
+            concurrency_key,
+            concurrency_limit,
+            concurrency_policy,
+            preemptible,
         }
         .to_task()?;
         let handle = py

@@ -243,7 +243,9 @@ impl Client {
     #[pyo3(signature = (payload, *, pool = "default", labels = None, priority = None,
                         deadline = None, start_at = None, tolerance = None, max_attempts = None,
                         idempotency_key = None, attempt_timeout = None, est_runtime = None,
-                        backoff = None))]
+                        backoff = None, fairness_key = None, fairness_weight = None,
+                        concurrency_key = None, concurrency_limit = None,
+                        concurrency_policy = None, preemptible = None))]
     #[allow(clippy::too_many_arguments)]
     fn submit<'py>(
         &self,
@@ -260,6 +262,12 @@ impl Client {
         attempt_timeout: Option<&Bound<'py, PyAny>>,
         est_runtime: Option<&Bound<'py, PyAny>>,
         backoff: Option<&Bound<'py, PyAny>>,
+        fairness_key: Option<&Bound<'py, PyAny>>,
+        fairness_weight: Option<&Bound<'py, PyAny>>,
+        concurrency_key: Option<&Bound<'py, PyAny>>,
+        concurrency_limit: Option<&Bound<'py, PyAny>>,
+        concurrency_policy: Option<&Bound<'py, PyAny>>,
+        preemptible: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let task = TaskArgs {
             payload,
@@ -274,6 +282,12 @@ impl Client {
             attempt_timeout,
             est_runtime,
             backoff,
+            fairness_key,
+            fairness_weight,
+            concurrency_key,
+            concurrency_limit,
+            concurrency_policy,
+            preemptible,
         }
         .to_task()?;
         // Checked here too, so bad input raises at the call, not at the await.

@@ -58,6 +58,23 @@ pub(super) fn grants(
     Ok((role, pool_names, rules))
 }
 
+/// The fairness keys of a credential entry: its `name` (default
+/// `fallback`, its token env or public key) first, then `fairness_keys`,
+/// each a valid fairness key.
+pub(super) fn fairness_grant(
+    at: &str,
+    name: Option<&str>,
+    fallback: &str,
+    keys: &[String],
+) -> Result<Vec<String>, WireError> {
+    let mut all = vec![name.unwrap_or(fallback).to_string()];
+    all.extend(keys.iter().cloned());
+    for key in &all {
+        crate::core::check_fairness_key(key).map_err(|e| invalid(format!("{at}: {e}")))?;
+    }
+    Ok(all)
+}
+
 impl Authenticator {
     /// Auth off: everyone is [`Principal::anonymous`].
     pub fn disabled() -> Authenticator {
@@ -94,6 +111,7 @@ impl Authenticator {
                 )));
             }
             let (role, pools, labels) = grants(&at, &t.role, &t.pools, &t.labels)?;
+            let fairness = fairness_grant(&at, t.name.as_deref(), &t.token_env, &t.fairness_keys)?;
             let id = token_id(&token);
             let principal = Principal {
                 name: format!("token:{}", t.token_env),
@@ -102,6 +120,7 @@ impl Authenticator {
                 labels: Some(labels),
                 max_workers: t.max_workers.unwrap_or(DEFAULT_MAX_WORKERS_PER_CREDENTIAL),
                 max_slots: t.max_slots.unwrap_or(DEFAULT_MAX_SLOTS_PER_CREDENTIAL),
+                fairness,
             };
             if auth
                 .tokens
@@ -128,6 +147,8 @@ impl Authenticator {
                 )));
             }
             let (role, pools, labels) = grants(&at, &k.role, &k.pools, &k.labels)?;
+            let fairness =
+                fairness_grant(&at, k.name.as_deref(), &pair.public_key(), &k.fairness_keys)?;
             let principal = Principal {
                 name: format!("nkey:{}", pair.public_key()),
                 role,
@@ -135,6 +156,7 @@ impl Authenticator {
                 labels: Some(labels),
                 max_workers: k.max_workers.unwrap_or(DEFAULT_MAX_WORKERS_PER_CREDENTIAL),
                 max_slots: k.max_slots.unwrap_or(DEFAULT_MAX_SLOTS_PER_CREDENTIAL),
+                fairness,
             };
             if auth.nkeys.insert(pair.public_key(), principal).is_some() {
                 return Err(invalid(format!("{at}: {} is listed twice", k.public_key)));

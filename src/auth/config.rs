@@ -58,6 +58,13 @@ pub struct TokenSection {
     /// [`super::DEFAULT_MAX_SLOTS_PER_CREDENTIAL`]).
     #[serde(default)]
     pub max_slots: Option<u64>,
+    /// Its name as a fairness key (SPEC §9): the key its submissions carry
+    /// unless they name another (default: `token_env`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Other fairness keys its submissions may name (its `name` always).
+    #[serde(default)]
+    pub fairness_keys: Vec<String>,
 }
 
 /// `[[auth.nkeys]]`.
@@ -85,4 +92,10 @@ pub struct NkeySection {
     /// [`super::DEFAULT_MAX_SLOTS_PER_CREDENTIAL`]).
     #[serde(default)]
     pub max_slots: Option<u64>,
+    /// Its name as a fairness key (default: the public key).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Other fairness keys its submissions may name.
+    #[serde(default)]
+    pub fairness_keys: Vec<String>,
 }

@@ -174,6 +174,9 @@ pub struct Principal {
     pub max_workers: u32,
     /// The most slots its workers may offer together.
     pub max_slots: u64,
+    /// The fairness keys its submissions may carry (SPEC §9): the first is
+    /// the default; empty: any (anonymous only).
+    fairness: Vec<String>,
 }
 
 /// A credential's `max_workers` unless its config says otherwise: one
@@ -195,6 +198,27 @@ impl Principal {
             labels: None,
             max_workers: u32::MAX,
             max_slots: u64::MAX,
+            fairness: Vec::new(),
+        }
+    }
+
+    /// The fairness key a submission of it carries (SPEC §9): the one it
+    /// `asked` for if its config entry lists it (`name`, `fairness_keys`),
+    /// else `PERMISSION_DENIED`; none asked: its name. Anonymous keeps what
+    /// was asked.
+    pub fn fairness_key(&self, asked: Option<&str>) -> Result<Option<String>, WireError> {
+        let Some(default) = self.fairness.first() else {
+            return Ok(asked.map(str::to_string));
+        };
+        match asked {
+            None => Ok(Some(default.clone())),
+            Some(key) if self.fairness.iter().any(|k| k == key) => Ok(Some(key.to_string())),
+            Some(key) => Err(denied(format!(
+                "credential {} may not use the fairness key {}; its config entry lists {}",
+                self.name,
+                crate::core::excerpt(key),
+                self.fairness.join(", ")
+            ))),
         }
     }
 

@@ -556,3 +556,44 @@ fn hex_is_lower_case_two_digits_a_byte_and_nonces_are_fresh() {
     assert_ne!(a, b, "two nonces of one millisecond differ");
     assert_eq!(nonce_time(&a), Some(Millis(1_700_000_000_123)));
 }
+
+/// SPEC §9 with auth on: a credential's fairness key is its `name`
+/// (default its token env), or one its `fairness_keys` lists; any other
+/// is `PERMISSION_DENIED`; a bad key in the config stops it loading.
+#[test]
+fn a_credential_uses_its_own_fairness_keys_only() {
+    let text = r#"
+[auth]
+required = true
+[[auth.tokens]]
+name = "ci"
+token_env = "SUB"
+role = "submitter"
+fairness_keys = ["release"]
+[[auth.tokens]]
+token_env = "READ"
+role = "submitter"
+"#;
+    let auth = Authenticator::from_config(&config(text), &env).unwrap();
+    let ci = auth.named("token:SUB").expect("the ci token");
+    assert_eq!(ci.fairness_key(None).unwrap().as_deref(), Some("ci"));
+    assert_eq!(ci.fairness_key(Some("ci")).unwrap().as_deref(), Some("ci"));
+    assert_eq!(
+        ci.fairness_key(Some("release")).unwrap().as_deref(),
+        Some("release")
+    );
+    let e = ci.fairness_key(Some("team-a")).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PERMISSION_DENIED, "{e}");
+    let plain = auth.named("token:READ").unwrap();
+    assert_eq!(plain.fairness_key(None).unwrap().as_deref(), Some("READ"));
+    assert!(plain.fairness_key(Some("ci")).is_err());
+    // Auth off: anyone keeps the key it asked for.
+    let anon = Principal::anonymous();
+    assert_eq!(anon.fairness_key(Some("x")).unwrap().as_deref(), Some("x"));
+    assert_eq!(anon.fairness_key(None).unwrap(), None);
+
+    let bad = text.replace(r#"fairness_keys = ["release"]"#, r#"fairness_keys = [""]"#);
+    let e = Authenticator::from_config(&config(&bad), &env).unwrap_err();
+    assert_eq!(e.code, ErrorCode::INVALID_ARGUMENT, "{e}");
+    assert!(e.message.contains("fairness_key is empty"), "{e}");
+}

@@ -58,6 +58,25 @@ pub struct SubmitArgs {
     /// attempt gets it (a worker's command as env `TRACEPARENT`).
     #[arg(long, env = "TRACEPARENT")]
     pub traceparent: Option<String>,
+    /// Fairness key (SPEC §9): among keys with waiting tasks, a freed slot
+    /// goes to the key furthest below its weighted share.
+    #[arg(long, value_name = "K")]
+    pub fairness_key: Option<String>,
+    /// Weight of the fairness key, 1 to 1,000 (default 1).
+    #[arg(long, value_name = "W")]
+    pub fairness_weight: Option<String>,
+    /// Concurrency key: tasks of the pool with the same key share a limit.
+    #[arg(long, value_name = "K")]
+    pub concurrency_key: Option<String>,
+    /// At most N of the key's tasks run at once (default 1).
+    #[arg(long, value_name = "N")]
+    pub concurrency_limit: Option<String>,
+    /// queue (default), replace_waiting, cancel_running or skip.
+    #[arg(long, value_name = "P")]
+    pub concurrency_policy: Option<String>,
+    /// Never preempted by higher-priority work.
+    #[arg(long)]
+    pub not_preemptible: bool,
     /// Wait for the outcome and print the output (exit status = outcome);
     /// on a terminal, state changes are shown on stderr as they happen.
     /// Over HTTP when --http is given. A server that does not answer (a
@@ -240,6 +259,20 @@ fn task_of(args: &SubmitArgs, payload: Vec<u8>, now: SystemTime) -> anyhow::Resu
             .transpose()?,
         idempotency_key: args.idempotency_key.clone(),
         traceparent: args.traceparent.clone(),
+        fairness_key: args.fairness_key.clone(),
+        fairness_weight: args
+            .fairness_weight
+            .as_deref()
+            .map(|w| crate::wire::parse_int("fairness_weight", w))
+            .transpose()?,
+        concurrency_key: args.concurrency_key.clone(),
+        concurrency_limit: args
+            .concurrency_limit
+            .as_deref()
+            .map(|n| crate::wire::parse_int("concurrency_limit", n))
+            .transpose()?,
+        concurrency_policy: args.concurrency_policy.clone(),
+        preemptible: args.not_preemptible.then_some(false),
         ..SubmitRequest::default()
     };
     let mut options = req.into_options(now)?;
@@ -377,7 +410,10 @@ pub(crate) fn progress_line(s: &TaskStatus) -> String {
                     WaitReason::Quota => "its fairness key holds its quota",
                     WaitReason::Concurrency => "its concurrency key is at its limit",
                 };
-                line.push_str(&format!(": {why} ({reason})"));
+                match &s.reason_key {
+                    Some(key) => line.push_str(&format!(": {why} ({reason}: {key})")),
+                    None => line.push_str(&format!(": {why} ({reason})")),
+                }
             }
             if let Some(last) = s.attempts.last() {
                 line.push_str(&format!(
@@ -521,7 +557,11 @@ fn status_text(s: &TaskStatus) -> String {
         s.state.as_str()
     );
     if let Some(reason) = s.reason {
-        let _ = write!(out, " ({})", reason.as_str());
+        match &s.reason_key {
+            Some(key) => write!(out, " ({}: {key})", reason.as_str()),
+            None => write!(out, " ({})", reason.as_str()),
+        }
+        .ok();
     }
     if s.deadline_missed {
         out.push_str("  deadline missed");
@@ -572,7 +612,7 @@ mod tests {
         let mut full = vec!["cronoq", "submit"];
         full.extend_from_slice(argv);
         match super::super::Cli::parse_from(full).command {
-            super::super::Command::Submit(a) => a,
+            super::super::Command::Submit(a) => *a,
             other => panic!("{other:?}"),
         }
     }
@@ -643,6 +683,7 @@ mod tests {
             pool: crate::core::PoolName::default(),
             state,
             reason,
+            reason_key: None,
             attempts: attempts
                 .iter()
                 .enumerate()

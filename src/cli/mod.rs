@@ -41,7 +41,7 @@ pub enum Command {
     /// Run a worker that executes CMD once per attempt.
     Worker(worker_cmd::WorkerArgs),
     /// Submit a task.
-    Submit(client_cmds::SubmitArgs),
+    Submit(Box<client_cmds::SubmitArgs>),
     /// Show pools, groups, demand and workers.
     Snapshot(client_cmds::SnapshotArgs),
     /// Show one task.
@@ -126,7 +126,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Server(args) => server_cmd::run(args).await,
         Command::Worker(args) => worker_cmd::run(args).await,
-        Command::Submit(args) => client_cmds::submit(args).await,
+        Command::Submit(args) => client_cmds::submit(*args).await,
         Command::Snapshot(args) => client_cmds::snapshot(args).await,
         Command::Task(args) => client_cmds::task(args).await,
         Command::Cancel(args) => client_cmds::cancel(args).await,

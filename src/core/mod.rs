@@ -478,6 +478,12 @@ impl Core {
         self.groups.find_pool(name).is_some()
     }
 
+    /// The settings of pool `name`, if the core holds it.
+    pub fn pool_config(&self, name: &PoolName) -> Option<&PoolConfig> {
+        let p = self.groups.find_pool(name)?;
+        Some(&self.groups.pools[p as usize].config)
+    }
+
     /// Pools held now (forgotten idle pools not counted).
     pub fn pool_count(&self) -> usize {
         self.groups.pool_count()

@@ -29,6 +29,15 @@ pub struct Snapshot {
 /// The most demand rows (required label sets) a pool lists, largest first.
 pub const MAX_DEMAND_ROWS: usize = 256;
 
+/// The most fairness keys, and the most concurrency keys, a pool lists
+/// (SPEC §9), busiest (running + waiting) first; the rest are summed in one
+/// more row named [`OTHER_KEYS`], so totals stay whole (and `/metrics`,
+/// which exports these rows, stays bounded).
+pub const MAX_KEY_ROWS: usize = 1_000;
+
+/// The key of the row that sums the keys past [`MAX_KEY_ROWS`].
+pub const OTHER_KEYS: &str = "_other";
+
 impl Snapshot {
     /// Cuts lists until `size(self) <= max_bytes`: workers first, then each
     /// pool's demand, then its groups, then pools; sets `truncated`.
@@ -59,7 +68,12 @@ impl Snapshot {
             }
             let mut cut = false;
             for pool in &mut self.pools {
-                if !pool.demand.is_empty() {
+                if !pool.fairness_keys.is_empty() || !pool.concurrency_keys.is_empty() {
+                    pool.fairness_keys.truncate(pool.fairness_keys.len() / 2);
+                    pool.concurrency_keys
+                        .truncate(pool.concurrency_keys.len() / 2);
+                    cut = true;
+                } else if !pool.demand.is_empty() {
                     pool.demand.truncate(pool.demand.len() / 2);
                     cut = true;
                 } else if !pool.groups.is_empty() {
@@ -139,6 +153,60 @@ pub struct PoolSnapshot {
     /// when the pool declares no fleet).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub waiting_without_fleet: u64,
+    /// Its busiest fairness keys (SPEC §9), at most [`MAX_KEY_ROWS`],
+    /// busiest first, then an [`OTHER_KEYS`] row summing the rest; none
+    /// when no task names a key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fairness_keys: Vec<FairnessKeySnapshot>,
+    /// Its busiest concurrency keys, at most [`MAX_KEY_ROWS`], busiest
+    /// first, then an [`OTHER_KEYS`] row summing the rest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub concurrency_keys: Vec<ConcurrencyKeySnapshot>,
+}
+
+/// One fairness key of a pool (SPEC §9).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FairnessKeySnapshot {
+    /// The key.
+    pub key: String,
+    /// Slots its running attempts hold.
+    pub running: u64,
+    /// Its tasks not running (waiting, in backoff or before a fixed start).
+    pub waiting: u64,
+    /// The weight `[[pools.fairness]]` gives it; absent: each task's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// Its share of the pool's busy slots, in thousandths.
+    pub share_permille: u32,
+    /// Its quotas: how many slots it holds of each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<QuotaSnapshot>,
+}
+
+/// One quota of a fairness key, and what the key holds of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaSnapshot {
+    /// The labels a group carries for its slots to count (`{}`: all).
+    pub labels: Labels,
+    /// The most slots the key may hold in such groups.
+    pub max_running: u32,
+    /// Slots it holds there now.
+    pub held: u32,
+}
+
+/// One concurrency key of a pool (SPEC §9).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcurrencyKeySnapshot {
+    /// The key.
+    pub key: String,
+    /// Its tasks running.
+    pub running: u32,
+    /// Its tasks waiting (for a slot, or for the limit).
+    pub waiting: u64,
+    /// The lowest limit among its tasks waiting for the limit (each task
+    /// is held to its own); absent when none waits for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -189,7 +257,7 @@ impl Core {
         let mut pools: Vec<PoolSnapshot> = self
             .groups
             .live_pools()
-            .map(|(_, pool)| {
+            .map(|(p, pool)| {
                 let mut groups: Vec<GroupSnapshot> = pool
                     .groups
                     .iter()
@@ -235,6 +303,8 @@ impl Core {
                 }
                 demand
                     .sort_by(|a, b| (a.labels.len(), &a.labels).cmp(&(b.labels.len(), &b.labels)));
+                let (fairness_keys, concurrency_keys, cut) = self.key_rows(p, pool.busy);
+                truncated |= cut;
                 let reserved = pool.reservations.len() as u64;
                 let not_ready = reserved - pool.ready_fixed.len() as u64;
                 let (min, max) = (
@@ -258,6 +328,8 @@ impl Core {
                     groups,
                     fleets: figures.fleets,
                     waiting_without_fleet: figures.waiting_without_fleet,
+                    fairness_keys,
+                    concurrency_keys,
                 }
             })
             .collect();
@@ -272,6 +344,84 @@ impl Core {
 }
 
 impl Core {
+    /// The fairness and concurrency key rows of pool `p` (whose attempts
+    /// hold `busy` slots), each list busiest first and cut to
+    /// [`MAX_KEY_ROWS`]; and whether one was cut.
+    fn key_rows(
+        &self,
+        p: u32,
+        busy: u64,
+    ) -> (Vec<FairnessKeySnapshot>, Vec<ConcurrencyKeySnapshot>, bool) {
+        let mut fair: Vec<FairnessKeySnapshot> = self
+            .keys
+            .fair
+            .iter()
+            .filter(|k| !k.vacant && k.pool == p && !k.name.is_empty() && k.live + k.running > 0)
+            .map(|k| FairnessKeySnapshot {
+                key: k.name.to_string(),
+                running: k.running,
+                waiting: k.live.saturating_sub(k.running),
+                weight: (k.weight > 0).then_some(k.weight),
+                share_permille: (k.running * 1000).checked_div(busy).unwrap_or(0) as u32,
+                quotas: k
+                    .quotas
+                    .iter()
+                    .map(|q| QuotaSnapshot {
+                        labels: q.labels.clone(),
+                        max_running: q.max_running,
+                        held: q.held,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let mut conc: Vec<ConcurrencyKeySnapshot> = self
+            .keys
+            .conc
+            .iter()
+            .filter(|k| !k.vacant && k.pool == p && k.live + u64::from(k.running) > 0)
+            .map(|k| ConcurrencyKeySnapshot {
+                key: k.name.to_string(),
+                running: k.running,
+                waiting: u64::from(k.queued) + k.parked_len() as u64,
+                limit: k
+                    .parked
+                    .iter()
+                    .find(|(_, set)| !set.is_empty())
+                    .map(|(&l, _)| l),
+            })
+            .collect();
+        let cut = fair.len() > MAX_KEY_ROWS || conc.len() > MAX_KEY_ROWS;
+        fair.sort_by(|a, b| (b.running + b.waiting, &a.key).cmp(&(a.running + a.waiting, &b.key)));
+        if fair.len() > MAX_KEY_ROWS {
+            let rest = fair.split_off(MAX_KEY_ROWS);
+            let (running, waiting) = rest
+                .iter()
+                .fold((0, 0), |(r, w), k| (r + k.running, w + k.waiting));
+            fair.push(FairnessKeySnapshot {
+                key: OTHER_KEYS.into(),
+                running,
+                waiting,
+                weight: None,
+                share_permille: (running * 1000).checked_div(busy).unwrap_or(0) as u32,
+                quotas: Vec::new(),
+            });
+        }
+        conc.sort_by(|a, b| {
+            (u64::from(b.running) + b.waiting, &a.key)
+                .cmp(&(u64::from(a.running) + a.waiting, &b.key))
+        });
+        if conc.len() > MAX_KEY_ROWS {
+            let rest = conc.split_off(MAX_KEY_ROWS);
+            conc.push(ConcurrencyKeySnapshot {
+                key: OTHER_KEYS.into(),
+                running: rest.iter().map(|k| k.running).sum(),
+                waiting: rest.iter().map(|k| k.waiting).sum(),
+                limit: None,
+            });
+        }
+        (fair, conc, cut)
+    }
+
     /// The fleets' figures of `pool` from `demand` (every reqset with
     /// waiting tasks, before the snapshot caps it) and the due
     /// reservations that have not reached `start_at`.

@@ -271,6 +271,38 @@ impl ConcurrencyPolicy {
             ConcurrencyPolicy::Skip => "skip",
         }
     }
+
+    /// The policy named `text` (`queue`, `replace_waiting`,
+    /// `cancel_running`, `skip`); anything else is `INVALID_ARGUMENT`.
+    ///
+    /// ```
+    /// use cronoq::core::ConcurrencyPolicy;
+    /// assert_eq!(ConcurrencyPolicy::parse("cancel_running").unwrap(), ConcurrencyPolicy::CancelRunning);
+    /// assert!(ConcurrencyPolicy::parse("cancel-running").is_err());
+    /// ```
+    pub fn parse(text: &str) -> Result<ConcurrencyPolicy, Rejection> {
+        let all = [
+            ConcurrencyPolicy::Queue,
+            ConcurrencyPolicy::ReplaceWaiting,
+            ConcurrencyPolicy::CancelRunning,
+            ConcurrencyPolicy::Skip,
+        ];
+        all.into_iter()
+            .find(|p| p.as_str() == text.trim())
+            .ok_or_else(|| {
+                Rejection::InvalidArgument(format!(
+                    "concurrency_policy {} is not one of queue, replace_waiting, cancel_running, skip",
+                    super::model::excerpt(text)
+                ))
+            })
+    }
+}
+
+impl std::str::FromStr for ConcurrencyPolicy {
+    type Err = Rejection;
+    fn from_str(text: &str) -> Result<ConcurrencyPolicy, Rejection> {
+        ConcurrencyPolicy::parse(text)
+    }
 }
 
 /// A fairness key: 1 to 64 bytes, no control character.

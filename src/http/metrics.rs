@@ -355,6 +355,75 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
         );
     }
 
+    // SPEC §9: per fairness and concurrency key, as the snapshot lists
+    // them (the busiest 1,000 of each pool, then `_other` for the rest).
+    type FairValue = fn(&crate::core::FairnessKeySnapshot) -> u64;
+    let fair_gauges: [(&str, &str, FairValue); 2] = [
+        (
+            "cronoq_fairness_key_running",
+            "Slots a fairness key's running attempts hold (the busiest 1,000 keys of a pool, then key=\"_other\").",
+            |k| k.running,
+        ),
+        (
+            "cronoq_fairness_key_waiting",
+            "A fairness key's tasks not running.",
+            |k| k.waiting,
+        ),
+    ];
+    for (name, help, value) in fair_gauges {
+        let mut family = Family::start(&mut out, name, "gauge", help);
+        for p in &snapshot.pools {
+            for k in &p.fairness_keys {
+                family.sample(
+                    name,
+                    &[("pool", p.name.as_str()), ("key", &k.key)],
+                    value(k),
+                );
+            }
+        }
+    }
+    let mut family = Family::start(
+        &mut out,
+        "cronoq_fairness_key_share",
+        "gauge",
+        "A fairness key's share of its pool's busy slots (0 to 1).",
+    );
+    for p in &snapshot.pools {
+        for k in &p.fairness_keys {
+            let share = format!("{}", f64::from(k.share_permille) / 1000.0);
+            family.sample_text(
+                "cronoq_fairness_key_share",
+                &[("pool", p.name.as_str()), ("key", &k.key)],
+                &share,
+            );
+        }
+    }
+    type ConcValue = fn(&crate::core::ConcurrencyKeySnapshot) -> u64;
+    let conc_gauges: [(&str, &str, ConcValue); 2] = [
+        (
+            "cronoq_concurrency_key_running",
+            "A concurrency key's running tasks (the busiest 1,000 keys of a pool, then key=\"_other\").",
+            |k| u64::from(k.running),
+        ),
+        (
+            "cronoq_concurrency_key_waiting",
+            "A concurrency key's waiting tasks.",
+            |k| k.waiting,
+        ),
+    ];
+    for (name, help, value) in conc_gauges {
+        let mut family = Family::start(&mut out, name, "gauge", help);
+        for p in &snapshot.pools {
+            for k in &p.concurrency_keys {
+                family.sample(
+                    name,
+                    &[("pool", p.name.as_str()), ("key", &k.key)],
+                    value(k),
+                );
+            }
+        }
+    }
+
     let mut family = Family::start(
         &mut out,
         "cronoq_metrics_label_sets_dropped",

@@ -52,7 +52,7 @@ struct Rest {
 }
 
 /// The outcomes cronoq names, by code (0: none).
-const OUTCOMES: [&str; 4] = ["succeeded", "failed", "lost", "cancelled"];
+const OUTCOMES: [&str; 5] = ["succeeded", "failed", "lost", "cancelled", "preempted"];
 
 /// The code of an attempt's outcome kept inline, or `None` when it cannot
 /// be (a name cronoq did not give).

@@ -37,7 +37,9 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 
-use crate::core::{AttemptOutcome, Core, Labels, Millis, PoolName, TaskId, TaskState};
+use crate::core::{
+    AttemptOutcome, Core, Labels, Millis, PoolName, RevokeReason, TaskId, TaskState,
+};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::task::{AttemptRecord, Outcome, TaskStatus};
 
@@ -50,6 +52,9 @@ use entries::Entries;
 
 /// The error of an attempt stopped for its attempt timeout.
 pub(crate) const TIMEOUT: &str = "timeout";
+/// The outcome recorded for an attempt preempted by higher-priority work
+/// (SPEC §9).
+pub(crate) const PREEMPTED: &str = "preempted";
 
 /// One live task.
 pub(crate) struct Entry<X, R> {
@@ -71,8 +76,9 @@ struct Run<R> {
     attempts: Vec<AttemptRecord>,
     output: Option<Bytes>,
     error: Option<String>,
-    /// The attempt revoked for running past its timeout.
-    timed_out: Option<u32>,
+    /// The attempt revoked for running past its timeout, or preempted
+    /// (SPEC §9), and which.
+    revoked: Option<(u32, RevokeReason)>,
     key: Option<String>,
     /// Other ids that stand for this task (resubmissions with its key).
     aliases: Vec<TaskId>,
@@ -365,10 +371,15 @@ impl<X, R: Default> Ledger<X, R> {
         }
     }
 
-    /// Attempt `attempt` was revoked for running past its timeout.
-    pub fn timed_out(&mut self, id: TaskId, attempt: u32) {
+    /// Attempt `attempt` was revoked for `reason`: one stopped for its
+    /// timeout ends `lost` (error `timeout`), a preempted one `preempted`,
+    /// unless it succeeded after all (a cancelled one ends with its task).
+    pub fn revoked(&mut self, id: TaskId, attempt: u32, reason: RevokeReason) {
+        if reason == RevokeReason::Cancelled {
+            return;
+        }
         if let Some(entry) = self.live.get_mut(id) {
-            entry.run().timed_out = Some(attempt);
+            entry.run().revoked = Some((attempt, reason));
         }
     }
 
@@ -389,12 +400,18 @@ impl<X, R: Default> Ledger<X, R> {
         };
         let m = self.metrics.at(entry.metrics_slot);
         let run = entry.run();
-        let (outcome, error) =
-            if outcome != AttemptOutcome::Succeeded && run.timed_out == Some(attempt) {
-                (AttemptOutcome::Lost, Some(TIMEOUT.to_string()))
-            } else {
-                (outcome, error)
-            };
+        let revoked = match run.revoked {
+            Some((a, reason)) if a == attempt && outcome != AttemptOutcome::Succeeded => {
+                Some(reason)
+            }
+            _ => None,
+        };
+        let (outcome, error) = match revoked {
+            Some(RevokeReason::Timeout) => (AttemptOutcome::Lost, Some(TIMEOUT.to_string())),
+            // Not a failure of the task: its error stays as it was.
+            Some(RevokeReason::Preempted) => (outcome, None),
+            _ => (outcome, error),
+        };
         if outcome == AttemptOutcome::Lost {
             m.lost += 1;
         }
@@ -403,7 +420,10 @@ impl<X, R: Default> Ledger<X, R> {
                 m.run.observe(elapsed(record.started_at, now));
             }
             record.ended_at = Some(now);
-            record.outcome = Some(outcome.as_str().into());
+            record.outcome = Some(match revoked {
+                Some(RevokeReason::Preempted) => PREEMPTED.into(),
+                _ => outcome.as_str().into(),
+            });
             record.error = error.clone();
         }
         if output.is_some() {
@@ -467,7 +487,7 @@ impl<X, R: Default> Ledger<X, R> {
         // (no drop and rebuild of the whole record).
         run.attempts.clear();
         run.output = None;
-        run.timed_out = None;
+        run.revoked = None;
         debug_assert!(run.error.is_none() && run.key.is_none() && run.schedule.is_none());
         debug_assert!(run.aliases.is_empty());
         if self.spare_runs.len() < SPARE_RUNS {

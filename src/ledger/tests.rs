@@ -37,7 +37,7 @@ fn an_attempt_stopped_for_its_timeout_is_lost_with_reason_timeout() {
         None,
         Millis(1),
     );
-    l.timed_out(TaskId(1), 1);
+    l.revoked(TaskId(1), 1, crate::core::RevokeReason::Timeout);
     // However the stop is reported (embedded: aborted = cancelled;
     // remote: failed or cancelled), it is lost with reason timeout.
     let told = l.ended(
@@ -72,7 +72,7 @@ fn a_success_after_the_timeout_revoke_still_counts() {
     let mut l = ledger(10);
     accept(&mut l, 1, None, 0);
     l.started(TaskId(1), 1, Labels::new(), None, None, Millis(1));
-    l.timed_out(TaskId(1), 1);
+    l.revoked(TaskId(1), 1, crate::core::RevokeReason::Timeout);
     let told = l.ended(
         TaskId(1),
         1,
@@ -209,7 +209,7 @@ fn a_lost_attempt_counts_lost_and_its_run() {
     let mut l = ledger(10);
     accept(&mut l, 1, None, 0);
     l.started(TaskId(1), 1, Labels::new(), None, None, Millis(0));
-    l.timed_out(TaskId(1), 1);
+    l.revoked(TaskId(1), 1, crate::core::RevokeReason::Timeout);
     l.ended(
         TaskId(1),
         1,

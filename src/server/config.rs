@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::core::{Backoff, FleetConfig, Millis, OnMiss, PoolConfig, PoolName, Rejection};
+use crate::core::{
+    Backoff, FairnessWeight, FleetConfig, Millis, OnMiss, PoolConfig, PoolName, Preemption,
+    QuotaConfig, Rejection,
+};
 
 /// `[auth]` and its credentials belong to [`crate::auth`], which reads them.
 pub use crate::auth::{AuthSection, InlineSecret, NkeySection, TokenSection};
@@ -351,6 +354,21 @@ pub struct PoolSection {
     /// (or `[[pools.fleets]]` tables). See `GET /v1/autoscale`.
     #[serde(default)]
     pub fleets: Vec<FleetConfig>,
+    /// Weights of fairness keys (SPEC §9): `[[pools.fairness]]` tables of
+    /// `key` and `weight` (1 to 1,000). With auth on, the only weights.
+    #[serde(default)]
+    pub fairness: Vec<FairnessWeight>,
+    /// Quotas of fairness keys: `[[pools.quotas]]` tables of `key`,
+    /// `labels` (`{}`: the whole pool) and `max_running`.
+    #[serde(default)]
+    pub quotas: Vec<QuotaConfig>,
+    /// `off` (default) or `priority`: an eligible waiter with no free slot
+    /// revokes a running attempt of a preemptible, lower-priority task.
+    pub preemption: Option<Preemption>,
+    /// How long a preempted remote attempt's command has between SIGTERM
+    /// and SIGKILL (default 30 s).
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub preemption_grace: Option<Duration>,
 }
 
 impl PoolSection {
@@ -372,7 +390,10 @@ impl PoolSection {
                 max: ms(self.backoff_max, d.backoff.max),
             },
             fleets: self.fleets.clone(),
-            ..d
+            fairness: self.fairness.clone(),
+            quotas: self.quotas.clone(),
+            preemption: self.preemption.unwrap_or(d.preemption),
+            preemption_grace: ms(self.preemption_grace, d.preemption_grace),
         };
         config.validate().map_err(|e| match e {
             Rejection::InvalidArgument(m) => {

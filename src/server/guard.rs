@@ -91,6 +91,12 @@ impl Guard {
             Claim::None if on_fire_subject => return Err(fires::unverified_fire()),
             Claim::None => {}
             Claim::Sealed { owner } => {
+                // A fire shares the pool as its owner's credential would.
+                if let Some(p) = owner.as_deref().and_then(|o| self.auth.named(o)) {
+                    if let Ok(key) = p.fairness_key(task.fairness_key_name()) {
+                        task.fairness_under_auth(key);
+                    }
+                }
                 task.owner = owner;
                 return Ok(task);
             }
@@ -116,6 +122,10 @@ impl Guard {
             ));
         }
         principal.may_submit(pool)?;
+        // SPEC §9 with auth on: the key is the credential's (or one its
+        // entry lists), and only `[[pools.fairness]]` weighs it.
+        let key = principal.fairness_key(task.fairness_key_name())?;
+        task.fairness_under_auth(key);
         task.idempotency_key = task.idempotency_key.map(|k| principal.scoped_key(&k));
         task.owner = Some(principal.name);
         Ok(task)

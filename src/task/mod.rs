@@ -13,8 +13,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::core::{
-    Backoff, FixedStart, Labels, Millis, PoolName, Rejection, TaskId, TaskSpec, TaskState,
-    WaitReason,
+    Backoff, ConcurrencyPolicy, FixedStart, Labels, Millis, PoolName, Rejection, TaskId, TaskSpec,
+    TaskState, WaitReason,
 };
 
 mod submit;
@@ -59,6 +59,21 @@ pub struct Task {
     /// The schedule that fired it and the tick it fired for (issue 23);
     /// set by the schedule shells only.
     pub(crate) schedule: Option<(String, Millis)>,
+    /// How it shares its pool (SPEC §9), boxed: most tasks carry none, and
+    /// a `Task` without it stays as small as before.
+    pub(crate) sharing: Option<Box<Sharing>>,
+}
+
+/// A task's SPEC §9 options as given (`None`: not given, today's
+/// behaviour). Checked at submit, with the rest of the task.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Sharing {
+    pub(crate) fairness_key: Option<String>,
+    pub(crate) fairness_weight: Option<u32>,
+    pub(crate) concurrency_key: Option<String>,
+    pub(crate) concurrency_limit: Option<u32>,
+    pub(crate) concurrency_policy: Option<ConcurrencyPolicy>,
+    pub(crate) preemptible: Option<bool>,
 }
 
 impl Task {
@@ -81,7 +96,96 @@ impl Task {
             traceparent: None,
             owner: None,
             schedule: None,
+            sharing: None,
         }
+    }
+
+    fn sharing_mut(&mut self) -> &mut Sharing {
+        self.sharing.get_or_insert_with(Box::default)
+    }
+
+    /// Its fairness key (SPEC §9, ≤ 64 bytes): among keys with waiting
+    /// tasks, a freed slot goes to the key furthest below its weighted
+    /// share. With auth on the server sets it (the credential's name) or
+    /// checks it against the credential's `fairness_keys`.
+    ///
+    /// ```
+    /// use cronoq::{Task, TaskId};
+    /// let task = Task::new("x").fairness_key("team-a").fairness_weight(3);
+    /// assert_eq!(task.fairness_key_name(), Some("team-a"));
+    /// assert!(task.to_spec(TaskId(1), 1024).is_ok());
+    /// assert!(Task::new("x").fairness_weight(0).to_spec(TaskId(1), 1024).is_err());
+    /// ```
+    pub fn fairness_key(mut self, key: impl Into<String>) -> Task {
+        self.sharing_mut().fairness_key = Some(key.into());
+        self
+    }
+
+    /// Its key's weight, 1 to 1,000 (default 1), unless the pool's
+    /// `[[pools.fairness]]` weights the key (and ignored with auth on).
+    pub fn fairness_weight(mut self, weight: u32) -> Task {
+        self.sharing_mut().fairness_weight = Some(weight);
+        self
+    }
+
+    /// Its concurrency key (≤ 128 bytes): tasks of one pool with the same
+    /// key share a limit ([`Task::concurrency_limit`]).
+    ///
+    /// ```
+    /// use cronoq::{ConcurrencyPolicy, Task, TaskId};
+    /// let deploy = Task::new("deploy")
+    ///     .concurrency_key("deploy-prod")
+    ///     .concurrency_limit(1)
+    ///     .concurrency_policy(ConcurrencyPolicy::CancelRunning);
+    /// assert!(deploy.to_spec(TaskId(1), 1024).is_ok());
+    /// assert!(Task::new("x").concurrency_limit(0).to_spec(TaskId(1), 1024).is_err());
+    /// ```
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Task {
+        self.sharing_mut().concurrency_key = Some(key.into());
+        self
+    }
+
+    /// At most this many of its concurrency key's tasks run while it
+    /// starts (≥ 1, default 1).
+    pub fn concurrency_limit(mut self, limit: u32) -> Task {
+        self.sharing_mut().concurrency_limit = Some(limit);
+        self
+    }
+
+    /// What admission does when its key's limit is full (default
+    /// [`ConcurrencyPolicy::Queue`]).
+    pub fn concurrency_policy(mut self, policy: ConcurrencyPolicy) -> Task {
+        self.sharing_mut().concurrency_policy = Some(policy);
+        self
+    }
+
+    /// Whether a waiting task of higher priority may preempt its attempt in
+    /// a pool with `preemption = "priority"` (default true).
+    pub fn preemptible(mut self, preemptible: bool) -> Task {
+        self.sharing_mut().preemptible = Some(preemptible);
+        self
+    }
+
+    /// With auth on (SPEC §9): the fairness key the credential's rights
+    /// gave, and no weight of the task's own (only `[[pools.fairness]]`
+    /// weighs keys then).
+    pub(crate) fn fairness_under_auth(&mut self, key: Option<String>) {
+        if key.is_none() && self.sharing.is_none() {
+            return;
+        }
+        let sharing = self.sharing_mut();
+        sharing.fairness_key = key;
+        sharing.fairness_weight = None;
+    }
+
+    /// The fairness key, if one is set.
+    pub fn fairness_key_name(&self) -> Option<&str> {
+        self.sharing.as_ref()?.fairness_key.as_deref()
+    }
+
+    /// The concurrency key, if one is set.
+    pub fn concurrency_key_name(&self) -> Option<&str> {
+        self.sharing.as_ref()?.concurrency_key.as_deref()
     }
 
     /// Marks the task as fired by schedule `name` for the tick `at`.
@@ -308,16 +412,17 @@ impl Task {
                 max: Millis::from_duration(max),
             }),
             attempt_timeout: self.attempt_timeout.map(Millis::from_duration),
-            // SPEC §9 fields: not yet settable from a `Task` (issue 36's
-            // shells); absent means today's behaviour.
             fairness_key: None,
             fairness_weight: 1,
             concurrency_key: None,
             concurrency_limit: 1,
-            concurrency_policy: crate::core::ConcurrencyPolicy::Queue,
+            concurrency_policy: ConcurrencyPolicy::Queue,
             preemptible: true,
         };
-        Ok(spec)
+        Ok(match &self.sharing {
+            None => spec,
+            Some(sharing) => sharing.apply(spec),
+        })
     }
 }
 
@@ -539,6 +644,10 @@ pub struct TaskStatus {
     pub state: TaskState,
     /// Why it waits, while it does.
     pub reason: Option<WaitReason>,
+    /// The key it waits for (SPEC §9): its fairness key when `reason` is
+    /// `quota`, its concurrency key when `concurrency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_key: Option<String>,
     /// Attempts so far.
     pub attempts: Vec<AttemptRecord>,
     /// Output, once succeeded (lossy UTF-8 in JSON).
@@ -649,7 +758,7 @@ impl TaskStatus {
     /// # use cronoq::{TaskStatus, TaskState, TaskId, PoolName};
     /// let (output, output_base64) = cronoq::task::output_fields(Some(&[0u8, 255][..]));
     /// let status = TaskStatus {
-    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Succeeded, reason: None,
+    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Succeeded, reason: None, reason_key: None,
     ///     attempts: vec![], output, output_base64, error: None, deadline_missed: false,
     ///     schedule: None, scheduled_at: None,
     ///     output_size: None,
@@ -690,7 +799,7 @@ impl TaskStatus {
     /// ```
     /// # use cronoq::{TaskStatus, TaskState, TaskId, PoolName};
     /// let status = TaskStatus {
-    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Failed, reason: None,
+    ///     id: TaskId(1), pool: PoolName::default(), state: TaskState::Failed, reason: None, reason_key: None,
     ///     attempts: vec![], output: Some("big".into()), output_base64: Some("Ymln".into()),
     ///     error: Some("x".repeat(10_000)), deadline_missed: false,
     ///     schedule: None, scheduled_at: None,
@@ -758,6 +867,7 @@ impl TaskStatus {
             pool: o.pool.clone(),
             state: o.state,
             reason: None,
+            reason_key: None,
             attempts: o.attempts.clone(),
             output,
             output_base64,
@@ -777,6 +887,7 @@ impl TaskStatus {
             pool,
             state,
             reason: None,
+            reason_key: None,
             attempts: Vec::new(),
             output: None,
             output_base64: None,
@@ -800,6 +911,7 @@ impl TaskStatus {
             pool: view.pool,
             state: view.state,
             reason: view.reason,
+            reason_key: view.reason_key,
             attempts,
             output: None,
             output_base64: None,
@@ -808,6 +920,21 @@ impl TaskStatus {
             schedule: schedule.map(|(name, _)| name.clone()),
             scheduled_at: schedule.map(|(_, at)| *at),
             output_size: None,
+        }
+    }
+}
+
+impl Sharing {
+    /// `spec` with these options (the core validates them on submit).
+    fn apply(&self, spec: TaskSpec) -> TaskSpec {
+        TaskSpec {
+            fairness_key: self.fairness_key.clone(),
+            fairness_weight: self.fairness_weight.unwrap_or(1),
+            concurrency_key: self.concurrency_key.clone(),
+            concurrency_limit: self.concurrency_limit.unwrap_or(1),
+            concurrency_policy: self.concurrency_policy.unwrap_or_default(),
+            preemptible: self.preemptible.unwrap_or(true),
+            ..spec
         }
     }
 }

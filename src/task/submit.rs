@@ -17,7 +17,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::{check_traceparent, Task};
-use crate::core::{excerpt, Labels, Millis, Rejection, MAX_HORIZON};
+use crate::core::{excerpt, ConcurrencyPolicy, Labels, Millis, Rejection, MAX_HORIZON};
 
 /// A submission's options, typed, with its payload: what every path
 /// builds, and turns into a [`Task`] with [`SubmitOptions::into_task`].
@@ -68,6 +68,18 @@ pub struct SubmitOptions {
     pub idempotency_key: Option<String>,
     /// The submitter's W3C trace context (see [`check_traceparent`]).
     pub traceparent: Option<String>,
+    /// Its fairness key (SPEC §9).
+    pub fairness_key: Option<String>,
+    /// Its fairness key's weight, 1 to 1,000.
+    pub fairness_weight: Option<u32>,
+    /// Its concurrency key.
+    pub concurrency_key: Option<String>,
+    /// How many of its concurrency key's tasks may run at once (≥ 1).
+    pub concurrency_limit: Option<u32>,
+    /// What admission does when the limit is full.
+    pub concurrency_policy: Option<ConcurrencyPolicy>,
+    /// Whether higher-priority work may preempt it (default true).
+    pub preemptible: Option<bool>,
 }
 
 impl SubmitOptions {
@@ -115,6 +127,24 @@ impl SubmitOptions {
         }
         if let Some(tp) = self.traceparent {
             task = task.traceparent(tp);
+        }
+        if let Some(k) = self.fairness_key {
+            task = task.fairness_key(k);
+        }
+        if let Some(w) = self.fairness_weight {
+            task = task.fairness_weight(w);
+        }
+        if let Some(k) = self.concurrency_key {
+            task = task.concurrency_key(k);
+        }
+        if let Some(n) = self.concurrency_limit {
+            task = task.concurrency_limit(n);
+        }
+        if let Some(p) = self.concurrency_policy {
+            task = task.concurrency_policy(p);
+        }
+        if let Some(p) = self.preemptible {
+            task = task.preemptible(p);
         }
         Ok(task)
     }
@@ -207,6 +237,46 @@ pub struct SubmitRequest {
     /// `traceparent` header).
     #[serde(skip)]
     pub traceparent: Option<String>,
+    /// Fairness key (SPEC §9): 1 to 64 bytes, no control character. With
+    /// auth on, defaults to the credential's name; another key only if the
+    /// credential's `fairness_keys` lists it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness_key: Option<String>,
+    /// Weight of the fairness key, 1 to 1,000 (default 1). Ignored with
+    /// auth on and for keys the pool's `[[pools.fairness]]` weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub fairness_weight: Option<u32>,
+    /// Concurrency key: 1 to 128 bytes; tasks of one pool with the same
+    /// key share a limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// At most this many of the key's tasks run at once (≥ 1, default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub concurrency_limit: Option<u32>,
+    /// `queue` (default), `replace_waiting`, `cancel_running` or `skip`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<PolicyName>")]
+    pub concurrency_policy: Option<String>,
+    /// Whether a waiting task of higher priority may preempt it (default
+    /// true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
+}
+
+/// What admission does when a concurrency key's limit is full (SPEC §9).
+// For the JSON schema only: the field is text, parsed by
+// `ConcurrencyPolicy::parse`, so every path refuses a bad name alike.
+#[derive(schemars::JsonSchema)]
+#[schemars(rename = "ConcurrencyPolicy")]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum PolicyName {
+    Queue,
+    ReplaceWaiting,
+    CancelRunning,
+    Skip,
 }
 
 /// `"backoff": {"initial": "1s", "max": "1m"}` of a [`SubmitRequest`].
@@ -298,6 +368,16 @@ impl SubmitRequest {
             },
             idempotency_key: self.idempotency_key,
             traceparent: self.traceparent,
+            fairness_key: self.fairness_key,
+            fairness_weight: self.fairness_weight,
+            concurrency_key: self.concurrency_key,
+            concurrency_limit: self.concurrency_limit,
+            concurrency_policy: self
+                .concurrency_policy
+                .as_deref()
+                .map(ConcurrencyPolicy::parse)
+                .transpose()?,
+            preemptible: self.preemptible,
         })
     }
 
@@ -339,6 +419,23 @@ impl SubmitRequest {
             }),
             idempotency_key: task.idempotency_key.clone(),
             traceparent: None,
+            ..SubmitRequest::sharing_of(task)
+        }
+    }
+
+    /// The SPEC §9 fields of `task` (the rest default).
+    fn sharing_of(task: &Task) -> SubmitRequest {
+        let Some(s) = task.sharing.as_deref() else {
+            return SubmitRequest::default();
+        };
+        SubmitRequest {
+            fairness_key: s.fairness_key.clone(),
+            fairness_weight: s.fairness_weight,
+            concurrency_key: s.concurrency_key.clone(),
+            concurrency_limit: s.concurrency_limit,
+            concurrency_policy: s.concurrency_policy.map(|p| p.as_str().to_string()),
+            preemptible: s.preemptible,
+            ..SubmitRequest::default()
         }
     }
 }
@@ -449,5 +546,62 @@ mod tests {
             e.to_string().starts_with("attempt_timeout: duration"),
             "{e}"
         );
+    }
+
+    /// SPEC §9's fields travel from JSON to the spec and back, and a bad
+    /// one is refused `INVALID_ARGUMENT` where the task is checked.
+    #[test]
+    fn sharing_options_reach_the_spec_and_round_trip() {
+        use crate::core::{ConcurrencyPolicy, ErrorCode, TaskId};
+        let now = SystemTime::UNIX_EPOCH;
+        let req: SubmitRequest = serde_json::from_str(
+            r#"{"fairness_key": "team-a", "fairness_weight": 3, "concurrency_key": "deploy",
+                "concurrency_limit": 2, "concurrency_policy": "cancel_running", "preemptible": false}"#,
+        )
+        .unwrap();
+        let task = req.clone().into_task(now).unwrap();
+        let spec = task.to_spec(TaskId(1), 1024).unwrap();
+        assert_eq!(spec.fairness_key.as_deref(), Some("team-a"));
+        assert_eq!(spec.fairness_weight, 3);
+        assert_eq!(spec.concurrency_key.as_deref(), Some("deploy"));
+        assert_eq!(spec.concurrency_limit, 2);
+        assert_eq!(spec.concurrency_policy, ConcurrencyPolicy::CancelRunning);
+        assert!(!spec.preemptible);
+        let back = SubmitRequest::from_task(&task);
+        assert_eq!(
+            (
+                back.fairness_key,
+                back.fairness_weight,
+                back.concurrency_policy
+            ),
+            (
+                req.fairness_key,
+                req.fairness_weight,
+                req.concurrency_policy
+            )
+        );
+        // No options: today's spec, and no allocation for them.
+        let plain = SubmitRequest::default().into_task(now).unwrap();
+        assert!(plain.sharing.is_none());
+        let spec = plain.to_spec(TaskId(1), 1024).unwrap();
+        assert_eq!(
+            spec,
+            crate::core::TaskSpec::new(TaskId(1), spec.pool.clone())
+        );
+        for bad in [
+            r#"{"fairness_key": ""}"#,
+            r#"{"fairness_weight": 0}"#,
+            r#"{"fairness_weight": 1001}"#,
+            r#"{"concurrency_limit": 0}"#,
+            r#"{"concurrency_policy": "Queue"}"#,
+            r#"{"fairness_key": "a\u0000b"}"#,
+        ] {
+            let req: SubmitRequest = serde_json::from_str(bad).unwrap();
+            let e = req
+                .into_task(now)
+                .and_then(|t| t.to_spec(TaskId(1), 1024).map(|_| ()))
+                .unwrap_err();
+            assert_eq!(e.code(), ErrorCode::INVALID_ARGUMENT, "{bad}: {e}");
+        }
     }
 }

@@ -14,6 +14,12 @@
 //! | `Cronoq-Attempt-Timeout` | duration |
 //! | `Cronoq-Backoff` | `INITIAL,MAX` durations (`1s,1m`) |
 //! | `Cronoq-Idempotency-Key` | text (`Nats-Msg-Id` de-duplicates too) |
+//! | `Cronoq-Fairness-Key` | text, ≤ 64 bytes (SPEC §9) |
+//! | `Cronoq-Fairness-Weight` | integer 1 to 1,000 |
+//! | `Cronoq-Concurrency-Key` | text, ≤ 128 bytes |
+//! | `Cronoq-Concurrency-Limit` | integer ≥ 1 |
+//! | `Cronoq-Concurrency-Policy` | `queue`, `replace_waiting`, `cancel_running` or `skip` |
+//! | `Cronoq-Preemptible` | `true` or `false` |
 //! | `traceparent` | W3C trace context, `00-<trace id>-<parent id>-<flags>` |
 //!
 //! Any other `Cronoq-*` header is refused, so a typo does not pass silently.
@@ -28,7 +34,7 @@ use crate::core::{excerpt, PoolName, Rejection, MAX_LABELS};
 use crate::task::{BackoffRequest, SubmitRequest, Task};
 
 /// The `Cronoq-*` headers a plain publish may carry.
-pub const SUBMIT_HEADERS: [&str; 10] = [
+pub const SUBMIT_HEADERS: [&str; 16] = [
     "Cronoq-Labels",
     "Cronoq-Priority",
     "Cronoq-Deadline",
@@ -39,6 +45,12 @@ pub const SUBMIT_HEADERS: [&str; 10] = [
     "Cronoq-Attempt-Timeout",
     "Cronoq-Backoff",
     "Cronoq-Idempotency-Key",
+    "Cronoq-Fairness-Key",
+    "Cronoq-Fairness-Weight",
+    "Cronoq-Concurrency-Key",
+    "Cronoq-Concurrency-Limit",
+    "Cronoq-Concurrency-Policy",
+    "Cronoq-Preemptible",
 ];
 
 /// The W3C trace context header of a plain publish (and of
@@ -51,10 +63,23 @@ pub const AUTH_HEADER: &str = "Cronoq-Auth";
 
 pub use crate::task::{parse_duration, parse_time, tolerance_without_start};
 
-fn parse_int<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, Rejection> {
+/// An integer option given as text (a header, a CLI flag): anything else is
+/// `INVALID_ARGUMENT` naming the option.
+pub fn parse_int<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, Rejection> {
     text.trim().parse().map_err(|_| {
         Rejection::InvalidArgument(format!("{name}: {} is not an integer", excerpt(text)))
     })
+}
+
+fn parse_bool(name: &str, text: &str) -> Result<bool, Rejection> {
+    match text.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(Rejection::InvalidArgument(format!(
+            "{name}: {} is not true or false",
+            excerpt(text)
+        ))),
+    }
 }
 
 /// A task from a plain publish: `headers` yields `(name, value)` pairs.
@@ -95,6 +120,14 @@ pub fn task_from_headers<'a>(
             Some("Cronoq-Attempt-Timeout") => req.attempt_timeout = text(value),
             Some("Cronoq-Backoff") => req.backoff = Some(BackoffRequest::parse(value)?),
             Some("Cronoq-Idempotency-Key") => req.idempotency_key = text(value),
+            Some("Cronoq-Fairness-Key") => req.fairness_key = text(value),
+            Some("Cronoq-Fairness-Weight") => req.fairness_weight = Some(parse_int(name, value)?),
+            Some("Cronoq-Concurrency-Key") => req.concurrency_key = text(value),
+            Some("Cronoq-Concurrency-Limit") => {
+                req.concurrency_limit = Some(parse_int(name, value)?)
+            }
+            Some("Cronoq-Concurrency-Policy") => req.concurrency_policy = text(value),
+            Some("Cronoq-Preemptible") => req.preemptible = Some(parse_bool(name, value)?),
             _ if name.eq_ignore_ascii_case(TRACEPARENT) => req.traceparent = text(value),
             // The submitter's proof: checked by the leader (crate::auth).
             _ if name.eq_ignore_ascii_case(AUTH_HEADER) => {}
@@ -245,5 +278,50 @@ mod tests {
             parse_time("2026-12-02T16:00:00Z", now).unwrap(),
             humantime::parse_rfc3339("2026-12-02T16:00:00Z").unwrap()
         );
+    }
+
+    #[test]
+    fn sharing_headers_become_options() {
+        use crate::core::{ConcurrencyPolicy, ErrorCode, TaskId};
+        let pool = PoolName::new("p").unwrap();
+        let now = SystemTime::UNIX_EPOCH;
+        let task = task_from_headers(
+            &pool,
+            Bytes::new(),
+            [
+                ("Cronoq-Fairness-Key", "team-a"),
+                ("Cronoq-Fairness-Weight", "3"),
+                ("Cronoq-Concurrency-Key", "deploy"),
+                ("Cronoq-Concurrency-Limit", "2"),
+                ("cronoq-concurrency-policy", "skip"),
+                ("Cronoq-Preemptible", "false"),
+            ],
+            now,
+        )
+        .unwrap();
+        let spec = task.to_spec(TaskId(1), 16).unwrap();
+        assert_eq!(spec.fairness_key.as_deref(), Some("team-a"));
+        assert_eq!(spec.fairness_weight, 3);
+        assert_eq!(spec.concurrency_key.as_deref(), Some("deploy"));
+        assert_eq!(spec.concurrency_limit, 2);
+        assert_eq!(spec.concurrency_policy, ConcurrencyPolicy::Skip);
+        assert!(!spec.preemptible);
+        for (name, value) in [
+            ("Cronoq-Fairness-Weight", "heavy"),
+            ("Cronoq-Fairness-Weight", "-1"),
+            ("Cronoq-Fairness-Weight", "0"),
+            ("Cronoq-Concurrency-Limit", "0"),
+            ("Cronoq-Concurrency-Policy", "later"),
+            ("Cronoq-Preemptible", "no"),
+        ] {
+            let e = task_from_headers(&pool, Bytes::new(), [(name, value)], now)
+                .and_then(|t| t.to_spec(TaskId(1), 16).map(|_| ()))
+                .unwrap_err();
+            assert_eq!(
+                e.code(),
+                ErrorCode::INVALID_ARGUMENT,
+                "{name}: {value}: {e}"
+            );
+        }
     }
 }

@@ -13,9 +13,9 @@ use std::borrow::Cow;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 
 use crate::core::{
-    Autoscale, AutoscaleAnswer, Backoff, Demand, ErrorCode, FleetAutoscale, GroupSnapshot, Labels,
-    LeaderInfo, Millis, PoolName, PoolSnapshot, RevokeReason, Snapshot, TaskId, TaskState,
-    WaitReason, WorkerInfo,
+    Autoscale, AutoscaleAnswer, Backoff, ConcurrencyKeySnapshot, Demand, ErrorCode,
+    FairnessKeySnapshot, FleetAutoscale, GroupSnapshot, Labels, LeaderInfo, Millis, PoolName,
+    PoolSnapshot, QuotaSnapshot, RevokeReason, Snapshot, TaskId, TaskState, WaitReason, WorkerInfo,
 };
 use crate::schedule::{
     FireKind, FireRecord, MissReason, MissedTicks, Overlap, ScheduleCounters, ScheduleSpec,
@@ -199,6 +199,73 @@ struct PoolSnapshotSchema {
     /// when the pool declares no fleet).
     #[serde(default, skip_serializing_if = "is_zero")]
     waiting_without_fleet: u64,
+    /// Its busiest fairness keys (SPEC §9), at most 1,000, busiest first,
+    /// then a `_other` row summing the rest; none when no task names a key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    fairness_keys: Vec<FairnessKeySnapshot>,
+    /// Its busiest concurrency keys, at most 1,000, busiest first, then a
+    /// `_other` row summing the rest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    concurrency_keys: Vec<ConcurrencyKeySnapshot>,
+}
+
+mirrored_schema!(
+    FairnessKeySnapshot,
+    FairnessKeySnapshotSchema,
+    "FairnessKeySnapshot"
+);
+/// One fairness key of a pool (SPEC §9).
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct FairnessKeySnapshotSchema {
+    /// The key.
+    key: String,
+    /// Slots its running attempts hold.
+    running: u64,
+    /// Its tasks not running (waiting, in backoff or before a fixed start).
+    waiting: u64,
+    /// The weight `[[pools.fairness]]` gives it; absent: each task's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    weight: Option<u32>,
+    /// Its share of the pool's busy slots, in thousandths.
+    share_permille: u32,
+    /// Its quotas: how many slots it holds of each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    quotas: Vec<QuotaSnapshot>,
+}
+
+mirrored_schema!(QuotaSnapshot, QuotaSnapshotSchema, "QuotaSnapshot");
+/// One quota of a fairness key, and what the key holds of it.
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct QuotaSnapshotSchema {
+    /// The labels a group carries for its slots to count (`{}`: all).
+    labels: Labels,
+    /// The most slots the key may hold in such groups.
+    max_running: u32,
+    /// Slots it holds there now.
+    held: u32,
+}
+
+mirrored_schema!(
+    ConcurrencyKeySnapshot,
+    ConcurrencyKeySnapshotSchema,
+    "ConcurrencyKeySnapshot"
+);
+/// One concurrency key of a pool (SPEC §9).
+#[allow(dead_code)]
+#[derive(JsonSchema)]
+struct ConcurrencyKeySnapshotSchema {
+    /// The key.
+    key: String,
+    /// Its tasks running.
+    running: u32,
+    /// Its tasks waiting (for a slot, or for the limit).
+    waiting: u64,
+    /// The lowest limit among its tasks waiting for the limit (each task
+    /// is held to its own); absent when none waits for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    limit: Option<u32>,
 }
 
 /// Named by `skip_serializing_if` above (schemars reads the attribute).
@@ -290,6 +357,10 @@ struct TaskStatusSchema {
     state: TaskState,
     /// Why it waits, while it does.
     reason: Option<WaitReason>,
+    /// The key it waits for (SPEC §9): its fairness key when `reason` is
+    /// `quota`, its concurrency key when `concurrency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason_key: Option<String>,
     /// Attempts so far.
     attempts: Vec<AttemptRecord>,
     /// Output, once succeeded (lossy UTF-8).

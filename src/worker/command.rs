@@ -11,7 +11,9 @@
 //! On Unix the command runs in a process group of its own: a Ctrl-C in the
 //! worker's terminal does not reach it (the worker drains instead), and an
 //! aborted attempt (revoked, lease lost, grace over) kills the whole group
-//! when its future is dropped.
+//! when its future is dropped. A preempted attempt (SPEC §9) is asked to
+//! stop first: the group gets SIGTERM ([`GentleStop`]), and SIGKILL only
+//! when the pool's `preemption_grace` ran out and the future is dropped.
 
 use std::process::{ExitStatus, Stdio};
 
@@ -19,6 +21,34 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::task::{TaskContext, TaskError};
+
+/// A request to stop an attempt's handler gently (SPEC §9 preemption):
+/// the worker's session puts one in the attempt's task ([`GENTLE_STOP`]); a
+/// handler that can stop gently ([`run_command`]) says it `listens`, and
+/// gets `asked`. A handler that does not listen is aborted at once.
+#[derive(Debug, Default)]
+pub(crate) struct GentleStop {
+    listening: std::sync::atomic::AtomicBool,
+    asked: tokio::sync::Notify,
+}
+
+impl GentleStop {
+    /// Whether the running handler stops gently when asked.
+    pub(crate) fn listens(&self) -> bool {
+        self.listening.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Asks the handler to stop (once; a handler not waiting yet finds
+    /// the request when it does).
+    pub(crate) fn ask(&self) {
+        self.asked.notify_one();
+    }
+}
+
+tokio::task_local! {
+    /// The gentle stop of the attempt this task runs, if a worker runs it.
+    pub(crate) static GENTLE_STOP: std::sync::Arc<GentleStop>;
+}
 
 /// How much of the end of stderr a failed attempt's error keeps.
 pub const STDERR_TAIL_BYTES: usize = 2048;
@@ -140,8 +170,34 @@ pub async fn run_command(
             None => Ok((Vec::new(), false)),
         }
     };
-    let ((), out, err) = tokio::join!(write, read_stdout, read_stderr);
-    let status = child.wait().await;
+    let pid = child.id();
+    let run = async {
+        let ((), out, err) = tokio::join!(write, read_stdout, read_stderr);
+        (out, err, child.wait().await)
+    };
+    let gentle = GENTLE_STOP.try_with(std::sync::Arc::clone).ok();
+    if let Some(g) = &gentle {
+        g.listening
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let terminate = async {
+        match &gentle {
+            Some(g) => g.asked.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(run);
+    tokio::pin!(terminate);
+    let mut terminated = false;
+    let (out, err, status) = loop {
+        tokio::select! {
+            ended = &mut run => break ended,
+            () = &mut terminate, if !terminated => {
+                terminated = true;
+                terminate_group(pid);
+            }
+        }
+    };
     group.disarm();
 
     let status = status.map_err(|e| TaskError::retryable(format!("waiting for {program}: {e}")))?;
@@ -207,6 +263,22 @@ async fn read_tail(
         truncated = true;
     }
     Ok((tail, truncated))
+}
+
+/// Sends SIGTERM to the command's process group (a preempted attempt: the
+/// command may finish or save its work before the grace runs out).
+fn terminate_group(pid: Option<u32>) {
+    #[cfg(unix)]
+    if let Some(pgid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
+        tracing::debug!(pid = pgid, "asking the command to stop (SIGTERM)");
+        // SAFETY: killpg only sends a signal, to the group the command
+        // leads (process_group(0)), not yet reaped: `run` still waits.
+        unsafe {
+            libc::killpg(pgid, libc::SIGTERM);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = pid;
 }
 
 /// Kills the command's process group when dropped before the command was

@@ -528,6 +528,7 @@ async fn revoke_cancels_the_attempt() {
         attempt: 2,
         epoch: 2,
         reason: RevokeReason::Cancelled,
+        grace: None,
     };
     leader.revoke("w2", &revoke).await;
     revoke.epoch = 3;

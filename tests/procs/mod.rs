@@ -18,7 +18,9 @@
 //! `runs.log` in the cluster's dir (and, for a task a schedule fired,
 //! `SCHEDULE SCHEDULED_AT TASK_ID ATTEMPT WORKER_ID` to `schedules.log`), then waits for the file `KEY` to exist
 //! ([`Cluster::release`]) if asked, then fails (exit 3) if asked, else
-//! prints `NAME on [GROUP] by WORKER_ID`.
+//! prints `NAME on [GROUP] by WORKER_ID`. With `trapterm`, a SIGTERM
+//! appends `NAME TASK_ID ATTEMPT WORKER_ID` to `sigterm.log` and exits 143
+//! (a preempted attempt, SPEC §9).
 
 #![allow(dead_code)]
 
@@ -54,6 +56,10 @@ set -f
 set -- $payload
 name=${1:-unnamed}
 [ $# -gt 0 ] && shift
+case " $* " in
+  *" trapterm "*)
+    trap 'echo "$name $CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TEST_WORKER" >> "$TEST_DIR/sigterm.log"; exit 143' TERM ;;
+esac
 echo "$name $CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TEST_WORKER" >> "$TEST_DIR/runs.log"
 if [ -n "$CRONOQ_SCHEDULE" ]; then
   echo "$CRONOQ_SCHEDULE $CRONOQ_SCHEDULED_AT $CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TEST_WORKER" >> "$TEST_DIR/schedules.log"

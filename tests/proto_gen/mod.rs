@@ -469,7 +469,7 @@ const REQUESTS: [Request; 20] = [
 ];
 
 /// What each plain-publish header means, with an example value.
-const HEADER_DOCS: [(&str, &str, &str); 10] = [
+const HEADER_DOCS: [(&str, &str, &str); 16] = [
     (
         "Cronoq-Labels",
         "Labels the running group must carry: comma-separated `name=value`.",
@@ -521,6 +521,43 @@ const HEADER_DOCS: [(&str, &str, &str); 10] = [
         "The task's idempotency key. Only `Nats-Msg-Id` makes JetStream drop a resubmission: \
          send the key there too.",
         "order-1234",
+    ),
+    (
+        "Cronoq-Fairness-Key",
+        "The task's fairness key (SPEC §9), 1 to 64 bytes: among keys with waiting tasks, a freed \
+         slot goes to the key furthest below its weighted share. With auth on it defaults to the \
+         credential's name, and another key is refused `PERMISSION_DENIED` unless the \
+         credential's `fairness_keys` lists it.",
+        "team-a",
+    ),
+    (
+        "Cronoq-Fairness-Weight",
+        "The fairness key's weight, an integer from 1 to 1,000 (default 1). Ignored with auth on \
+         and for keys the pool's `[[pools.fairness]]` weighs.",
+        "3",
+    ),
+    (
+        "Cronoq-Concurrency-Key",
+        "The task's concurrency key, 1 to 128 bytes: tasks of one pool with the same key share a limit.",
+        "deploy-prod",
+    ),
+    (
+        "Cronoq-Concurrency-Limit",
+        "At most this many of the concurrency key's tasks run at once (integer ≥ 1, default 1).",
+        "1",
+    ),
+    (
+        "Cronoq-Concurrency-Policy",
+        "What admission does when the key's limit is full: `queue` (default, wait), \
+         `replace_waiting` (cancel the key's older waiting tasks), `cancel_running` (cancel the \
+         key's oldest running tasks beyond the limit) or `skip` (end this task `cancelled`).",
+        "cancel_running",
+    ),
+    (
+        "Cronoq-Preemptible",
+        "`true` (default) or `false`: whether a waiting task of higher priority may preempt its \
+         attempt in a pool with `preemption = \"priority\"`.",
+        "false",
     ),
 ];
 

@@ -17,7 +17,12 @@
     held_for_reservation: "free slots are held for a fixed-start task",
     backoff: "waiting out the retry backoff",
     scheduled: "fixed start in the future",
+    quota: "its fairness key holds its quota of these slots",
+    concurrency: "its concurrency key is at its limit",
   };
+
+  // The busiest keys a pool shows (the snapshot lists up to 1,000).
+  const KEY_ROWS = 20;
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -105,7 +110,27 @@
           el("td", { class: "labels" }, labelText(d.labels, "(any group)")),
           el("td", { class: "num" }, number(d.waiting)),
           el("td", { class: "why", title: d.reason || "" }, REASONS[d.reason] || d.reason || "")))));
-    return el("div", { class: "pool", "data-pool": pool.name }, head, el("div", { class: "pool-grid" }, groups, demand));
+    // SPEC §9: the busiest fairness and concurrency keys, when tasks name any.
+    const fairness = (pool.fairness_keys || []).length === 0 ? null : el("table", { class: "keys fairness" },
+      el("thead", {}, el("tr", {},
+        el("th", {}, "fairness key"), el("th", { class: "num" }, "running"), el("th", { class: "num" }, "waiting"),
+        el("th", { class: "num" }, "weight"), el("th", { class: "num" }, "share"), el("th", {}, "quota"))),
+      el("tbody", {}, pool.fairness_keys.slice(0, KEY_ROWS).map((k) => el("tr", { "data-pool": pool.name, "data-fairness-key": k.key },
+        el("td", { class: "labels" }, k.key),
+        el("td", { class: "num" }, number(k.running)),
+        el("td", { class: "num" }, number(k.waiting)),
+        el("td", { class: "num" }, k.weight == null ? "per task" : number(k.weight)),
+        el("td", { class: "num" }, `${(k.share_permille / 10).toFixed(1)} %`),
+        el("td", {}, (k.quotas || []).map((q) => `${labelText(q.labels, "(pool)")}: ${number(q.held)} / ${number(q.max_running)}`).join(", "))))));
+    const concurrency = (pool.concurrency_keys || []).length === 0 ? null : el("table", { class: "keys concurrency" },
+      el("thead", {}, el("tr", {},
+        el("th", {}, "concurrency key"), el("th", { class: "num" }, "running / limit"), el("th", { class: "num" }, "waiting"))),
+      el("tbody", {}, pool.concurrency_keys.slice(0, KEY_ROWS).map((k) => el("tr", { "data-pool": pool.name, "data-concurrency-key": k.key },
+        el("td", { class: "labels" }, k.key),
+        el("td", { class: "num" }, k.limit == null ? number(k.running) : `${number(k.running)} / ${number(k.limit)}`),
+        el("td", { class: "num" }, number(k.waiting))))));
+    return el("div", { class: "pool", "data-pool": pool.name }, head, el("div", { class: "pool-grid" }, groups, demand),
+      fairness || concurrency ? el("div", { class: "pool-grid" }, fairness || el("div"), concurrency || el("div")) : null);
   }
 
   function renderPools(view) {

@@ -521,13 +521,19 @@ impl Driver {
                 reason,
                 ..
             } => {
-                if reason == RevokeReason::Timeout {
-                    self.ledger.timed_out(task, attempt);
-                }
+                self.ledger.revoked(task, attempt, reason);
                 if let Some(lease) = self.leases.get(&task) {
                     if lease.attempt == attempt {
                         let subject = self.subjects.revoke(&lease.worker);
                         tracing::debug!(task_id = %task, attempt, worker_id = %lease.worker, ?reason, "attempt revoked");
+                        // A preempted command gets SIGTERM and the pool's
+                        // grace before SIGKILL (SPEC §9).
+                        let grace = (reason == RevokeReason::Preempted)
+                            .then(|| {
+                                let pool = self.core.task(task)?.pool;
+                                Some(self.core.pool_config(&pool)?.preemption_grace)
+                            })
+                            .flatten();
                         self.publish(
                             subject,
                             &Revoke {
@@ -536,6 +542,7 @@ impl Driver {
                                 attempt,
                                 epoch: self.epoch,
                                 reason,
+                                grace,
                             },
                         );
                     }

@@ -391,6 +391,7 @@ impl Driver {
                     attempt: a.attempt,
                     epoch: self.epoch,
                     reason: RevokeReason::Cancelled,
+                    grace: None,
                 },
             );
         }

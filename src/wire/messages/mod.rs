@@ -108,6 +108,26 @@ pub struct Submit {
     /// The tick it was fired for, ms since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_at: Option<Millis>,
+    /// Fairness key (SPEC §9), 1 to 64 bytes. With auth on, defaults to
+    /// the credential's name; another key only if the credential's
+    /// `fairness_keys` lists it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness_key: Option<String>,
+    /// Weight of the fairness key, 1 to 1,000 (ignored with auth on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness_weight: Option<u32>,
+    /// Concurrency key, 1 to 128 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// At most this many of the key's tasks run at once (≥ 1, default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_limit: Option<u32>,
+    /// `queue` (default), `replace_waiting`, `cancel_running` or `skip`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_policy: Option<String>,
+    /// Whether higher-priority work may preempt it (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 impl Submit {
@@ -132,6 +152,16 @@ impl Submit {
             traceparent: task.traceparent.clone(),
             schedule: task.schedule.as_ref().map(|(name, _)| name.clone()),
             scheduled_at: task.schedule.as_ref().map(|(_, at)| *at),
+            fairness_key: task.fairness_key_name().map(str::to_string),
+            fairness_weight: task.sharing.as_ref().and_then(|s| s.fairness_weight),
+            concurrency_key: task.concurrency_key_name().map(str::to_string),
+            concurrency_limit: task.sharing.as_ref().and_then(|s| s.concurrency_limit),
+            concurrency_policy: task
+                .sharing
+                .as_ref()
+                .and_then(|s| s.concurrency_policy)
+                .map(|p| p.as_str().to_string()),
+            preemptible: task.sharing.as_ref().and_then(|s| s.preemptible),
         }
     }
 
@@ -164,6 +194,16 @@ impl Submit {
                 .map(|b| (b.initial.to_duration(), b.max.to_duration())),
             idempotency_key: self.idempotency_key,
             traceparent: self.traceparent,
+            fairness_key: self.fairness_key,
+            fairness_weight: self.fairness_weight,
+            concurrency_key: self.concurrency_key,
+            concurrency_limit: self.concurrency_limit,
+            concurrency_policy: self
+                .concurrency_policy
+                .as_deref()
+                .map(crate::core::ConcurrencyPolicy::parse)
+                .transpose()?,
+            preemptible: self.preemptible,
         }
         .into_task()?;
         task.schedule = schedule;

@@ -126,6 +126,7 @@ impl TaskRecord {
             pool: self.pool,
             state: self.state,
             reason: None,
+            reason_key: None,
             attempts: self.attempts,
             output,
             output_base64,

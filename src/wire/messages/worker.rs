@@ -350,4 +350,9 @@ pub struct Revoke {
     pub epoch: u64,
     /// Why.
     pub reason: RevokeReason,
+    /// For a preempted attempt (SPEC §9): how long its handler has to stop
+    /// after it is asked to (a command gets SIGTERM, then SIGKILL once
+    /// this passed); the pool's `preemption_grace`. Absent: stop at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace: Option<Millis>,
 }

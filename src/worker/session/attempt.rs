@@ -35,7 +35,12 @@ impl Attempt {
         };
         let handler = self.handler.clone();
         let payload = lease.payload.clone();
-        let work = AssertUnwindSafe(async move { handler(ctx, payload).await }).catch_unwind();
+        let gentle = self.shared.gentle.clone();
+        let work = AssertUnwindSafe(
+            crate::worker::command::GENTLE_STOP
+                .scope(gentle, async move { handler(ctx, payload).await }),
+        )
+        .catch_unwind();
         let mut work = Box::pin(Abortable::new(work, registration));
         let ended = tokio::select! {
             ended = &mut work => Some(ended),

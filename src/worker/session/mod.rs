@@ -28,7 +28,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Error, Handler, Validated, WorkerOptions};
 use crate::auth::{Credential, Grant, WorkerKeys, WorkerSession};
-use crate::core::{ErrorCode, Labels, Millis, PoolName};
+use crate::core::{ErrorCode, Labels, Millis, PoolName, RevokeReason};
 use crate::task::TaskContext;
 use crate::wire::{
     self, Ack, AttemptReport, AttemptReports, AttemptReportsReply, AttemptResult, Challenge,
@@ -113,14 +113,35 @@ struct Running {
 struct Shared {
     reporting: AtomicBool,
     stop: Mutex<Option<StopReason>>,
+    /// Asks its handler to stop gently (a preempted attempt).
+    gentle: Arc<crate::worker::command::GentleStop>,
 }
 
 impl Running {
     fn stop(&self, reason: StopReason) {
+        self.mark(reason);
+        self.abort.abort();
+    }
+
+    fn mark(&self, reason: StopReason) {
         let mut stop = self.shared.stop.lock().unwrap_or_else(|e| e.into_inner());
         stop.get_or_insert(reason);
-        drop(stop);
-        self.abort.abort();
+    }
+
+    /// A preempted attempt (SPEC §9): a handler that stops gently (a
+    /// command: SIGTERM) is asked to and aborted (SIGKILL) only once
+    /// `grace` passed; any other is aborted at once.
+    fn preempt(&self, grace: Duration) {
+        if !self.shared.gentle.listens() {
+            return self.stop(StopReason::Revoked);
+        }
+        self.mark(StopReason::Revoked);
+        self.shared.gentle.ask();
+        let abort = self.abort.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            abort.abort();
+        });
     }
 }
 
@@ -652,7 +673,10 @@ impl Session {
             reason = ?revoke.reason,
             "attempt revoked"
         );
-        running.stop(StopReason::Revoked);
+        match (revoke.reason, revoke.grace) {
+            (RevokeReason::Preempted, Some(grace)) => running.preempt(grace.to_duration()),
+            _ => running.stop(StopReason::Revoked),
+        }
     }
 
     /// Stops every attempt the leader did not re-attach, and waits for
