@@ -263,9 +263,11 @@ async fn snapshot(ctx: Arc<CommitCtx>) {
 /// (`GET /v1/tasks/{id}` of a task the leader no longer retains): after
 /// their entry is stored, not waited for, never read to decide anything.
 async fn write_results(ctx: &CommitCtx, results: Vec<(u64, Bytes)>) {
+    // A core publish: the stream stores it, and no acknowledgement comes
+    // back to wait for or to cost a message.
     for (seq, body) in results {
         let subject = format!("{}{seq}", ctx.results_prefix);
-        if let Err(e) = ctx.js.publish(subject, body).await {
+        if let Err(e) = ctx.client.publish(subject, body).await {
             tracing::debug!(seq, error = %e, "writing a result for lookups failed");
         }
     }
