@@ -280,6 +280,7 @@ pub(super) async fn lead(
             tenure: tenure.clone(),
             replies: api.inner.replies.clone(),
             waiting_since: journal_waiting_since,
+            telemetry: base.telemetry.clone(),
         },
     ));
     let purger = tokio::spawn(purge(base.submit_stream.clone(), floor_rx, pending.clone()));
@@ -363,6 +364,7 @@ pub(super) fn new_driver(
                     .to_string()
             }),
             auth: base.auth.clone(),
+            trace: base.telemetry.as_ref().map(|_| base.trace_salt),
         },
         now,
     )

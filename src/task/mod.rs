@@ -59,6 +59,9 @@ pub struct Task {
     /// The schedule that fired it and the tick it fired for (issue 23);
     /// set by the schedule shells only.
     pub(crate) schedule: Option<(String, Millis)>,
+    /// When the submit stream stored it, set by the leader's consumer (a
+    /// successor reads the same): where its trace's task span begins.
+    pub(crate) stored_at: Option<Millis>,
 }
 
 impl Task {
@@ -81,6 +84,7 @@ impl Task {
             traceparent: None,
             owner: None,
             schedule: None,
+            stored_at: None,
         }
     }
 

@@ -100,6 +100,8 @@ pub(in crate::server) struct CommitCtx {
     /// Wall-clock ms since which writes are under way and none was stored
     /// (0: none under way): `/readyz` is 503 past a bound.
     pub(in crate::server) waiting_since: Arc<AtomicU64>,
+    /// Where finished tasks' spans go (telemetry on).
+    pub(in crate::server) telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 /// The journal's group commit, pipelined; the ordering is the pure
@@ -418,6 +420,14 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
                     (name, tick, kind),
                     task,
                 ));
+                continue;
+            }
+            // Once the turn is stored: a task whose end was never stored
+            // (a leader deposed meanwhile) is traced by its successor.
+            Output::Trace(trace) => {
+                if let Some(telemetry) = &ctx.telemetry {
+                    telemetry.task(*trace);
+                }
                 continue;
             }
             Output::Persist { .. }
