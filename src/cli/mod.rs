@@ -121,6 +121,18 @@ impl NatsLoginArgs {
     }
 }
 
+/// The exporter a command runs with, started (inside a tokio runtime):
+/// `cronoq worker`'s, whose spans are `tracing` spans that `main` exports
+/// through [`crate::telemetry::Telemetry::layer`]. `cronoq server` starts
+/// its own from its config (it exports task spans, not `tracing` ones);
+/// other commands export nothing.
+pub fn telemetry(cli: &Cli) -> anyhow::Result<Option<crate::telemetry::Telemetry>> {
+    match &cli.command {
+        Command::Worker(args) => worker_cmd::telemetry(args),
+        _ => Ok(None),
+    }
+}
+
 /// Runs the parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {

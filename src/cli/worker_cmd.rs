@@ -40,6 +40,11 @@ pub struct WorkerArgs {
     /// NATS credentials and inbox prefix.
     #[command(flatten)]
     pub login: super::NatsLoginArgs,
+    /// A config file whose `[telemetry]` section this worker reads (other
+    /// sections are ignored, so the servers' file can be shared); the
+    /// `OTEL_*` env vars win over it.
+    #[arg(long, env = "CRONOQ_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     /// On SIGTERM/SIGINT, how long running attempts may take to finish.
     #[arg(long, env = "CRONOQ_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub grace: std::time::Duration,
@@ -59,6 +64,32 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     });
     worker.run().await.map_err(WireError::from)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The part of a config file a worker reads.
+#[derive(serde::Deserialize)]
+struct WorkerFile {
+    #[serde(default)]
+    telemetry: crate::telemetry::TelemetryConfig,
+}
+
+/// The worker's exporter as `--config`'s `[telemetry]` and the `OTEL_*`
+/// env say (`None`: off); inside a tokio runtime. `main` installs its
+/// layer: a worker's spans are `tracing` spans.
+pub fn telemetry(args: &WorkerArgs) -> anyhow::Result<Option<crate::telemetry::Telemetry>> {
+    use anyhow::Context as _;
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str::<WorkerFile>(&text)
+                .with_context(|| format!("config {}", path.display()))?
+                .telemetry
+        }
+        None => Default::default(),
+    };
+    crate::telemetry::Telemetry::start(&config, "cronoq-worker")
+        .map_err(|e| anyhow::Error::new(WireError::new(e.code(), e.to_string())))
 }
 
 /// The worker options the arguments describe; secrets are read here.
