@@ -125,9 +125,11 @@ impl TelemetryConfig {
         match env("OTEL_TRACES_EXPORTER").as_deref() {
             None | Some("otlp") => {}
             Some("none") => return Ok(None),
-            Some(other) => return Err(ConfigError(format!(
+            Some(other) => {
+                return Err(ConfigError(format!(
                 "OTEL_TRACES_EXPORTER={other}: cronoq exports traces over OTLP only (otlp or none)"
-            ))),
+            )))
+            }
         }
         let traces_endpoint = if let Some(url) = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
             url // the signal's own variable is the full URL

@@ -361,6 +361,53 @@ pub fn global() -> Option<&'static Telemetry> {
     GLOBAL.get()
 }
 
+/// Makes the W3C `traceparent` the parent of `span`, a `tracing` span of
+/// target [`TARGET`] not entered yet (a worker's attempt under its lease's
+/// span). Nothing happens when it is malformed or no [`Telemetry::layer`]
+/// records the span.
+pub fn set_parent(span: &tracing::Span, traceparent: &str) {
+    use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId};
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let Some((trace_id, parent, flags)) = trace::parse_traceparent(traceparent) else {
+        return;
+    };
+    let remote = SpanContext::new(
+        TraceId::from_bytes(trace_id),
+        SpanId::from_bytes(parent),
+        TraceFlags::new(flags),
+        true,
+        Default::default(),
+    );
+    let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+}
+
+/// `span`'s W3C traceparent as exported (its trace, its own id), or
+/// `None` when no [`Telemetry::layer`] records it.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| {
+        format!(
+            "00-{:032x}-{:016x}-{:02x}",
+            span_context.trace_id(),
+            span_context.span_id(),
+            span_context.trace_flags().to_u8()
+        )
+    })
+}
+
+/// Records an attempt's outcome on `span`: `cronoq.outcome`, and an error
+/// status with `error` when it did not succeed.
+pub fn set_outcome(span: &tracing::Span, outcome: &'static str, error: Option<&str>) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    span.set_attribute("cronoq.outcome", outcome);
+    if let Some(error) = error {
+        span.set_status(opentelemetry::trace::Status::error(error.to_string()));
+    }
+}
+
 /// Takes items off the queue, a batch at a time, until stopped; then
 /// exports what is left.
 async fn export_loop<E: SpanExporter>(

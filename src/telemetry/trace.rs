@@ -47,6 +47,15 @@ use crate::task::AttemptRecord;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceSalt(pub u64);
 
+impl TraceSalt {
+    /// A salt from what names an installation (hashed).
+    pub fn derive(parts: &[&[u8]]) -> TraceSalt {
+        let mut salt = [0; 8];
+        salt.copy_from_slice(&digest(parts)[..8]);
+        TraceSalt(u64::from_be_bytes(salt))
+    }
+}
+
 /// A task's trace: the trace it belongs to and the span it hangs under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskTraceIds {
