@@ -324,10 +324,15 @@ impl Driver {
         self.deposed
     }
 
-    /// The core's invariants (simulation and tests).
+    /// The core's invariants, and that no trace note outlives its task
+    /// (simulation and tests).
     #[cfg(test)]
     pub(crate) fn core_invariants(&self) -> Result<(), String> {
-        self.core.check_invariants().map_err(|e| e.to_string())
+        self.core.check_invariants().map_err(|e| e.to_string())?;
+        match self.traces.keys().find(|id| !self.ledger.is_live(**id)) {
+            Some(id) => Err(format!("trace notes kept for task {id}, which is not live")),
+            None => Ok(()),
+        }
     }
 
     /// [`Driver::take_outputs_into`] a new vector (simulation and tests).

@@ -382,6 +382,9 @@ impl Driver {
         e: WireError,
     ) {
         tracing::info!(task_id = %id, pool = %pool, code = %e.code, error = %e.message, "submission refused");
+        // Not traced (nothing ran); a recovered task refused again leaves
+        // no note behind.
+        self.traces.remove(&id);
         let outcome = Outcome {
             id,
             pool,
