@@ -234,12 +234,6 @@ pub struct SchedulerBuilder {
     telemetry: Option<crate::telemetry::Telemetry>,
 }
 
-impl std::fmt::Debug for crate::telemetry::Telemetry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Telemetry({})", self.service_name())
-    }
-}
-
 impl Default for SchedulerBuilder {
     fn default() -> Self {
         SchedulerBuilder {

@@ -70,7 +70,7 @@ pub fn counters() -> Counters {
 }
 
 enum Item {
-    Span(SpanData),
+    Span(Box<SpanData>),
     Task(Box<TaskTrace>),
 }
 
@@ -79,6 +79,12 @@ enum Item {
 #[derive(Clone)]
 pub struct Telemetry {
     inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Telemetry({})", self.service_name())
+    }
 }
 
 struct Inner {
@@ -101,9 +107,9 @@ impl Queue {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
-        if let Err(e) = self.sender.try_send(item) {
-            let dropped = DROPPED.fetch_add(spans as u64, Ordering::Relaxed);
-            if dropped == 0 || matches!(e, mpsc::error::TrySendError::Closed(_)) {
+        if self.sender.try_send(item).is_err() {
+            // Full, or (should its task have died) closed: dropped either way.
+            if DROPPED.fetch_add(spans as u64, Ordering::Relaxed) == 0 {
                 tracing::warn!(
                     "trace export queue full: spans are dropped (cronoq_trace_spans_dropped_total)"
                 );
@@ -130,7 +136,7 @@ impl opentelemetry_sdk::trace::SpanProcessor for QueueProcessor {
     fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
 
     fn on_end(&self, span: SpanData) {
-        self.0.push(Item::Span(span), 1);
+        self.0.push(Item::Span(Box::new(span)), 1);
     }
 
     fn force_flush(&self) -> OTelSdkResult {
@@ -420,7 +426,7 @@ async fn export_loop<E: SpanExporter>(
     let mut batch: Vec<SpanData> = Vec::with_capacity(max_batch);
     let mut failing = false;
     let add = |item: Item, batch: &mut Vec<SpanData>| match item {
-        Item::Span(span) => batch.push(span),
+        Item::Span(span) => batch.push(*span),
         Item::Task(trace) => batch.extend(trace.spans()),
     };
     let mut stopping = false;
@@ -495,4 +501,4 @@ async fn send<E: SpanExporter>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -6,10 +6,11 @@ use super::*;
 use crate::core::{Millis, PoolName, TaskId, TaskState};
 use std::sync::atomic::AtomicUsize;
 
-/// An exporter that keeps what it is given, or never answers.
+/// An exporter that keeps what it is given, or never answers (the
+/// embedded scheduler's tests use it too).
 #[derive(Clone, Debug, Default)]
-struct Capture {
-    spans: Arc<Mutex<Vec<SpanData>>>,
+pub(crate) struct Capture {
+    pub(crate) spans: Arc<Mutex<Vec<SpanData>>>,
     calls: Arc<AtomicUsize>,
     stuck: bool,
 }
@@ -25,7 +26,7 @@ impl SpanExporter for Capture {
     }
 }
 
-fn settings(max_queue_size: usize) -> ExportSettings {
+pub(crate) fn settings(max_queue_size: usize) -> ExportSettings {
     ExportSettings {
         traces_endpoint: "http://127.0.0.1:1/v1/traces".into(),
         protocol: Protocol::HttpProtobuf,
