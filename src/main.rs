@@ -46,7 +46,14 @@ fn main() -> ExitCode {
         "warn"
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("CRONOQ_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter))
+        // The spans made for export only (an attempt, its command) would
+        // prefix every log line inside them; the lines name the task anyway.
+        .add_directive(
+            format!("{}=off", cronoq::telemetry::TARGET)
+                .parse()
+                .expect("a valid directive"),
+        );
     tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()
