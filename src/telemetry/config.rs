@@ -66,7 +66,9 @@ pub enum Protocol {
 pub struct ExportSettings {
     /// The full URL spans are posted to (`…/v1/traces`).
     pub traces_endpoint: String,
+    /// How OTLP travels.
     pub protocol: Protocol,
+    /// The resource's `service.name`.
     pub service_name: String,
     /// Resource attributes besides `service.name`, by key.
     pub resource_attributes: BTreeMap<String, String>,

@@ -189,11 +189,15 @@ pub(crate) fn parse_traceparent(text: &str) -> Option<([u8; 16], [u8; 8], u8)> {
 /// A finished task's life as the scheduler recorded it (module docs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskTrace {
+    /// Its trace and the ids of its spans.
     pub ids: TaskTraceIds,
+    /// Its pool.
     pub pool: PoolName,
     /// When the task was submitted (the stream's time on a leader).
     pub submitted_at: Millis,
+    /// When it finished.
     pub finished_at: Millis,
+    /// How it ended.
     pub state: TaskState,
     /// The task's error, when it did not succeed.
     pub error: Option<String>,
