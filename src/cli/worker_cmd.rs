@@ -118,3 +118,52 @@ fn options(args: &WorkerArgs) -> Result<WorkerOptions, WireError> {
     }
     Ok(options)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    fn args(config: &std::path::Path) -> WorkerArgs {
+        let config = config.to_str().unwrap();
+        match crate::cli::Cli::try_parse_from([
+            "cronoq", "worker", "--config", config, "--", "true",
+        ])
+        .unwrap()
+        .command
+        {
+            crate::cli::Command::Worker(args) => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_worker_reads_telemetry_from_its_config_and_nothing_else_there() {
+        if std::env::vars().any(|(k, _)| k.starts_with("OTEL_")) {
+            return; // this process's own env decides
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared.toml");
+        // The servers' file: its other sections are not the worker's.
+        std::fs::write(
+            &shared,
+            "[server]\nnats_url = \"nats://x:4222\"\n[telemetry]\nendpoint = \"http://127.0.0.1:9\"\n",
+        )
+        .unwrap();
+        let telemetry = telemetry(&args(&shared)).unwrap().expect("configured");
+        assert_eq!(telemetry.service_name(), "cronoq-worker");
+        telemetry
+            .shutdown(std::time::Duration::from_millis(100))
+            .await;
+        let plain = dir.path().join("plain.toml");
+        std::fs::write(&plain, "[server]\nnats_url = \"nats://x:4222\"\n").unwrap();
+        assert!(telemetry_is_off(&plain));
+        let typo = dir.path().join("typo.toml");
+        std::fs::write(&typo, "[telemetry]\nendpont = \"http://127.0.0.1:9\"\n").unwrap();
+        assert!(super::telemetry(&args(&typo)).is_err(), "a typo is refused");
+    }
+
+    fn telemetry_is_off(path: &std::path::Path) -> bool {
+        super::telemetry(&args(path)).unwrap().is_none()
+    }
+}
