@@ -108,6 +108,15 @@ struct RunExtra {
     more_waiters: Vec<OutcomeTx>,
     /// The W3C trace context given at submit.
     traceparent: Option<String>,
+    /// Telemetry on: when it was submitted and why its waits began.
+    trace: Option<Box<TraceNotes>>,
+}
+
+/// What a task's spans need beyond the ledger's record (telemetry on).
+#[derive(Default)]
+struct TraceNotes {
+    submitted_at: Millis,
+    waits: Vec<(u32, crate::core::WaitReason)>,
 }
 
 type Entry = crate::ledger::Entry<Waiter, RunExtra>;
@@ -159,6 +168,25 @@ struct Inner {
     eager_start: bool,
     schedules: std::sync::OnceLock<Arc<schedules::Schedules>>,
     max_schedules: usize,
+    /// Where finished tasks' spans go, and this scheduler's salt for
+    /// their ids (`telemetry::trace`).
+    telemetry: Option<(crate::telemetry::Telemetry, crate::telemetry::TraceSalt)>,
+}
+
+/// Telemetry on: notes why task `task` waits again (a retry's backoff, a
+/// preemption).
+fn note_wait(st: &mut State, task: TaskId) {
+    let Some(view) = st.core.task(task) else {
+        return;
+    };
+    let Some(wait) = view.reason.map(|r| (view.attempts + 1, r)) else {
+        return;
+    };
+    if let Some(entry) = st.ledger.get_mut(task) {
+        if let Some(notes) = entry.run_extra().trace.as_mut() {
+            notes.waits.push(wait);
+        }
+    }
 }
 
 /// A job to spawn once the lock is released.
@@ -203,6 +231,7 @@ pub struct SchedulerBuilder {
     eager_start: bool,
     pools: Vec<(String, PoolConfig)>,
     max_schedules: usize,
+    telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 impl Default for SchedulerBuilder {
@@ -213,6 +242,7 @@ impl Default for SchedulerBuilder {
             eager_start: true,
             pools: Vec::new(),
             max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
+            telemetry: None,
         }
     }
 }
@@ -251,6 +281,25 @@ impl SchedulerBuilder {
         self
     }
 
+    /// Exports each finished task's spans (`cronoq.task`, `cronoq.queued`,
+    /// `cronoq.attempt`) through `telemetry`, and hands executors their
+    /// attempt span's traceparent as `ctx.traceparent`: their own spans
+    /// hang under it. `None` (the default): nothing is traced.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Off unless OTEL_EXPORTER_OTLP_ENDPOINT (or …) is set.
+    /// let telemetry = cronoq::telemetry::Telemetry::from_env("my-app")?;
+    /// let sched = cronoq::Scheduler::builder().telemetry(telemetry.clone()).build()?;
+    /// // … and before the process ends, what is queued goes out:
+    /// if let Some(t) = telemetry { t.shutdown(std::time::Duration::from_secs(5)).await }
+    /// # Ok(()) }
+    /// ```
+    pub fn telemetry(mut self, telemetry: Option<crate::telemetry::Telemetry>) -> Self {
+        self.telemetry = telemetry;
+        self
+    }
+
     /// Settings of a pool.
     pub fn pool(mut self, name: impl Into<String>, config: PoolConfig) -> Self {
         self.pools.push((name.into(), config));
@@ -283,6 +332,11 @@ impl SchedulerBuilder {
             eager_start: self.eager_start,
             schedules: Default::default(),
             max_schedules: self.max_schedules,
+            // A scheduler's task ids start at 1 each time: a random salt
+            // keeps the traces of one run apart from the last's.
+            telemetry: self
+                .telemetry
+                .map(|t| (t, crate::telemetry::TraceSalt(rand::random()))),
         });
         let sched = Scheduler { inner };
         for (name, config) in self.pools {
@@ -423,6 +477,15 @@ impl Scheduler {
             if let Some(tp) = task.trace_context() {
                 if let Some(entry) = st.ledger.get_mut(id) {
                     entry.run_extra().traceparent = Some(tp.to_string());
+                }
+            }
+            if inner.telemetry.is_some() {
+                let wait = st.core.task(id).and_then(|v| v.reason).map(|r| (1, r));
+                if let Some(entry) = st.ledger.get_mut(id) {
+                    entry.run_extra().trace = Some(Box::new(TraceNotes {
+                        submitted_at: now,
+                        waits: wait.into_iter().collect(),
+                    }));
                 }
             }
             // Polled here, the task's first attempt may finish it before
@@ -712,7 +775,18 @@ impl Inner {
                     let stop = StopCell::reuse(spare);
                     let run = entry.run_extra();
                     run.abort = Some((attempt, stop.clone()));
-                    let traceparent = run.traceparent.clone();
+                    // Telemetry on: the attempt span's own, so the
+                    // executor's spans hang under it.
+                    let traceparent = match &self.telemetry {
+                        Some((_, salt)) => crate::telemetry::TaskTraceIds::of(
+                            run.traceparent.as_deref(),
+                            *salt,
+                            task,
+                        )
+                        .map(|ids| ids.attempt_traceparent(attempt))
+                        .or_else(|| run.traceparent.clone()),
+                        None => run.traceparent.clone(),
+                    };
                     let schedule = entry.schedule().cloned();
                     tracing::debug!(task_id = %task, attempt, pool = %pool, group = %labels, "attempt started");
                     jobs.push(Job {
@@ -746,9 +820,15 @@ impl Inner {
                 }
                 Action::RetryAt { task, attempt, at } => {
                     tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
+                    if self.telemetry.is_some() {
+                        note_wait(st, task);
+                    }
                 }
                 Action::Preempted { task, attempt } => {
                     tracing::debug!(task_id = %task, attempt, "attempt preempted");
+                    if self.telemetry.is_some() {
+                        note_wait(st, task);
+                    }
                 }
                 Action::Finished {
                     task,
@@ -767,6 +847,29 @@ impl Inner {
                         continue;
                     };
                     tracing::debug!(task_id = %task, state = %state, "task finished");
+                    if let Some((telemetry, salt)) = &self.telemetry {
+                        let run = &done.run_extra;
+                        if let Some(ids) = crate::telemetry::TaskTraceIds::of(
+                            run.traceparent.as_deref(),
+                            *salt,
+                            task,
+                        ) {
+                            let outcome = done.outcome.to_outcome();
+                            let notes = run.trace.as_deref();
+                            let first = outcome.attempts.first().map_or(now, |a| a.started_at);
+                            telemetry.task(crate::telemetry::TaskTrace {
+                                ids,
+                                pool: outcome.pool.clone(),
+                                submitted_at: notes.map_or(first, |n| n.submitted_at.min(first)),
+                                finished_at: now,
+                                state,
+                                error: outcome.error.clone(),
+                                waits: notes.map(|n| n.waits.clone()).unwrap_or_default(),
+                                schedule: outcome.schedule.as_ref().map(|(n, _)| n.clone()),
+                                attempts: outcome.attempts,
+                            });
+                        }
+                    }
                     if !st.scheduled.is_empty() && st.scheduled.remove(&task) {
                         if let Some(tx) = &st.sched_ended {
                             let _ = tx.send((task, state));

@@ -43,6 +43,7 @@ pub(crate) mod nats;
 pub mod schedule;
 pub mod server;
 pub mod task;
+pub mod telemetry;
 #[cfg(test)]
 pub(crate) mod test_nats;
 pub mod wire;

@@ -79,6 +79,57 @@ name = "batch"
 }
 
 #[test]
+fn check_config_says_where_traces_go_and_refuses_what_cannot_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "traced.toml",
+        "[telemetry]\nendpoint = \"http://collector:4318\"\nservice_name = \"cronoq-eu\"\n",
+    );
+    let otel = |out: &mut Command| {
+        for (key, _) in std::env::vars() {
+            if key.starts_with("OTEL_") {
+                out.env_remove(key);
+            }
+        }
+    };
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cronoq"));
+        otel(&mut cmd);
+        cmd.env_remove("CRONOQ_CONFIG")
+            .args(["server", "--check-config"])
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let out = run(&[], &[]);
+    assert!(text(&out.stdout).contains("telemetry off"), "{out:?}");
+    let out = run(&["--config", &path], &[]);
+    assert!(
+        text(&out.stdout)
+            .contains("telemetry traces to http://collector:4318/v1/traces as cronoq-eu"),
+        "{out:?}"
+    );
+    // The env wins over the file.
+    let out = run(&["--config", &path], &[("OTEL_SERVICE_NAME", "from-env")]);
+    assert!(text(&out.stdout).contains("as from-env"), "{out:?}");
+    let out = run(
+        &["--config", &path],
+        &[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("grpc is not supported"),
+        "{out:?}"
+    );
+    assert!(text(&out.stderr).contains("[INVALID_ARGUMENT]"), "{out:?}");
+    let bad = write(dir.path(), "bad.toml", "[telemetry]\nendpont = \"x\"\n");
+    let out = run(&["--config", &bad], &[]);
+    assert_eq!(out.status.code(), Some(2), "a typo is refused: {out:?}");
+}
+
+#[test]
 fn check_config_refuses_each_bad_config_with_its_code() {
     let dir = tempfile::tempdir().unwrap();
     let cases: [(&str, &[&str], &str, &str); 12] = [

@@ -100,7 +100,7 @@ fn core_is_sans_io() {
 //   core::groups
 //   core                                Core (mod.rs, placement, snapshot, check)
 //   task, metrics, nats, test_nats      the task builder; counters; NATS helpers
-//   schedule                            pure schedule rules (build Tasks)
+//   schedule, telemetry                 pure schedule rules; OTLP export (spans from records)
 //   wire                                MessagePack, subjects, headers, NatsLogin
 //   auth                                credentials, proofs ([auth] config)
 //   ledger                              per-task records beside the core
@@ -135,7 +135,7 @@ const LAYERS: &[&[&str]] = &[
     &["core::groups"],
     &["core"],
     &["task", "metrics", "nats", "test_nats"],
-    &["schedule"],
+    &["schedule", "telemetry"],
     &["wire"],
     &["auth"],
     &["ledger"],

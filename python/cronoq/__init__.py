@@ -31,6 +31,7 @@ nothing. Every error is a :class:`Error` with a stable ``code``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import signal
@@ -102,7 +103,24 @@ __all__ = [
     "Unavailable",
     "Worker",
     "WorkerInfo",
+    "enable_telemetry",
 ]
+
+
+def enable_telemetry() -> bool:
+    """Exports OpenTelemetry traces as the standard ``OTEL_*`` env vars say
+    (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL``,
+    ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``): the task spans of
+    schedulers made with ``telemetry=True`` and the attempt spans of remote
+    workers. ``True`` when an endpoint is configured, ``False`` when
+    telemetry stays off. What is queued is sent when the interpreter exits.
+    """
+    return _native.enable_telemetry()
+
+
+# Spans still queued go out before the interpreter ends (a no-op when
+# telemetry was never enabled).
+atexit.register(_native.shutdown_telemetry)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -278,9 +296,12 @@ class Scheduler(ScheduleCalls):
         max_payload_bytes: Optional[int] = None,
         retain_finished: Optional[int] = None,
         threads: Optional[int] = None,
+        telemetry: bool = False,
     ) -> None:
         self._native = _native.Scheduler(
-            max_payload_bytes=max_payload_bytes, retain_finished=retain_finished
+            max_payload_bytes=max_payload_bytes,
+            retain_finished=retain_finished,
+            telemetry=telemetry,
         )
         self._pump = Pump(threads)
         # The loop holds the pump (its reader) after the scheduler is gone:

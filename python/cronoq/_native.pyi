@@ -20,6 +20,10 @@ class TaskContext:
     @property
     def group(self) -> Dict[str, str]:
         """The labels of the group this attempt runs in (empty: unlabeled)."""
+    @property
+    def traceparent(self) -> Optional[str]:
+        """The attempt's W3C trace context: its span's with telemetry on
+        (parent your own spans on it), else the submitter's, if any."""
 
 class Attempt:
     """One attempt of a task."""
@@ -134,7 +138,11 @@ class TaskHandle:
 
 class Scheduler:
     def __init__(
-        self, *, max_payload_bytes: Optional[int] = None, retain_finished: Optional[int] = None
+        self,
+        *,
+        max_payload_bytes: Optional[int] = None,
+        retain_finished: Optional[int] = None,
+        telemetry: bool = False,
     ) -> None: ...
     def set_capacity(self, pool: str, slots: int) -> None: ...
     def set_group_capacity(self, pool: str, labels: Labels, slots: int) -> None: ...
@@ -180,3 +188,5 @@ class Schedules:
 
 def check_labels(labels: Labels, what: str = "labels") -> None: ...
 def error_codes() -> List[str]: ...
+def enable_telemetry() -> bool: ...
+def shutdown_telemetry(timeout: float = 5.0) -> None: ...

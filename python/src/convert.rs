@@ -301,6 +301,9 @@ pub struct TaskContext {
     pub attempt: u32,
     pub pool: cronoq::PoolName,
     pub group: Labels,
+    /// The attempt's W3C trace context (its span's, with telemetry on).
+    #[pyo3(get)]
+    pub traceparent: Option<String>,
 }
 
 impl TaskContext {
@@ -310,6 +313,7 @@ impl TaskContext {
             attempt: ctx.attempt,
             pool: ctx.pool,
             group: ctx.group,
+            traceparent: ctx.traceparent,
         }
     }
 }

@@ -26,9 +26,16 @@ fn slots(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
 #[pymethods]
 impl Scheduler {
     #[new]
-    #[pyo3(signature = (*, max_payload_bytes = None, retain_finished = None))]
-    fn new(max_payload_bytes: Option<usize>, retain_finished: Option<usize>) -> PyResult<Self> {
+    #[pyo3(signature = (*, max_payload_bytes = None, retain_finished = None, telemetry = false))]
+    fn new(
+        max_payload_bytes: Option<usize>,
+        retain_finished: Option<usize>,
+        telemetry: bool,
+    ) -> PyResult<Self> {
         let mut builder = cronoq::Scheduler::builder();
+        if telemetry {
+            builder = builder.telemetry(crate::telemetry::process_telemetry()?);
+        }
         if let Some(n) = max_payload_bytes {
             builder = builder.max_payload_bytes(n);
         }

@@ -16,7 +16,8 @@
 //! - [`embedded`]: the embedded `Scheduler`;
 //! - [`remote`]: the remote `Worker` and the NATS/HTTP `Client`;
 //! - [`schedules`]: schedule calls over either (`Scheduler.schedule`,
-//!   `Client.schedule`, …).
+//!   `Client.schedule`, …);
+//! - [`telemetry`]: the opt-in OpenTelemetry export (`OTEL_*` env).
 
 use pyo3::prelude::*;
 
@@ -26,6 +27,7 @@ pub mod embedded;
 pub mod errors;
 pub mod remote;
 pub mod schedules;
+pub mod telemetry;
 
 /// The tokio runtime every scheduler, worker and client of this process
 /// runs on (pyo3-async-runtimes' shared multi-threaded runtime).
@@ -49,5 +51,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<schedules::Schedules>()?;
     m.add_function(wrap_pyfunction!(convert::check_labels, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;
+    m.add_function(wrap_pyfunction!(telemetry::enable_telemetry, m)?)?;
+    m.add_function(wrap_pyfunction!(telemetry::shutdown_telemetry, m)?)?;
     Ok(())
 }

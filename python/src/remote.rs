@@ -117,9 +117,10 @@ impl Worker {
 }
 
 enum Kind {
-    /// Boxed: the NATS client is far larger than the HTTP one.
+    /// Both boxed: which one is larger depends on the features hyper is
+    /// built with (the OTLP exporter's client adds HTTP/2 to it).
     Nats(Box<cronoq::client::Client>),
-    Http(HttpClient),
+    Http(Box<HttpClient>),
 }
 
 /// A connected client (see `cronoq.Client`).
@@ -230,7 +231,7 @@ impl Client {
         let http = is_http(&url);
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let kind = if http {
-                Kind::Http(options.http(&url).map_err(client)?)
+                Kind::Http(Box::new(options.http(&url).map_err(client)?))
             } else {
                 Kind::Nats(Box::new(options.connect(&url).await.map_err(client)?))
             };
@@ -337,7 +338,7 @@ impl Client {
     fn schedules(&self) -> crate::schedules::Schedules {
         let api: Arc<dyn cronoq::api::Api> = match &*self.kind {
             Kind::Nats(c) => Arc::new((**c).clone()),
-            Kind::Http(c) => Arc::new(c.clone()),
+            Kind::Http(c) => Arc::new((**c).clone()),
         };
         crate::schedules::Schedules::new(api)
     }

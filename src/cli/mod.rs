@@ -121,6 +121,21 @@ impl NatsLoginArgs {
     }
 }
 
+/// The exporter a command runs with, started (inside a tokio runtime):
+/// `cronoq worker`'s (and `cronoq dev`'s, for its demo workers), whose
+/// spans are `tracing` spans that `main` exports through
+/// [`crate::telemetry::Telemetry::layer`]. `cronoq server` starts its own
+/// from its config (it exports task spans, not `tracing` ones); other
+/// commands export nothing.
+pub fn telemetry(cli: &Cli) -> anyhow::Result<Option<crate::telemetry::Telemetry>> {
+    match &cli.command {
+        Command::Worker(args) => worker_cmd::telemetry(args),
+        Command::Dev(_) => crate::telemetry::Telemetry::from_env("cronoq-dev")
+            .map_err(|e| anyhow::Error::new(crate::wire::WireError::new(e.code(), e.to_string()))),
+        _ => Ok(None),
+    }
+}
+
 /// Runs the parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {

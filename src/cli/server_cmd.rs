@@ -93,17 +93,29 @@ fn check_startable(config: &ServerConfig) -> Result<(), WireError> {
     let auth = config
         .authenticator()
         .map_err(|e| WireError::new(e.code, format!("config: [auth]: {}", e.message)))?;
+    telemetry_settings(config)?;
     if !auth.required() && (!config.auth.tokens.is_empty() || !config.auth.nkeys.is_empty()) {
         tracing::warn!("[auth] lists credentials but required = false: nothing is checked");
     }
     Ok(())
 }
 
+/// What `[telemetry]` and the `OTEL_*` env give the server (`None`: off),
+/// refused as the server would refuse it.
+fn telemetry_settings(
+    config: &ServerConfig,
+) -> Result<Option<crate::telemetry::ExportSettings>, WireError> {
+    config
+        .telemetry
+        .resolve("cronoq-server", |key| std::env::var(key).ok())
+        .map_err(|e| WireError::new(ErrorCode::INVALID_ARGUMENT, format!("config: {e}")))
+}
+
 /// `--check-config`: the summary of a valid configuration.
 fn summary(args: &ServerArgs, config: &ServerConfig) -> String {
     let fleets: usize = config.pools.iter().map(|p| p.fleets.len()).sum();
     format!(
-        "config ok: {}: {} pools, {} fleets, nats {}, http {}, replicas {}, auth {}",
+        "config ok: {}: {} pools, {} fleets, nats {}, http {}, replicas {}, telemetry {}, auth {}",
         args.config
             .as_ref()
             .map_or("(defaults)".to_string(), |p| p.display().to_string()),
@@ -112,6 +124,10 @@ fn summary(args: &ServerArgs, config: &ServerConfig) -> String {
         config.server.nats_url,
         config.server.http_addr,
         config.server.replicas,
+        match telemetry_settings(config) {
+            Ok(Some(t)) => format!("traces to {} as {}", t.traces_endpoint, t.service_name),
+            _ => "off".to_string(),
+        },
         if config.auth.required {
             format!(
                 "required ({} tokens, {} nkeys)",

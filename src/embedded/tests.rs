@@ -128,3 +128,89 @@ async fn a_handle_polled_while_its_task_waits_is_woken_by_the_finish() {
     assert_eq!((outcome.id, outcome.state), (id, TaskState::Succeeded));
     assert_eq!(kept(&sched, &[id]), (0, 0));
 }
+
+#[tokio::test]
+async fn with_telemetry_a_finished_tasks_spans_go_out_and_executors_see_their_attempt_span() {
+    use crate::telemetry::tests::{settings, Capture};
+    let capture = Capture::default();
+    let telemetry =
+        crate::telemetry::Telemetry::with_exporter(capture.clone(), settings(64)).unwrap();
+    let sched = Scheduler::builder()
+        .telemetry(Some(telemetry.clone()))
+        .pool(
+            POOL,
+            PoolConfig {
+                backoff: crate::core::Backoff {
+                    initial: Millis(1),
+                    max: Millis(1),
+                },
+                ..PoolConfig::default()
+            },
+        )
+        .build()
+        .unwrap();
+    sched.set_capacity(POOL, 1).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    sched
+        .executor(POOL, move |ctx: TaskContext, _payload: Bytes| {
+            record.lock().unwrap().push(ctx.traceparent.clone());
+            async move {
+                if ctx.attempt == 1 {
+                    Err(crate::task::TaskError::retryable("first fails"))
+                } else {
+                    Ok(Bytes::new())
+                }
+            }
+        })
+        .unwrap();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let handle = sched
+        .submit(Task::new("x").pool(POOL).traceparent(tp))
+        .await
+        .unwrap();
+    assert_eq!(handle.wait().await.unwrap().state, TaskState::Succeeded);
+    telemetry.shutdown(Duration::from_secs(5)).await;
+    let spans = capture.spans.lock().unwrap();
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+    assert_eq!(
+        names,
+        [
+            "cronoq.task",
+            "cronoq.queued",
+            "cronoq.queued",
+            "cronoq.attempt",
+            "cronoq.attempt"
+        ]
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    for (attempt, span) in seen.iter().zip(&spans[3..]) {
+        let expected = format!(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-{:016x}-01",
+            span.span_context.span_id()
+        );
+        assert_eq!(attempt.as_deref(), Some(&*expected));
+    }
+    assert_eq!(
+        format!("{:016x}", spans[0].parent_span_id),
+        "00f067aa0ba902b7"
+    );
+}
+
+#[tokio::test]
+async fn without_telemetry_executors_see_the_submitters_traceparent() {
+    let sched = Scheduler::new();
+    sched.set_capacity(POOL, 1).unwrap();
+    sched
+        .executor(POOL, |ctx: TaskContext, _payload: Bytes| async move {
+            Ok(Bytes::from(ctx.traceparent.unwrap_or_default()))
+        })
+        .unwrap();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let handle = sched
+        .submit(Task::new("x").pool(POOL).traceparent(tp))
+        .await
+        .unwrap();
+    assert_eq!(handle.wait().await.unwrap().output.unwrap(), tp);
+}

@@ -45,6 +45,9 @@ async fn metrics(State(api): ApiState) -> Result<Response, HttpError> {
     if let Ok(counted) = api.metrics().await {
         text.push_str(&counters_text(&counted));
     }
+    // This process's own: the spans it exported or dropped (a leader's
+    // are the task spans; all zero with telemetry off).
+    text.push_str(&telemetry_text(&crate::telemetry::counters()));
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -69,6 +72,41 @@ pub fn escape_label_value(value: &str) -> String {
             '\n' => out.push_str("\\n"),
             c => out.push(c),
         }
+    }
+    out
+}
+
+/// The span counters of this process's OpenTelemetry export
+/// (docs/telemetry.md): exported, dropped because the bounded queue was
+/// full (exporting never makes scheduling wait), and failed (the
+/// collector refused or did not answer).
+///
+/// ```
+/// let c = cronoq::telemetry::Counters { exported: 7, dropped: 2, failed: 0 };
+/// let text = cronoq::http::telemetry_text(&c);
+/// assert!(text.contains("cronoq_trace_spans_dropped_total 2\n"));
+/// assert!(text.contains("# TYPE cronoq_trace_spans_exported_total counter"));
+/// ```
+pub fn telemetry_text(c: &crate::telemetry::Counters) -> String {
+    let mut out = String::new();
+    for (name, help, value) in [
+        (
+            "cronoq_trace_spans_exported_total",
+            "Spans this process exported over OTLP.",
+            c.exported,
+        ),
+        (
+            "cronoq_trace_spans_dropped_total",
+            "Spans this process dropped because its export queue was full.",
+            c.dropped,
+        ),
+        (
+            "cronoq_trace_spans_failed_total",
+            "Spans in export requests the collector refused or did not answer.",
+            c.failed,
+        ),
+    ] {
+        Family::start(&mut out, name, "counter", help).sample(name, &[], value);
     }
     out
 }

@@ -12,7 +12,7 @@
 //! | `POST /v1/tasks/{id}/cancel` | `{"id": n}` |
 //! | `/v1/schedules…` | schedules: list, create, get, delete, pause, resume, trigger, backfill ([`schedules`]) |
 //! | `GET /v1/autoscale?pool=P&labels=k=v,…` | the fleet's [`AutoscaleAnswer`](crate::core::AutoscaleAnswer) (see [`autoscale_query`]) |
-//! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]) |
+//! | `GET /metrics` | Prometheus text format: the snapshot's gauges ([`metrics_text`]), then the counters and histograms of [`Api::metrics`] ([`counters_text`]), then this process's span export counters ([`telemetry_text`]) |
 //! | `GET /healthz` | [`Health`](crate::api::Health) JSON; 200 when live, else 503 |
 //! | `GET /readyz` | [`Health`](crate::api::Health) JSON; 200 when ready, else 503 |
 //! | `GET /v1/openapi.json` | the OpenAPI 3.1 document of every route here ([`openapi_document`]; checked in as `proto-schemas/openapi.yaml`) |
@@ -102,7 +102,9 @@ pub use crate::api::{BackoffRequest, SubmitRequest, SubmitResponse};
 pub(crate) use caller::Caller;
 pub use caller::{bearer_token, ApiFor, HttpAuth};
 pub use error::{clamp_message, status_of, HttpError, MAX_MESSAGE_CHARS};
-pub use metrics::{counters_text, escape_label_value, metrics_text, MAX_LABEL_SET_SERIES};
+pub use metrics::{
+    counters_text, escape_label_value, metrics_text, telemetry_text, MAX_LABEL_SET_SERIES,
+};
 pub use openapi::{openapi_document, served_routes};
 pub use origin::AllowedHosts;
 pub use serve::{serve, HttpLimits};

@@ -41,6 +41,10 @@ pub struct ServerConfig {
     /// `[auth]`.
     #[serde(default)]
     pub auth: AuthSection,
+    /// `[telemetry]`: OpenTelemetry export (off unless an endpoint is set
+    /// here or in `OTEL_EXPORTER_OTLP_ENDPOINT`; the `OTEL_*` env wins).
+    #[serde(default)]
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 /// `[server]`.

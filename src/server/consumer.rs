@@ -69,6 +69,10 @@ pub(super) fn decode(
         // refusal is recorded like any refused submission.
         Ok((pool, task)) => {
             let stored = Millis::since_epoch(published);
+            let task = task.map(|mut t| {
+                t.stored_at = Some(stored);
+                t
+            });
             let task = task.and_then(|t| {
                 guard.submission(
                     m.subject.as_str(),

@@ -257,6 +257,7 @@ pub(super) async fn lead(
                 entries: s.snapshot_entries,
                 interval: s.snapshot_interval,
             },
+            telemetry: base.telemetry.clone(),
         },
         appender,
     ));
@@ -331,6 +332,7 @@ pub(super) fn new_driver(
                     .to_string()
             }),
             auth: base.auth.clone(),
+            trace: base.telemetry.as_ref().map(|_| base.trace_salt),
         },
         now,
     )

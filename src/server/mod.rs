@@ -143,6 +143,9 @@ pub enum Error {
     /// NATS refused the login (`UNAUTHENTICATED`).
     #[error("{0}")]
     Refused(String),
+    /// `[telemetry]` or the `OTEL_*` env cannot be used.
+    #[error("{0}")]
+    Telemetry(#[from] crate::telemetry::StartError),
 }
 
 impl Error {
@@ -154,6 +157,7 @@ impl Error {
             Error::Http { .. } => ErrorCode::UNAVAILABLE,
             Error::Auth(e) => e.code.clone(),
             Error::Refused(_) => ErrorCode::UNAUTHENTICATED,
+            Error::Telemetry(e) => e.code(),
         }
     }
 }

@@ -44,6 +44,8 @@ pub async fn serve(
     }
     let subjects = Subjects::new(&s.subject_prefix)?;
     let server_id = s.id.clone().unwrap_or_else(default_server_id);
+    // Off (None) unless `[telemetry]` or the OTEL_* env names an endpoint.
+    let telemetry = crate::telemetry::Telemetry::start(&config.telemetry, "cronoq-server")?;
     let pools = config
         .pools
         .iter()
@@ -273,6 +275,16 @@ pub async fn serve(
         node.inner.missing.clone(),
     ));
     let (warm_paused, warm_paused_rx) = watch::channel(false);
+    // The same for every server of this installation, and new when the
+    // submit stream (and so its task ids) starts over.
+    let trace_salt = crate::telemetry::TraceSalt::derive(&[
+        subjects.prefix().as_bytes(),
+        &submit_stream
+            .cached_info()
+            .created
+            .unix_timestamp_nanos()
+            .to_be_bytes(),
+    ]);
     let base = Arc::new(Base {
         config: config.clone(),
         pools,
@@ -293,6 +305,8 @@ pub async fn serve(
         warm_paused,
         seal: seal.clone(),
         submissions: warm_submits::WarmSubmissions::default(),
+        telemetry: telemetry.clone(),
+        trace_salt,
     });
     // Standing by warm: the journal is followed from the start, so a
     // takeover reads it from memory.
@@ -405,6 +419,9 @@ pub async fn serve(
         Err(_) => Ok(()),
     };
     let _ = client.flush().await;
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown(Duration::from_secs(5)).await;
+    }
     result
 }
 
@@ -494,6 +511,10 @@ pub(super) struct Base {
     pub(super) warm_paused: watch::Sender<bool>,
     /// This process's copy of the submit stream, decoded.
     pub(super) submissions: warm_submits::WarmSubmissions,
+    /// Where finished tasks' spans go (`None`: telemetry off).
+    pub(super) telemetry: Option<crate::telemetry::Telemetry>,
+    /// What tells this installation's spans apart (`telemetry::trace`).
+    pub(super) trace_salt: crate::telemetry::TraceSalt,
 }
 
 /// Gets or creates a stream, then brings an existing one's limits up to

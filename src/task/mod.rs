@@ -62,6 +62,9 @@ pub struct Task {
     /// How it shares its pool (SPEC §9), boxed: most tasks carry none, and
     /// a `Task` without it stays as small as before.
     pub(crate) sharing: Option<Box<Sharing>>,
+    /// When the submit stream stored it, set by the leader's consumer (a
+    /// successor reads the same): where its trace's task span begins.
+    pub(crate) stored_at: Option<Millis>,
 }
 
 /// A task's SPEC §9 options as given (`None`: not given, today's
@@ -97,6 +100,7 @@ impl Task {
             owner: None,
             schedule: None,
             sharing: None,
+            stored_at: None,
         }
     }
 

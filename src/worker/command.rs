@@ -4,9 +4,12 @@
 //! stderr. The attempt is described in `CRONOQ_TASK_ID`, `CRONOQ_ATTEMPT`,
 //! `CRONOQ_POOL` and `CRONOQ_GROUP`; for a task a schedule fired,
 //! `CRONOQ_SCHEDULE` and `CRONOQ_SCHEDULED_AT` (the tick, RFC 3339 UTC).
-//! `TRACEPARENT` is the task's W3C trace context when it was submitted
-//! with one. Each of these is unset when the task has none, even if the
-//! worker's own environment has it.
+//! `TRACEPARENT` is the attempt's W3C trace context: the worker's attempt
+//! span when the worker exports traces, else what its lease carried (the
+//! leader's attempt span, or the submitter's traceparent). Each of these
+//! is unset when the task has none, even if the worker's own environment
+//! has it. The command runs inside a `cronoq.command` span (exported with
+//! the worker's telemetry) that records its exit code.
 //!
 //! On Unix the command runs in a process group of its own: a Ctrl-C in the
 //! worker's terminal does not reach it (the worker drains instead), and an
@@ -103,6 +106,31 @@ pub async fn run_command(
     command: &[String],
     ctx: &TaskContext,
     payload: Bytes,
+) -> Result<Bytes, TaskError> {
+    use tracing::Instrument as _;
+    let Some(program) = command.first() else {
+        return Err(TaskError::permanent("no command to run"));
+    };
+    let span = tracing::info_span!(
+        target: crate::telemetry::TARGET,
+        "cronoq.command",
+        process.executable.name = %program,
+        process.exit.code = tracing::field::Empty,
+    );
+    let result = run(command, ctx, payload, &span)
+        .instrument(span.clone())
+        .await;
+    if let Err(e) = &result {
+        crate::telemetry::set_outcome(&span, "failed", Some(e.message()));
+    }
+    result
+}
+
+async fn run(
+    command: &[String],
+    ctx: &TaskContext,
+    payload: Bytes,
+    span: &tracing::Span,
 ) -> Result<Bytes, TaskError> {
     let Some((program, args)) = command.split_first() else {
         return Err(TaskError::permanent("no command to run"));
@@ -201,6 +229,9 @@ pub async fn run_command(
     group.disarm();
 
     let status = status.map_err(|e| TaskError::retryable(format!("waiting for {program}: {e}")))?;
+    if let Some(code) = status.code() {
+        span.record("process.exit.code", code);
+    }
     let out = out.map_err(|e| TaskError::retryable(format!("reading {program} stdout: {e}")))?;
     if status.success() {
         return Ok(Bytes::from(out));

@@ -15,7 +15,8 @@
 //!
 //! The workers run [`WORKER_SCRIPT`]: the payload is `NAME [hold=KEY]
 //! [fail]`; each attempt appends `NAME TASK_ID ATTEMPT WORKER_ID` to
-//! `runs.log` in the cluster's dir (and, for a task a schedule fired,
+//! `runs.log` in the cluster's dir (`TASK_ID ATTEMPT TRACEPARENT` to
+//! `traceparents.log` when it has a trace context; and, for a task a schedule fired,
 //! `SCHEDULE SCHEDULED_AT TASK_ID ATTEMPT WORKER_ID` to `schedules.log`), then waits for the file `KEY` to exist
 //! ([`Cluster::release`]) if asked, then fails (exit 3) if asked, else
 //! prints `NAME on [GROUP] by WORKER_ID`. With `trapterm`, a SIGTERM
@@ -61,6 +62,9 @@ case " $* " in
     trap 'echo "$name $CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TEST_WORKER" >> "$TEST_DIR/sigterm.log"; exit 143' TERM ;;
 esac
 echo "$name $CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TEST_WORKER" >> "$TEST_DIR/runs.log"
+if [ -n "$TRACEPARENT" ]; then
+  echo "$CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TRACEPARENT" >> "$TEST_DIR/traceparents.log"
+fi
 if [ -n "$CRONOQ_SCHEDULE" ]; then
   echo "$CRONOQ_SCHEDULE $CRONOQ_SCHEDULED_AT $CRONOQ_TASK_ID $CRONOQ_ATTEMPT $TEST_WORKER" >> "$TEST_DIR/schedules.log"
 fi
@@ -738,7 +742,26 @@ impl Cluster {
 
     /// Starts a worker and waits until the leader lists it.
     pub async fn add_worker(&mut self, id: &str, labels: &str, slots: u32) {
-        let worker = CronoqWorker::start(&self.nats.url(), self.dir.path(), id, labels, slots);
+        self.add_worker_with_env(id, labels, slots, &[]).await
+    }
+
+    /// [`Cluster::add_worker`] with extra environment for the worker.
+    pub async fn add_worker_with_env(
+        &mut self,
+        id: &str,
+        labels: &str,
+        slots: u32,
+        env: &[(&str, &str)],
+    ) {
+        let worker = CronoqWorker::start_with(
+            &self.nats.url(),
+            self.dir.path(),
+            id,
+            labels,
+            slots,
+            &[],
+            env,
+        );
         self.workers.insert(id.to_string(), worker);
         let client = self.client.clone();
         eventually(&format!("worker {id} to register"), || {

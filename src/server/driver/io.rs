@@ -242,6 +242,9 @@ pub(crate) enum Output {
         name: String,
         stored: Option<Box<crate::schedule::StoredSchedule>>,
     },
+    /// A finished task's life, for its spans (telemetry on): handed to
+    /// the exporter once the turn is stored.
+    Trace(Box<crate::telemetry::TaskTrace>),
 }
 
 impl std::fmt::Debug for Output {
@@ -264,6 +267,7 @@ impl std::fmt::Debug for Output {
             Output::PersistSchedule { name, stored } => {
                 write!(f, "PersistSchedule({name}, {})", stored.is_some())
             }
+            Output::Trace(trace) => write!(f, "Trace({})", trace.ids.task()),
         }
     }
 }
@@ -312,4 +316,7 @@ pub(crate) struct Settings {
     /// The credentials as configured now: a schedule's fire is checked
     /// against its owner's current rights before it goes out.
     pub auth: std::sync::Arc<crate::auth::Authenticator>,
+    /// Telemetry on: leases carry their attempt span's traceparent and
+    /// finished tasks come out as [`Output::Trace`], with ids salted so.
+    pub trace: Option<crate::telemetry::TraceSalt>,
 }

@@ -224,6 +224,17 @@ pub(crate) struct Driver {
     refused_sample: std::collections::VecDeque<crate::metrics::RefusedSubmission>,
     /// The schedules this leader fires (`schedules.rs`).
     schedules: schedules::Schedules,
+    /// Telemetry on: what a live task's trace needs beside the ledger
+    /// (`tasks.rs`, [`TraceNotes`]).
+    traces: FxHashMap<TaskId, TraceNotes>,
+}
+
+/// What a live task's spans need that the ledger does not keep: when it
+/// was submitted and why each of its waits began (only with telemetry on).
+#[derive(Default)]
+struct TraceNotes {
+    submitted_at: Millis,
+    waits: Vec<(u32, crate::core::WaitReason)>,
 }
 
 fn stale(message: impl Into<String>) -> WireError {
@@ -280,6 +291,7 @@ impl Driver {
             refused_unattributed: BTreeMap::new(),
             refused_sample: Default::default(),
             schedules: schedules::Schedules::new(max_schedules),
+            traces: FxHashMap::default(),
         }
     }
 
@@ -345,10 +357,15 @@ impl Driver {
         self.deposed
     }
 
-    /// The core's invariants (simulation and tests).
+    /// The core's invariants, and that no trace note outlives its task
+    /// (simulation and tests).
     #[cfg(test)]
     pub(crate) fn core_invariants(&self) -> Result<(), String> {
-        self.core.check_invariants().map_err(|e| e.to_string())
+        self.core.check_invariants().map_err(|e| e.to_string())?;
+        match self.traces.keys().find(|id| !self.ledger.is_live(**id)) {
+            Some(id) => Err(format!("trace notes kept for task {id}, which is not live")),
+            None => Ok(()),
+        }
     }
 
     /// [`Driver::take_outputs_into`] a new vector (simulation and tests).

@@ -20,6 +20,7 @@ impl Driver {
             return; // a redelivery after a consumer restart
         }
         let schedule = task.as_ref().ok().and_then(|t| t.schedule.clone());
+        let stored_at = task.as_ref().ok().and_then(|t| t.stored_at);
         let spec = task.and_then(|t| {
             let payload = t.payload().clone();
             let key = t.key().map(str::to_string);
@@ -64,6 +65,7 @@ impl Driver {
         let live = self.ledger.is_live(id);
         if live {
             self.insert_live(seq);
+            self.trace_wait(id, stored_at.unwrap_or(now));
         }
         tracing::debug!(task_id = %id, "task accepted");
         // A submission read back at takeover was announced by the leader
@@ -137,11 +139,16 @@ impl Driver {
                 at.plus(refresh).min(now.plus(refresh))
             });
         let kept = open.then(|| record.clone());
+        let first_start = record.attempts.first().map_or(now, |a| a.started_at);
+        let submitted_at = task.stored_at.unwrap_or(now).min(first_start);
         self.journaled_as_read(id, record.attempts.len(), open, start_slot.filter(|_| open));
         self.ledger.restore(id, record.attempts, record.error);
         self.insert_live(seq);
         self.schedule_refresh(id, due);
         tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
+        if self.settings.trace.is_some() {
+            self.traces.entry(id).or_default().submitted_at = submitted_at;
+        }
         if open {
             match running_on {
                 // While catching up the grace has not started yet (it
@@ -175,6 +182,55 @@ impl Driver {
             }
         }
         self.resume_waiting(now, spec, attempt);
+        self.trace_wait(id, submitted_at);
+    }
+
+    /// Telemetry on: notes when task `id` was submitted (if not noted yet)
+    /// and, if it waits now, why its wait began.
+    pub(super) fn trace_wait(&mut self, id: TaskId, submitted_at: Millis) {
+        if self.settings.trace.is_none() {
+            return;
+        }
+        let Some(view) = self.core.task(id) else {
+            return;
+        };
+        let waiting = view.reason.map(|reason| (view.attempts + 1, reason));
+        let notes = self.traces.entry(id).or_insert_with(|| TraceNotes {
+            submitted_at,
+            waits: Vec::new(),
+        });
+        if let Some(wait) = waiting {
+            notes.waits.push(wait);
+        }
+    }
+
+    /// Telemetry on: the spans of task `id`, which just finished (`None`
+    /// when its submitter's trace context says not sampled).
+    fn task_trace(
+        &mut self,
+        now: Millis,
+        outcome: &Outcome,
+        traceparent: Option<&str>,
+    ) -> Option<crate::telemetry::TaskTrace> {
+        let salt = self.settings.trace?;
+        let notes = self.traces.remove(&outcome.id);
+        let ids = crate::telemetry::TaskTraceIds::of(traceparent, salt, outcome.id)?;
+        let first_start = outcome.attempts.first().map_or(now, |a| a.started_at);
+        let (submitted_at, waits) = match notes {
+            Some(n) => (n.submitted_at.min(first_start), n.waits),
+            None => (first_start, Vec::new()),
+        };
+        Some(crate::telemetry::TaskTrace {
+            ids,
+            pool: outcome.pool.clone(),
+            submitted_at,
+            finished_at: now,
+            state: outcome.state,
+            error: outcome.error.clone(),
+            waits,
+            attempts: outcome.attempts.clone(),
+            schedule: outcome.schedule.as_ref().map(|(name, _)| name.clone()),
+        })
     }
 
     /// A task an earlier leadership finished whose submission the stream
@@ -326,6 +382,9 @@ impl Driver {
         e: WireError,
     ) {
         tracing::info!(task_id = %id, pool = %pool, code = %e.code, error = %e.message, "submission refused");
+        // Not traced (nothing ran); a recovered task refused again leaves
+        // no note behind.
+        self.traces.remove(&id);
         let outcome = Outcome {
             id,
             pool,
@@ -465,7 +524,18 @@ impl Driver {
                     return;
                 };
                 let payload = entry.payload.clone();
-                let traceparent = entry.extra.traceparent.clone();
+                // Telemetry on: the attempt span's own, so the worker's
+                // spans (or its command's) hang under it.
+                let traceparent = match self.settings.trace.and_then(|salt| {
+                    crate::telemetry::TaskTraceIds::of(
+                        entry.extra.traceparent.as_deref(),
+                        salt,
+                        task,
+                    )
+                }) {
+                    Some(ids) => Some(ids.attempt_traceparent(attempt)),
+                    None => entry.extra.traceparent.clone(),
+                };
                 let schedule = entry.schedule().cloned().unzip();
                 self.dirty.insert(task);
                 let lease = Lease {
@@ -550,6 +620,7 @@ impl Driver {
             }
             Action::RetryAt { task, attempt, at } => {
                 tracing::debug!(task_id = %task, attempt, at = at.0, "retry scheduled");
+                self.trace_wait(task, now);
                 let pool = self
                     .core
                     .task(task)
@@ -559,6 +630,7 @@ impl Driver {
             }
             Action::Preempted { task, attempt } => {
                 tracing::debug!(task_id = %task, attempt, "attempt preempted");
+                self.trace_wait(task, now);
                 let pool = self
                     .core
                     .task(task)
@@ -581,7 +653,11 @@ impl Driver {
                     return;
                 };
                 tracing::info!(task_id = %task, state = %state, attempts = done.outcome.attempts.len(), "task finished");
+                let trace = self.task_trace(now, &done.outcome, done.extra.traceparent.as_deref());
                 self.record_finished(now, done.outcome, None);
+                if let Some(trace) = trace {
+                    self.out.push(Output::Trace(Box::new(trace)));
+                }
             }
         }
     }

@@ -103,6 +103,8 @@ pub(in crate::server) struct CommitCtx {
     /// tasks' records for lookups, written after their entry is stored.
     pub(in crate::server) results_prefix: String,
     pub(in crate::server) snapshot_every: SnapshotEvery,
+    /// Where finished tasks' spans go (telemetry on).
+    pub(in crate::server) telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 /// One group commit waiting for its entry (or, with nothing to store, for
@@ -396,6 +398,14 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
                     (name, tick, kind),
                     task,
                 ));
+                continue;
+            }
+            // Once the turn is stored: a task whose end was never stored
+            // (a leader deposed meanwhile) is traced by its successor.
+            Output::Trace(trace) => {
+                if let Some(telemetry) = &ctx.telemetry {
+                    telemetry.task(*trace);
+                }
                 continue;
             }
             Output::Persist { .. }

@@ -324,7 +324,8 @@ impl World {
                         kind,
                         task,
                     } => self.publish_fire(name, tick, kind, *task),
-                    Output::Persist { .. }
+                    Output::Trace(_)
+                    | Output::Persist { .. }
                     | Output::PersistStarts { .. }
                     | Output::PersistResults { .. }
                     | Output::PersistSchedule { .. }

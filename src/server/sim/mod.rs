@@ -119,6 +119,9 @@ fn settings(group_starts: bool) -> Settings {
         max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         schedules_refused: None,
         auth: Default::default(),
+        // On: the failover simulation runs the trace notes and leases
+        // through every crash (nothing may panic or linger).
+        trace: Some(crate::telemetry::TraceSalt(7)),
     }
 }
 

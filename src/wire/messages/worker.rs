@@ -196,8 +196,10 @@ pub struct Lease {
     pub ttl: Millis,
     /// The leader's epoch.
     pub epoch: u64,
-    /// The W3C trace context the task was submitted with, if any (older
-    /// leaders send none; older workers ignore it).
+    /// The W3C trace context of the attempt: with the leader's telemetry
+    /// on, its attempt span (a child of the submitter's, or a root of
+    /// the task's own trace); otherwise the one the task was submitted
+    /// with, if any (older leaders send none; older workers ignore it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
     /// The schedule that fired the task, if one did (older leaders send

@@ -19,10 +19,42 @@ pub(super) struct Attempt {
 }
 
 impl Attempt {
+    /// Runs the attempt inside its span, `cronoq.worker.attempt`: a child
+    /// of the lease's traceparent, exported when the process's subscriber
+    /// has the telemetry layer (`cronoq worker` with telemetry on). The
+    /// handler — a command's `TRACEPARENT` — sees this span as its parent
+    /// then, the lease's traceparent otherwise.
     pub(super) async fn run(
         self,
         lease: Lease,
         registration: futures_util::future::AbortRegistration,
+    ) {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "cronoq.worker.attempt",
+            cronoq.task_id = lease.task_id.0,
+            cronoq.pool = %lease.pool,
+            cronoq.group = %lease.group,
+            cronoq.attempt = lease.attempt,
+            cronoq.worker_id = %self.link.worker_id,
+        );
+        if let Some(parent) = lease.traceparent.as_deref() {
+            crate::telemetry::set_parent(&span, parent);
+        }
+        let traceparent =
+            crate::telemetry::traceparent_of(&span).or_else(|| lease.traceparent.clone());
+        self.attempt(lease, registration, traceparent, &span)
+            .instrument(span.clone())
+            .await
+    }
+
+    async fn attempt(
+        self,
+        lease: Lease,
+        registration: futures_util::future::AbortRegistration,
+        traceparent: Option<String>,
+        span: &tracing::Span,
     ) {
         let key = (lease.task_id, lease.attempt);
         let ctx = TaskContext {
@@ -30,7 +62,7 @@ impl Attempt {
             attempt: lease.attempt,
             pool: lease.pool.clone(),
             group: lease.group.clone(),
-            traceparent: lease.traceparent.clone(),
+            traceparent,
             schedule: lease.schedule.clone().zip(lease.scheduled_at),
         };
         let handler = self.handler.clone();
@@ -68,6 +100,14 @@ impl Attempt {
                 }
             }
         };
+        match &result {
+            Some(AttemptResult::Failed { error, .. }) => {
+                crate::telemetry::set_outcome(span, "failed", Some(error))
+            }
+            Some(other) => crate::telemetry::set_outcome(span, outcome_name(other), None),
+            // Stopped without an outcome: the leader counts it lost.
+            None => crate::telemetry::set_outcome(span, "lost", Some("stopped without an outcome")),
+        }
         if let Some(AttemptResult::Failed { error, retryable }) = &result {
             tracing::warn!(
                 worker_id = %self.link.worker_id,

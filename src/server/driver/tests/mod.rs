@@ -36,6 +36,7 @@ fn settings() -> Settings {
         max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         schedules_refused: None,
         auth: Default::default(),
+        trace: None,
     }
 }
 
@@ -2098,4 +2099,107 @@ fn a_read_back_taken_in_earlier_leads_as_one_taken_at_the_takeover() {
     let at_takeover = lead(takeover);
     assert!(!at_takeover.1.is_empty(), "the catch-up wrote nothing");
     assert_eq!(lead(2_000), at_takeover);
+}
+
+/// A driver with telemetry on (salt 3), a worker "w" of one slot in pool
+/// "p", and task 1 (with `traceparent`) submitted before it registered.
+fn traced_driver(traceparent: &str) -> Driver {
+    let mut d = driver_with(
+        7,
+        Settings {
+            trace: Some(crate::telemetry::TraceSalt(3)),
+            ..settings()
+        },
+    );
+    d.handle(
+        Millis(0),
+        Input::Submitted {
+            seq: 1,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p").traceparent(traceparent)),
+        },
+    );
+    register(&mut d, "w", "", 1);
+    d
+}
+
+fn traces(outputs: &[Output]) -> Vec<crate::telemetry::TaskTrace> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Trace(t) => Some((**t).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn with_telemetry_leases_carry_their_attempt_span_and_a_finished_task_comes_out_traced() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut d = traced_driver(tp);
+    let ids =
+        crate::telemetry::TaskTraceIds::of(Some(tp), crate::telemetry::TraceSalt(3), TaskId(1))
+            .unwrap();
+    let first = leases(&mut d);
+    assert_eq!(
+        first[0].1.traceparent.as_deref(),
+        Some(&*ids.attempt_traceparent(1))
+    );
+    let failed = AttemptResult::Failed {
+        error: "exit 1".into(),
+        retryable: true,
+    };
+    end_attempt(&mut d, 100, 1, 1, failed);
+    assert!(traces(&d.take_outputs()).is_empty(), "not finished yet");
+    d.housekeeping(Millis(5_000));
+    let second = leases(&mut d);
+    assert_eq!(second[0].1.attempt, 2);
+    assert_eq!(
+        second[0].1.traceparent.as_deref(),
+        Some(&*ids.attempt_traceparent(2))
+    );
+    succeed(&mut d, 5_100, 1, 2);
+    let traced = traces(&d.take_outputs());
+    assert_eq!(traced.len(), 1);
+    let t = &traced[0];
+    assert_eq!(t.ids, ids);
+    assert_eq!((t.submitted_at, t.finished_at), (Millis(0), Millis(5_100)));
+    assert_eq!(t.state, TaskState::Succeeded);
+    use crate::core::WaitReason;
+    assert_eq!(
+        t.waits,
+        [(1, WaitReason::NoGroupMatches), (2, WaitReason::Backoff)]
+    );
+    assert_eq!(t.attempts.len(), 2);
+    assert_eq!(t.attempts[1].worker.as_deref(), Some("w"));
+    assert!(d.traces.is_empty(), "nothing kept for a finished task");
+}
+
+#[test]
+fn an_unsampled_traceparent_goes_to_the_worker_as_it_came_and_exports_nothing() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    let mut d = traced_driver(tp);
+    assert_eq!(leases(&mut d)[0].1.traceparent.as_deref(), Some(tp));
+    succeed(&mut d, 100, 1, 1);
+    assert!(traces(&d.take_outputs()).is_empty());
+    assert!(d.traces.is_empty());
+}
+
+#[test]
+fn without_telemetry_the_lease_carries_the_submitters_traceparent_and_nothing_is_noted() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut d = driver();
+    d.handle(
+        Millis(0),
+        Input::Submitted {
+            seq: 1,
+            pool: PoolName::new("p").unwrap(),
+            task: Ok(Task::new("x").pool("p").traceparent(tp)),
+        },
+    );
+    register(&mut d, "w", "", 1);
+    assert_eq!(leases(&mut d)[0].1.traceparent.as_deref(), Some(tp));
+    assert!(d.traces.is_empty());
+    succeed(&mut d, 100, 1, 1);
+    assert!(traces(&d.take_outputs()).is_empty());
 }
