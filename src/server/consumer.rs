@@ -399,9 +399,43 @@ async fn known(
     }
 }
 
-/// Hands submission `seq` to the driver, with its journal record if an
-/// earlier leadership wrote one (the start that follows it merged in);
-/// `decoded` runs only for a task that is not finished. False once the
+/// What the driver is handed for submission `seq`, given what the log
+/// says of it (`known`; the start that follows its record merged in): a
+/// finished task whose record names a key binds that key again and is
+/// not run; any other is handed with its record, if an earlier
+/// leadership wrote one. `decoded` runs only for a task that is not
+/// finished. The consumer and the failover simulation both call it.
+pub(super) fn inputs_for(
+    seq: u64,
+    known: warm::Known,
+    starts: &wire::StartIndex,
+    decoded: impl FnOnce() -> Decoded,
+) -> Option<Input> {
+    let (journaled, start_slot) = match known {
+        // Finished before, not yet purged: its key binds again
+        // (a warm copy's keyed results were handed up front).
+        warm::Known::Finished(Some(record)) => {
+            return Some(Input::FinishedBefore {
+                seq,
+                record: *record,
+            })
+        }
+        warm::Known::Finished(None) => return None,
+        warm::Known::Live(record) => starts.merge(TaskId(seq), Some(*record)),
+        warm::Known::None => starts.merge(TaskId(seq), None),
+    };
+    Some(decoded().into_input(seq, journaled, start_slot))
+}
+
+/// The input that binds the key of a finished task again (`record`, its
+/// result as the log or the results bucket kept it), if it held one.
+pub(super) fn finished_key(seq: u64, record: Option<wire::TaskRecord>) -> Option<Input> {
+    record
+        .filter(|r| r.state.is_terminal() && r.key.is_some())
+        .map(|record| Input::FinishedBefore { seq, record })
+}
+
+/// Hands submission `seq` to the driver ([`inputs_for`]). False once the
 /// driver is gone.
 async fn take(
     to: &mut Taker<'_>,
@@ -410,25 +444,7 @@ async fn take(
     record: warm::Known,
     decoded: impl FnOnce() -> Decoded,
 ) -> bool {
-    let journaled = match record {
-        // Finished before, not yet purged: its key binds again
-        // (a warm copy's keyed results were handed up front).
-        warm::Known::Finished(Some(record)) => {
-            let input = Input::FinishedBefore {
-                seq,
-                record: *record,
-            };
-            if !to.hand(input).await {
-                return false;
-            }
-            None
-        }
-        warm::Known::Finished(None) => None,
-        warm::Known::Live(record) => Some(to.starts.merge(TaskId(seq), Some(*record))),
-        warm::Known::None => Some(to.starts.merge(TaskId(seq), None)),
-    };
-    if let Some((journaled, start_slot)) = journaled {
-        let input = decoded().into_input(seq, journaled, start_slot);
+    if let Some(input) = inputs_for(seq, record, to.starts, decoded) {
         if !to.hand(input).await {
             return false;
         }
@@ -665,17 +681,14 @@ async fn bind_finished_keys(
     while let Some((seq, record)) = records.next().await {
         beat();
         match record {
-            Ok(Some(record)) if record.state.is_terminal() && record.key.is_some() => {
-                bound += 1;
-                if inputs
-                    .send(Input::FinishedBefore { seq, record })
-                    .await
-                    .is_err()
-                {
-                    return false;
+            Ok(record) => {
+                if let Some(input) = finished_key(seq, record) {
+                    bound += 1;
+                    if inputs.send(input).await.is_err() {
+                        return false;
+                    }
                 }
             }
-            Ok(_) => {}
             // Its key is not bound: a duplicate of it would run.
             Err(e) => {
                 tracing::warn!(seq, error = %e, "a finished task's key could not be read back")
