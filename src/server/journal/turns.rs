@@ -255,7 +255,10 @@ mod tests {
         assert_eq!(first.items.len(), 2);
         assert_eq!(first.queued.results.len(), 1);
         let mut announcer = Announcer::default();
-        assert!(announcer.push(first.queued).is_none(), "waits for its entry");
+        assert!(
+            announcer.push(first.queued).is_none(),
+            "waits for its entry"
+        );
         // Nothing to store, but an entry before it is awaited.
         let quiet = group(vec![turn_of(vec![reply()].into_iter(), 3, |_| {})]);
         assert!(quiet.items.is_empty());
