@@ -20,12 +20,7 @@ pub(super) struct Decoded {
 impl Decoded {
     /// The driver's input for submission `seq` (with its journal record,
     /// if an earlier leadership wrote one).
-    pub(super) fn into_input(
-        self,
-        seq: u64,
-        journaled: Option<wire::TaskRecord>,
-        start_slot: Option<u32>,
-    ) -> Input {
+    pub(super) fn into_input(self, seq: u64, journaled: Option<wire::TaskRecord>) -> Input {
         let Decoded {
             pool,
             task,
@@ -37,7 +32,6 @@ impl Decoded {
                 pool,
                 task,
                 record,
-                start_slot,
             },
             (None, Err(error)) if unattributed => Input::Unattributed { seq, error },
             (None, task) => Input::Submitted { seq, pool, task },
@@ -151,7 +145,6 @@ pub(super) async fn consume(
     let Startup {
         last: startup_last,
         warm,
-        starts,
         batched,
         mut catch_up_to,
         copied,
@@ -166,7 +159,6 @@ pub(super) async fn consume(
     let js = jetstream::new(client.clone());
     let stream_name = subjects.submit_stream();
     let mut taker = Taker {
-        starts: &starts,
         inputs: &inputs,
         staged: None,
     };
@@ -332,7 +324,6 @@ pub(super) async fn submissions_from(
 
 /// What the consumer hands submissions to.
 struct Taker<'a> {
-    starts: &'a wire::StartIndex,
     inputs: &'a mpsc::Sender<Input>,
     /// Inputs held back while a standby's copy is handed over, sent
     /// [`STAGED`] at a time in one [`Input::Batch`] (`None`: each input
@@ -400,7 +391,7 @@ async fn known(
 }
 
 /// What the driver is handed for submission `seq`, given what the log
-/// says of it (`known`; the start that follows its record merged in): a
+/// says of it (`known`): a
 /// finished task whose record names a key binds that key again and is
 /// not run; any other is handed with its record, if an earlier
 /// leadership wrote one. `decoded` runs only for a task that is not
@@ -408,10 +399,9 @@ async fn known(
 pub(super) fn inputs_for(
     seq: u64,
     known: warm::Known,
-    starts: &wire::StartIndex,
     decoded: impl FnOnce() -> Decoded,
 ) -> Option<Input> {
-    let (journaled, start_slot) = match known {
+    let journaled = match known {
         // Finished before, not yet purged: its key binds again
         // (a warm copy's keyed results were handed up front).
         warm::Known::Finished(Some(record)) => {
@@ -421,10 +411,10 @@ pub(super) fn inputs_for(
             })
         }
         warm::Known::Finished(None) => return None,
-        warm::Known::Live(record) => starts.merge(TaskId(seq), Some(*record)),
-        warm::Known::None => starts.merge(TaskId(seq), None),
+        warm::Known::Live(record) => Some(*record),
+        warm::Known::None => None,
     };
-    Some(decoded().into_input(seq, journaled, start_slot))
+    Some(decoded().into_input(seq, journaled))
 }
 
 /// The input that binds the key of a finished task again (`record`, its
@@ -444,7 +434,7 @@ async fn take(
     record: warm::Known,
     decoded: impl FnOnce() -> Decoded,
 ) -> bool {
-    if let Some(input) = inputs_for(seq, record, to.starts, decoded) {
+    if let Some(input) = inputs_for(seq, record, decoded) {
         if !to.hand(input).await {
             return false;
         }
@@ -551,14 +541,12 @@ pub(super) async fn hand_ahead(
         results,
         warm,
         seal,
-        starts,
     } = ctx;
     let keyed = warm.keyed_finished(last);
     if !bind_finished_keys(keyed, results, seal, inputs, &|| {}).await {
         return None;
     }
     let mut taker = Taker {
-        starts,
         inputs,
         staged: None,
     };
@@ -574,7 +562,6 @@ pub(super) struct Ahead<'a> {
     pub(super) results: &'a kv::Store,
     pub(super) warm: &'a warm::WarmJournal,
     pub(super) seal: &'a seal::Seal,
-    pub(super) starts: &'a wire::StartIndex,
 }
 
 /// Submission `seq` read through the JetStream API (`STREAM.MSG.GET`, JSON
@@ -724,7 +711,6 @@ pub(super) mod tests {
     /// sequence it reads the stream from next, and the inputs (`s<seq>`
     /// for a submission, `caught up`).
     async fn hand_over(held: &[u64], seen: u64, last: u64, fails: u64) -> (u64, Vec<String>) {
-        let starts = wire::StartIndex::default();
         let (tx, mut rx) = mpsc::channel(100);
         let copied = warm_submits::Copied {
             submissions: held
@@ -742,7 +728,6 @@ pub(super) mod tests {
         };
         let next = {
             let mut taker = Taker {
-                starts: &starts,
                 inputs: &tx,
                 staged: None,
             };

@@ -106,7 +106,7 @@ pub(super) async fn drive(
         // Locked once a turn, if any result is stored: marked before the
         // floor can pass them (below).
         let mut pending = None::<std::sync::MutexGuard<'_, BTreeSet<u64>>>;
-        let turn = turn_of(outputs.drain(..), driver.turn(), |seq| {
+        let turn = turn_of(outputs.drain(..), |seq| {
             pending
                 .get_or_insert_with(|| pending_results.lock().unwrap_or_else(|e| e.into_inner()))
                 .insert(seq);

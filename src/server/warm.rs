@@ -18,8 +18,6 @@ use super::log_store::{
 };
 use crate::wire::TaskRecord;
 
-pub(crate) use super::log::state::KEPT_RECORD_BYTES;
-
 /// How long a takeover waits for the copy to catch up with the log
 /// before it reads the rest itself.
 pub(crate) const CATCH_UP_WAIT: Duration = Duration::from_secs(2);

@@ -239,7 +239,6 @@ fn note_progress(waiting_since: &AtomicU64, busy: bool, stored: bool) {
 /// longer act, and nothing more is announced.
 async fn announce(ctx: &CommitCtx, released: Released) -> bool {
     let Released {
-        number,
         mut announce,
         terminal,
     } = released;
@@ -327,11 +326,9 @@ async fn announce(ctx: &CommitCtx, released: Released) -> bool {
                 ));
                 continue;
             }
-            Output::Persist { .. }
-            | Output::PersistStarts { .. }
-            | Output::PersistResults { .. }
-            | Output::PersistSchedule { .. }
-            | Output::Discard { .. } => continue,
+            Output::Persist { .. } | Output::PersistSchedule { .. } | Output::Discard { .. } => {
+                continue
+            }
         };
         let sent = match ctx.guard.sign_to_worker(&subject, &body) {
             Some(headers) => {
@@ -350,8 +347,6 @@ async fn announce(ctx: &CommitCtx, released: Released) -> bool {
         // decision (as before), nothing worse.
         let _ = ctx.inputs.try_send(Input::LeasesSent(leases));
     }
-    // Full: a later one says as much (slots wait a little longer).
-    let _ = ctx.inputs.try_send(Input::Stored(number));
     true
 }
 

@@ -10,8 +10,6 @@
 
 mod committer;
 mod dead_letters;
-#[cfg(test)]
-pub(crate) mod pipeline;
 mod purge;
 pub(in crate::server) mod turns;
 

@@ -34,8 +34,6 @@ pub(in crate::server) enum Item {
 /// What one driver turn produced: records to store, then what to announce.
 #[derive(Default)]
 pub(in crate::server) struct Turn {
-    /// The driver's turn number.
-    pub(in crate::server) number: u64,
     pub(in crate::server) records: Vec<Item>,
     pub(in crate::server) announce: Vec<Output>,
 }
@@ -53,11 +51,9 @@ impl Turn {
 /// has no result (the purge takes it).
 pub(in crate::server) fn turn_of(
     outputs: impl ExactSizeIterator<Item = Output>,
-    number: u64,
     mut finished: impl FnMut(u64),
 ) -> Turn {
     let mut turn = Turn {
-        number,
         records: Vec::new(),
         announce: Vec::with_capacity(outputs.len()),
     };
@@ -80,21 +76,6 @@ pub(in crate::server) fn turn_of(
             Output::PersistSchedule { name, stored } => {
                 turn.records.push(Item::Schedule(name, stored))
             }
-            // Not made: every start is in its task's record, in the
-            // turn's entry (`group_starts = false`).
-            Output::PersistStarts { slot, .. } => {
-                tracing::error!(slot, "a start record outside the log; ignored")
-            }
-            Output::PersistResults { record, .. } => {
-                for record in record.results {
-                    finished(record.id.0);
-                    turn.records.push(Item::Task(Persisted {
-                        seq: record.id.0,
-                        record,
-                        dead_letter: None,
-                    }));
-                }
-            }
             Output::Discard { .. } => {}
             announce => turn.announce.push(announce),
         }
@@ -104,8 +85,6 @@ pub(in crate::server) fn turn_of(
 
 /// A stored group's turn, ready to announce.
 pub(in crate::server) struct Released {
-    /// The driver's turn number.
-    pub(in crate::server) number: u64,
     pub(in crate::server) announce: Vec<Output>,
     /// Tasks whose results it stored.
     pub(in crate::server) terminal: Vec<u64>,
@@ -158,7 +137,6 @@ pub(in crate::server) fn group(turns: Vec<Turn>) -> Group {
             }
         }
         queued.turns.push(Released {
-            number: turn.number,
             announce: turn.announce,
             terminal,
         });
@@ -242,12 +220,10 @@ mod tests {
         let mut finished = Vec::new();
         let one = turn_of(
             vec![record(1, TaskState::Running), reply()].into_iter(),
-            1,
             |s| finished.push(s),
         );
         let two = turn_of(
             vec![record(2, TaskState::Succeeded), Output::Discard { seq: 3 }].into_iter(),
-            2,
             |s| finished.push(s),
         );
         assert_eq!(finished, [2]);
@@ -260,24 +236,20 @@ mod tests {
             "waits for its entry"
         );
         // Nothing to store, but an entry before it is awaited.
-        let quiet = group(vec![turn_of(vec![reply()].into_iter(), 3, |_| {})]);
+        let quiet = group(vec![turn_of(vec![reply()].into_iter(), |_| {})]);
         assert!(quiet.items.is_empty());
         assert!(announcer.push(quiet.queued).is_none());
         let second = group(vec![turn_of(
             vec![record(4, TaskState::Running)].into_iter(),
-            4,
             |_| {},
         )]);
         assert!(announcer.push(second.queued).is_none());
-        let released: Vec<Vec<u64>> = announcer
-            .stored()
-            .iter()
-            .map(|q| q.turns.iter().map(|t| t.number).collect())
-            .collect();
-        assert_eq!(released, [vec![1, 2], vec![3]]);
+        // The first entry's two turns, then the quiet one behind it.
+        let released: Vec<usize> = announcer.stored().iter().map(|q| q.turns.len()).collect();
+        assert_eq!(released, [2, 1]);
         assert_eq!(announcer.stored().len(), 1);
         // Nothing awaited: at once.
-        let quiet = group(vec![turn_of(vec![reply()].into_iter(), 5, |_| {})]);
+        let quiet = group(vec![turn_of(vec![reply()].into_iter(), |_| {})]);
         assert!(announcer.push(quiet.queued).is_some());
     }
 }

@@ -13,7 +13,7 @@ use crate::server::driver::{Output, Responder};
 use crate::server::journal::{group, turn_of, Announcer, Queued, Turn};
 use crate::server::warm::Known;
 use crate::server::{Replies, Waiting};
-use crate::wire::{self, Ack, Heartbeat, StartIndex, Subjects};
+use crate::wire::{self, Ack, Heartbeat, Subjects};
 use workers::Body;
 
 pub(super) struct Leader {
@@ -185,7 +185,7 @@ impl World {
                 task: Ok(task),
                 unattributed: false,
             };
-            if let Some(input) = inputs_for(seq, known, &StartIndex::default(), decoded) {
+            if let Some(input) = inputs_for(seq, known, decoded) {
                 leader.driver.handle(Millis(self.now), input);
             }
             if leader.catch_up_to.is_some_and(|last| seq >= last) {
@@ -253,7 +253,7 @@ impl World {
             }
         }
         let pending = &mut leader.pending;
-        let turn = turn_of(outputs.into_iter(), leader.driver.turn(), |seq| {
+        let turn = turn_of(outputs.into_iter(), |seq| {
             pending.insert(seq);
         });
         if !turn.is_empty() {
@@ -404,8 +404,6 @@ impl World {
                         task,
                     } => self.publish_fire(name, tick, kind, *task),
                     Output::Persist { .. }
-                    | Output::PersistStarts { .. }
-                    | Output::PersistResults { .. }
                     | Output::PersistSchedule { .. }
                     | Output::Discard { .. } => {}
                 }
@@ -415,12 +413,6 @@ impl World {
                 leader
                     .driver
                     .handle(Millis(self.now), Input::LeasesSent(sent));
-            }
-            // Sometimes lost (a full channel): a later one says as much.
-            if !self.rng.chance(200) {
-                leader
-                    .driver
-                    .handle(Millis(self.now), Input::Stored(released.number));
             }
         }
     }

@@ -154,11 +154,6 @@ fn settings() -> Settings {
         limits: crate::core::Limits::default(),
         reattach_grace: Millis(1_000),
         events: crate::server::config::Events::All,
-        // As `leadership::new_driver` sets them: the log expires nothing,
-        // and every record of a turn goes in its one entry.
-        record_refresh: Millis(u64::MAX / 4),
-        group_starts: false,
-        group_results: false,
         max_schedules: crate::schedule::DEFAULT_MAX_SCHEDULES,
         schedules_refused: None,
         auth: Default::default(),
