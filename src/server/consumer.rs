@@ -20,12 +20,7 @@ pub(super) struct Decoded {
 impl Decoded {
     /// The driver's input for submission `seq` (with its journal record,
     /// if an earlier leadership wrote one).
-    pub(super) fn into_input(
-        self,
-        seq: u64,
-        journaled: Option<wire::TaskRecord>,
-        start_slot: Option<u32>,
-    ) -> Input {
+    pub(super) fn into_input(self, seq: u64, journaled: Option<wire::TaskRecord>) -> Input {
         let Decoded {
             pool,
             task,
@@ -37,7 +32,6 @@ impl Decoded {
                 pool,
                 task,
                 record,
-                start_slot,
             },
             (None, Err(error)) if unattributed => Input::Unattributed { seq, error },
             (None, task) => Input::Submitted { seq, pool, task },
@@ -155,7 +149,6 @@ pub(super) async fn consume(
     let Startup {
         last: startup_last,
         warm,
-        starts,
         batched,
         mut catch_up_to,
         copied,
@@ -170,7 +163,6 @@ pub(super) async fn consume(
     let js = jetstream::new(client.clone());
     let stream_name = subjects.submit_stream();
     let mut taker = Taker {
-        starts: &starts,
         inputs: &inputs,
         staged: None,
     };
@@ -336,7 +328,6 @@ pub(super) async fn submissions_from(
 
 /// What the consumer hands submissions to.
 struct Taker<'a> {
-    starts: &'a wire::StartIndex,
     inputs: &'a mpsc::Sender<Input>,
     /// Inputs held back while a standby's copy is handed over, sent
     /// [`STAGED`] at a time in one [`Input::Batch`] (`None`: each input
@@ -403,9 +394,42 @@ async fn known(
     }
 }
 
-/// Hands submission `seq` to the driver, with its journal record if an
-/// earlier leadership wrote one (the start that follows it merged in);
-/// `decoded` runs only for a task that is not finished. False once the
+/// What the driver is handed for submission `seq`, given what the log
+/// says of it (`known`): a
+/// finished task whose record names a key binds that key again and is
+/// not run; any other is handed with its record, if an earlier
+/// leadership wrote one. `decoded` runs only for a task that is not
+/// finished. The consumer and the failover simulation both call it.
+pub(super) fn inputs_for(
+    seq: u64,
+    known: warm::Known,
+    decoded: impl FnOnce() -> Decoded,
+) -> Option<Input> {
+    let journaled = match known {
+        // Finished before, not yet purged: its key binds again
+        // (a warm copy's keyed results were handed up front).
+        warm::Known::Finished(Some(record)) => {
+            return Some(Input::FinishedBefore {
+                seq,
+                record: *record,
+            })
+        }
+        warm::Known::Finished(None) => return None,
+        warm::Known::Live(record) => Some(*record),
+        warm::Known::None => None,
+    };
+    Some(decoded().into_input(seq, journaled))
+}
+
+/// The input that binds the key of a finished task again (`record`, its
+/// result as the log or the results bucket kept it), if it held one.
+pub(super) fn finished_key(seq: u64, record: Option<wire::TaskRecord>) -> Option<Input> {
+    record
+        .filter(|r| r.state.is_terminal() && r.key.is_some())
+        .map(|record| Input::FinishedBefore { seq, record })
+}
+
+/// Hands submission `seq` to the driver ([`inputs_for`]). False once the
 /// driver is gone.
 async fn take(
     to: &mut Taker<'_>,
@@ -414,25 +438,7 @@ async fn take(
     record: warm::Known,
     decoded: impl FnOnce() -> Decoded,
 ) -> bool {
-    let journaled = match record {
-        // Finished before, not yet purged: its key binds again
-        // (a warm copy's keyed results were handed up front).
-        warm::Known::Finished(Some(record)) => {
-            let input = Input::FinishedBefore {
-                seq,
-                record: *record,
-            };
-            if !to.hand(input).await {
-                return false;
-            }
-            None
-        }
-        warm::Known::Finished(None) => None,
-        warm::Known::Live(record) => Some(to.starts.merge(TaskId(seq), Some(*record))),
-        warm::Known::None => Some(to.starts.merge(TaskId(seq), None)),
-    };
-    if let Some((journaled, start_slot)) = journaled {
-        let input = decoded().into_input(seq, journaled, start_slot);
+    if let Some(input) = inputs_for(seq, record, decoded) {
         if !to.hand(input).await {
             return false;
         }
@@ -539,14 +545,12 @@ pub(super) async fn hand_ahead(
         results,
         warm,
         seal,
-        starts,
     } = ctx;
     let keyed = warm.keyed_finished(last);
     if !bind_finished_keys(keyed, results, seal, inputs, &|| {}).await {
         return None;
     }
     let mut taker = Taker {
-        starts,
         inputs,
         staged: None,
     };
@@ -562,7 +566,6 @@ pub(super) struct Ahead<'a> {
     pub(super) results: &'a kv::Store,
     pub(super) warm: &'a warm::WarmJournal,
     pub(super) seal: &'a seal::Seal,
-    pub(super) starts: &'a wire::StartIndex,
 }
 
 /// Submission `seq` read through the JetStream API (`STREAM.MSG.GET`, JSON
@@ -669,17 +672,14 @@ async fn bind_finished_keys(
     while let Some((seq, record)) = records.next().await {
         beat();
         match record {
-            Ok(Some(record)) if record.state.is_terminal() && record.key.is_some() => {
-                bound += 1;
-                if inputs
-                    .send(Input::FinishedBefore { seq, record })
-                    .await
-                    .is_err()
-                {
-                    return false;
+            Ok(record) => {
+                if let Some(input) = finished_key(seq, record) {
+                    bound += 1;
+                    if inputs.send(input).await.is_err() {
+                        return false;
+                    }
                 }
             }
-            Ok(_) => {}
             // Its key is not bound: a duplicate of it would run.
             Err(e) => {
                 tracing::warn!(seq, error = %e, "a finished task's key could not be read back")
@@ -715,7 +715,6 @@ pub(super) mod tests {
     /// sequence it reads the stream from next, and the inputs (`s<seq>`
     /// for a submission, `caught up`).
     async fn hand_over(held: &[u64], seen: u64, last: u64, fails: u64) -> (u64, Vec<String>) {
-        let starts = wire::StartIndex::default();
         let (tx, mut rx) = mpsc::channel(100);
         let copied = warm_submits::Copied {
             submissions: held
@@ -733,7 +732,6 @@ pub(super) mod tests {
         };
         let next = {
             let mut taker = Taker {
-                starts: &starts,
                 inputs: &tx,
                 staged: None,
             };

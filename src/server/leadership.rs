@@ -168,7 +168,7 @@ pub(super) async fn lead(
     // records) before serving workers, who list their attempts once. A
     // prepared driver is reading them already.
     let catch_up_to = (startup.messages > 0 || prepared.is_some()).then_some(startup_last);
-    let (driver, starts, handed) = match prepared {
+    let (driver, handed) = match prepared {
         Some(p) => {
             tracing::info!(
                 held = p.held,
@@ -178,7 +178,7 @@ pub(super) async fn lead(
             );
             let mut driver = p.driver;
             driver.set_epoch(epoch);
-            (driver, p.starts, Some(p.handed))
+            (driver, Some(p.handed))
         }
         None => {
             let mut driver = new_driver(base, epoch, results_max_age, now);
@@ -187,7 +187,7 @@ pub(super) async fn lead(
             }
             // The schedules: they step once the journal is read.
             driver.restore_schedules(base.warm.schedules());
-            (driver, Arc::new(wire::StartIndex::default()), None)
+            (driver, None)
         }
     };
     // The standby's copy of the submit stream: taken (and so emptied)
@@ -225,7 +225,6 @@ pub(super) async fn lead(
         Startup {
             last: startup_last,
             warm: Some(base.warm.clone()),
-            starts,
             batched: Arc::default(),
             catch_up_to,
             copied,
@@ -320,11 +319,6 @@ pub(super) fn new_driver(
             // the new leader; one silent this long is gone anyway.
             reattach_grace: worker_timeout,
             events: s.events,
-            // The log expires nothing: no record is written again.
-            record_refresh: Millis(u64::MAX / 4),
-            // Every record of a turn goes in its one entry anyway.
-            group_starts: false,
-            group_results: false,
             max_schedules: s.max_schedules,
             schedules_refused: (base.auth.required() && !base.seal.is_set()).then(|| {
                 "schedules need [server] storage_key_env when credentials are required: \

@@ -130,6 +130,29 @@ pub(crate) struct Reader {
     pub read: u64,
 }
 
+impl Reader {
+    /// A reader that goes on from a snapshot's state (`None`: from the
+    /// log's beginning).
+    pub(crate) fn from_snapshot(state: Option<LogState>) -> Reader {
+        match state {
+            Some(state) => {
+                let (epoch, last_n) = state.position();
+                let read = state.applied();
+                Reader {
+                    assembler: Assembler::after(epoch, last_n),
+                    state,
+                    read,
+                }
+            }
+            None => Reader {
+                state: LogState::default(),
+                assembler: Assembler::default(),
+                read: 0,
+            },
+        }
+    }
+}
+
 impl LogStore {
     /// Opens (creating if need be) log `names`' streams, `replicas` each.
     pub(crate) async fn open(
@@ -190,22 +213,7 @@ impl LogStore {
     /// The state from the newest snapshot and the whole log after it.
     pub(crate) async fn load(&self) -> Result<Reader, LogError> {
         loop {
-            let mut reader = match self.load_snapshot().await? {
-                Some(state) => {
-                    let (epoch, last_n) = state.position();
-                    let read = state.applied();
-                    Reader {
-                        assembler: Assembler::after(epoch, last_n),
-                        state,
-                        read,
-                    }
-                }
-                None => Reader {
-                    state: LogState::default(),
-                    assembler: Assembler::default(),
-                    read: 0,
-                },
-            };
+            let mut reader = Reader::from_snapshot(self.load_snapshot().await?);
             let (_, last) = self.bounds().await?;
             match self.read_to(&mut reader, last).await {
                 Ok(()) => return Ok(reader),
@@ -475,13 +483,25 @@ pub(crate) struct SnapshotWritten {
     pub took: Duration,
 }
 
-/// Applies one message of the log, read at `seq`.
-pub(crate) fn apply_message(reader: &mut Reader, seal: &Seal, seq: u64, body: &[u8]) {
+/// Applies one message of the log, read at `seq`; the entry it
+/// completed, if any.
+pub(crate) fn apply_message(
+    reader: &mut Reader,
+    seal: &Seal,
+    seq: u64,
+    body: &[u8],
+) -> Option<Entry> {
     reader.read = seq;
     match reader.assembler.push(seal, body) {
-        Ok(Some(entry)) => reader.state.apply(seq, &entry),
-        Ok(None) => {}
-        Err(why) => tracing::warn!(seq, ?why, "a message of the log is not the log's"),
+        Ok(Some(entry)) => {
+            reader.state.apply(seq, &entry);
+            Some(entry)
+        }
+        Ok(None) => None,
+        Err(why) => {
+            tracing::warn!(seq, ?why, "a message of the log is not the log's");
+            None
+        }
     }
 }
 

@@ -96,71 +96,16 @@ pub(super) async fn drive(
         }
         tenure.wait(&mut driver).await;
         driver.take_outputs_into(&mut outputs);
-        // Sized once: the turn's vectors go to the committer with it.
-        let records = outputs.iter().filter(|o| is_record(o)).count();
-        let discards = outputs
-            .iter()
-            .filter(|o| matches!(o, Output::Discard { .. }))
-            .count();
-        let mut turn = Turn {
-            number: 0,
-            records: Vec::with_capacity(records),
-            announce: Vec::with_capacity(outputs.len() - records - discards),
-        };
-        // Locked once a turn, if any result is stored.
+        // Locked once a turn, if any result is stored: marked before the
+        // floor can pass them (below).
         let mut pending = None::<std::sync::MutexGuard<'_, BTreeSet<u64>>>;
-        for output in outputs.drain(..) {
-            match output {
-                Output::Persist {
-                    seq,
-                    record,
-                    dead_letter,
-                } => {
-                    if record.state.is_terminal() {
-                        // Marked before the floor can pass it (below).
-                        pending
-                            .get_or_insert_with(|| {
-                                pending_results.lock().unwrap_or_else(|e| e.into_inner())
-                            })
-                            .insert(seq);
-                    }
-                    turn.records.push(Item::Task(Persisted {
-                        seq,
-                        record,
-                        dead_letter,
-                    }));
-                }
-                // Not made: every start is in its task's record, in the
-                // turn's entry (`group_starts = false`).
-                Output::PersistStarts { slot, .. } => {
-                    tracing::error!(slot, "a start record outside the log; ignored")
-                }
-                Output::PersistResults { n, record } => {
-                    // Marked before the floor can pass them (below).
-                    let pending = pending.get_or_insert_with(|| {
-                        pending_results.lock().unwrap_or_else(|e| e.into_inner())
-                    });
-                    pending.extend(record.results.iter().map(|r| r.id.0));
-                    let _ = n;
-                    for record in record.results {
-                        turn.records.push(Item::Task(Persisted {
-                            seq: record.id.0,
-                            record,
-                            dead_letter: None,
-                        }));
-                    }
-                }
-                Output::PersistSchedule { name, stored } => {
-                    turn.records.push(Item::Schedule(name, stored))
-                }
-                // A discarded duplicate has no result: the purge takes it.
-                Output::Discard { .. } => {}
-                announce => turn.announce.push(announce),
-            }
-        }
+        let turn = turn_of(outputs.drain(..), |seq| {
+            pending
+                .get_or_insert_with(|| pending_results.lock().unwrap_or_else(|e| e.into_inner()))
+                .insert(seq);
+        });
         drop(pending);
-        turn.number = driver.turn();
-        if !(turn.records.is_empty() && turn.announce.is_empty()) && commit.send(turn).is_err() {
+        if !turn.is_empty() && commit.send(turn).is_err() {
             // The committer stopped: fenced out, a successor leads.
             return;
         }
@@ -170,17 +115,6 @@ pub(super) async fn drive(
         });
         consumed.store(driver.consumed_below(), Ordering::Relaxed);
     }
-}
-
-/// Whether the runner hands this output to the committer as a record.
-fn is_record(output: &Output) -> bool {
-    matches!(
-        output,
-        Output::Persist { .. }
-            | Output::PersistStarts { .. }
-            | Output::PersistResults { .. }
-            | Output::PersistSchedule { .. }
-    )
 }
 
 /// Hands `input` to the driver, the right to act judged first (waited

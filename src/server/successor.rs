@@ -80,9 +80,6 @@ pub(super) fn unusable(prepared: &Basis, now: &Basis) -> Option<&'static str> {
 pub(super) struct Prepared {
     pub(super) driver: Driver,
     pub(super) basis: Basis,
-    /// The start records it read (the takeover hands what came after
-    /// with them).
-    pub(super) starts: Arc<wire::StartIndex>,
     /// The last submission handed to it: the takeover hands over the
     /// copy's from the next one on.
     pub(super) handed: u64,
@@ -118,7 +115,6 @@ async fn prepare(base: Arc<Base>, lent: Arc<AtomicBool>) -> Option<Prepared> {
     };
     let mut driver = new_driver(&base, 0, max_age, wall_now());
     driver.catch_up_first(usize::try_from(submit.messages).unwrap_or(usize::MAX));
-    let starts = wire::StartIndex::default();
     driver.restore_schedules(base.warm.schedules());
     let Some(copied) = base.submissions.lend(submit.first_sequence) else {
         tracing::debug!("not preparing a successor: the submissions' copy is still lent");
@@ -139,7 +135,6 @@ async fn prepare(base: Arc<Base>, lent: Arc<AtomicBool>) -> Option<Prepared> {
         results: &base.results,
         warm: &base.warm,
         seal: &base.seal,
-        starts: &starts,
     };
     let handed = beside_the_driver(hand_ahead(ahead, submit.last_sequence, copied, &inputs)).await;
     drop(inputs);
@@ -157,7 +152,6 @@ async fn prepare(base: Arc<Base>, lent: Arc<AtomicBool>) -> Option<Prepared> {
     Some(Prepared {
         driver,
         basis,
-        starts: Arc::new(starts),
         handed,
         held,
         ready: tokio::time::Instant::now(),

@@ -136,8 +136,6 @@ pub(super) struct Startup {
     /// The warm copy of the journal, caught up with this takeover (`None`:
     /// read the bucket).
     pub(super) warm: Option<warm::WarmJournal>,
-    /// The start records ([`wire::StartRecords`]) the bucket held.
-    pub(super) starts: Arc<wire::StartIndex>,
     /// Tasks known finished beside the log (none since the log).
     pub(super) batched: Arc<BatchedResults>,
     /// When to tell the driver it has read them all (`None`: nothing to

@@ -18,8 +18,6 @@ use super::log_store::{
 };
 use crate::wire::TaskRecord;
 
-pub(crate) use super::log::state::KEPT_RECORD_BYTES;
-
 /// How long a takeover waits for the copy to catch up with the log
 /// before it reads the rest itself.
 pub(crate) const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
@@ -110,6 +108,31 @@ impl WarmJournal {
         (reader.state.applied(), reader.state.snapshot())
     }
 
+    /// Applies the log's message at `seq`, if it is the next one the copy
+    /// reads ([`follow`], and the failover simulation's standbys).
+    pub(crate) fn follow_message(&self, seq: u64, body: &[u8]) -> Followed {
+        let mut reader = self.lock();
+        if seq <= reader.read {
+            return Followed::Behind;
+        }
+        if seq > reader.read + 1 {
+            return Followed::Gap;
+        }
+        apply_message(&mut reader, &self.seal, seq, body);
+        Followed::Applied
+    }
+
+    /// Replaces the copy with `reader` (a snapshot and the log after it).
+    pub(crate) fn replace(&self, reader: Reader) {
+        *self.lock() = reader;
+    }
+
+    /// Works on the copy's reader (the simulation's takeover).
+    #[cfg(test)]
+    pub(crate) fn with_reader<T>(&self, f: impl FnOnce(&mut Reader) -> T) -> T {
+        f(&mut self.lock())
+    }
+
     /// Applies an entry this process's leadership stored.
     pub(crate) fn apply_stored(&self, seq: u64, entry: &Entry) {
         apply_stored(&mut self.lock(), seq, entry);
@@ -128,8 +151,7 @@ impl WarmJournal {
 
     /// Replaces the copy with the newest snapshot and the log after it.
     pub(crate) async fn load(&self, log: &LogStore) -> Result<(), LogError> {
-        let loaded = log.load().await?;
-        *self.lock() = loaded;
+        self.replace(log.load().await?);
         Ok(())
     }
 
@@ -156,6 +178,18 @@ impl WarmJournal {
         *self.lock() = reader;
         taken
     }
+}
+
+/// Where a message read from the log stands against the copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Followed {
+    /// The next one: applied.
+    Applied,
+    /// Read already.
+    Behind,
+    /// Past the next one: the log was purged past the copy (a snapshot
+    /// covers what it missed).
+    Gap,
 }
 
 /// Polls `done` every 5 ms until it holds (`true`) or `wait` passes.
@@ -219,18 +253,17 @@ pub(crate) async fn follow(
         loop {
             tokio::select! {
                 message = futures_util::StreamExt::next(&mut messages) => match message {
-                    Some(Ok((seq, body))) => {
-                        let mut reader = warm.lock();
-                        if seq != reader.read + 1 {
-                            // Purged past us, or read meanwhile by a
-                            // takeover: start over from where the copy is.
-                            if seq > reader.read + 1 {
-                                loaded = false;
-                            }
+                    Some(Ok((seq, body))) => match warm.follow_message(seq, &body) {
+                        Followed::Applied => {}
+                        // Read meanwhile by a takeover: go on from where
+                        // the copy is.
+                        Followed::Behind => break,
+                        // Purged past us: load the snapshot again.
+                        Followed::Gap => {
+                            loaded = false;
                             break;
                         }
-                        apply_message(&mut reader, &warm.seal, seq, &body);
-                    }
+                    },
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "following the log interrupted; resuming");
                         break;

@@ -97,9 +97,6 @@ pub(crate) enum Input {
         pool: PoolName,
         task: Result<Task, WireError>,
         record: TaskRecord,
-        /// The start-record slot its running attempt was read from (the
-        /// task's own record holds the attempts before it).
-        start_slot: Option<u32>,
     },
     /// A submission no credential's proof verifies on (auth on): nobody to
     /// attribute it to, so it is counted and dropped, not recorded.
@@ -135,10 +132,6 @@ pub(crate) enum Input {
     /// stored): their time to live runs from here, not from the decision
     /// (a journal write held up by a NATS restart would eat it).
     LeasesSent(Vec<(TaskId, u32)>),
-    /// Every write of the turns up to this one ([`Driver::turn`]) is
-    /// stored: start-record slots whose entries those writes covered may
-    /// be written again.
-    Stored(u64),
     /// A schedule request ([`ScheduleOp`]).
     Schedule(ScheduleOp, Responder),
     /// The submit stream's answer to a fire ([`Output::Fire`]): the
@@ -214,16 +207,6 @@ pub(crate) enum Output {
         record: TaskRecord,
         dead_letter: Option<WireError>,
     },
-    /// Store the attempts this turn started together under the results
-    /// bucket's key `s.<slot>` (`Settings::group_starts`): like `Persist`,
-    /// before anything of the turn is announced.
-    PersistStarts { slot: u32, record: StartRecords },
-    /// Store the small results of tasks this turn finished that have no
-    /// record of their own together under the results bucket's key
-    /// `r.<epoch>.<n>` (`Settings::group_results`): like `Persist`, before
-    /// anything of the turn is announced; then their submissions may be
-    /// purged.
-    PersistResults { n: u64, record: ResultRecords },
     /// Drop a submission that duplicated another task (no result kept).
     Discard { seq: u64 },
     /// Hand a result to the local caller waiting on request `id`.
@@ -255,12 +238,6 @@ impl std::fmt::Debug for Output {
             }
             Output::Lease { task, attempt, .. } => write!(f, "Lease({task}#{attempt})"),
             Output::Persist { seq, record, .. } => write!(f, "Persist({seq}, {})", record.state),
-            Output::PersistStarts { slot, record } => {
-                write!(f, "PersistStarts(s.{slot}, {} starts)", record.starts.len())
-            }
-            Output::PersistResults { n, record } => {
-                write!(f, "PersistResults(r.{n}, {} results)", record.results.len())
-            }
             Output::Discard { seq } => write!(f, "Discard({seq})"),
             Output::Reply { id, reply } => write!(f, "Reply({id}, {reply:?})"),
             Output::Fire { name, tick, .. } => write!(f, "Fire({name}@{})", tick.0),
@@ -294,20 +271,6 @@ pub(crate) struct Settings {
     pub reattach_grace: Millis,
     /// Which task events go out (`[server] events`).
     pub events: crate::server::config::Events,
-    /// A live task's journal record is written again this long after it
-    /// was last written: the results bucket's max age (`results_ttl`)
-    /// expires every message, the newest of a key included, so a record
-    /// not rewritten would vanish under a long attempt or a long wait
-    /// between attempts (a third of `results_ttl`).
-    pub record_refresh: Millis,
-    /// Journal the attempts a turn starts in one [`StartRecords`] write
-    /// (a task's own record is written when the attempt ends) instead of
-    /// one record per task.
-    pub group_starts: bool,
-    /// Journal the small results of a turn's tasks that have no record
-    /// of their own in one [`ResultRecords`] write instead of one record
-    /// per task.
-    pub group_results: bool,
     /// The most schedules (`[server] max_schedules`).
     pub max_schedules: usize,
     /// Why schedules cannot be created here, if they cannot (credentials

@@ -15,8 +15,7 @@
 //! (submissions, recovery from the journal, refusals, cancels, the core's
 //! actions), `workers.rs` (registration and re-attachment, heartbeats,
 //! removal, group capacity), `attempts.rs` (lease claims, renewals,
-//! outcomes), `slots.rs` (start-record slots); this file holds the state,
-//! timers and views.
+//! outcomes); this file holds the state, timers and views.
 //!
 //! Groups in the core are the sum of their workers: a group's capacity is
 //! the slots of its registered, non-draining workers (a draining worker
@@ -40,18 +39,16 @@ use crate::ledger::Ledger;
 use crate::task::{Outcome, Task, TaskStatus};
 use crate::wire::{
     self, Ack, AttemptReport, AttemptResult, Deregister, Heartbeat, HeartbeatReply, Lease,
-    Register, RegisterReply, Renew, RenewReply, ResultRecords, Revoke, RunningAttempt, StartRecord,
-    StartRecords, Subjects, TaskRecord, WireError, PROTOCOL_VERSION,
+    Register, RegisterReply, Renew, RenewReply, Revoke, RunningAttempt, Subjects, TaskRecord,
+    WireError, PROTOCOL_VERSION,
 };
 
 mod floor;
 mod io;
 mod schedules;
-mod slots;
 
 pub(crate) use self::io::*;
 pub(crate) use self::schedules::{ScheduleOp, ScheduleReply};
-use self::slots::*;
 
 /// How long past its time to live a lease decided but not yet sent (its
 /// journal record not yet stored) may wait before it counts as lost.
@@ -180,19 +177,8 @@ pub(crate) struct Driver {
     /// expiries, and when each worker's silence passes `worker_timeout`.
     lease_deadlines: BTreeSet<(Millis, TaskId)>,
     silence_deadlines: BTreeSet<(Millis, Arc<str>)>,
-    /// When each live task's journal record is due to be written again
-    /// (`Settings::record_refresh`), in `next_wakeup` too.
-    refresh_deadlines: BTreeSet<(Millis, TaskId)>,
-    refresh_at: FxHashMap<TaskId, Millis>,
     /// The latest `now` the driver was handed.
     now: Millis,
-    /// Turns so far ([`Driver::take_outputs_into`] calls).
-    turn: u64,
-    /// What the journal holds of each live task (start records on).
-    journaled: FxHashMap<TaskId, Journaled>,
-    slots: Slots,
-    /// Result batches written by this leadership (`r.<epoch>.<n>`).
-    result_batches: u64,
     /// Payloads, attempts, outputs, keys and finished tasks: the same
     /// records as embedded keeps.
     /// (Beside each task: the trace context given at submit.)
@@ -270,13 +256,7 @@ impl Driver {
             leases: FxHashMap::default(),
             lease_deadlines: BTreeSet::new(),
             silence_deadlines: BTreeSet::new(),
-            refresh_deadlines: BTreeSet::new(),
-            refresh_at: FxHashMap::default(),
             now,
-            turn: 0,
-            journaled: FxHashMap::default(),
-            slots: Slots::default(),
-            result_batches: 0,
             ledger: Ledger::new(retain),
             cancel_on_arrival: FxHashSet::default(),
             dirty: FxHashSet::default(),
@@ -376,112 +356,36 @@ impl Driver {
         out
     }
 
-    /// Outputs queued so far, oldest first, after the journal records of
+    /// Outputs queued so far, oldest first, then the journal records of
     /// the tasks whose attempts changed (one per task, its latest state).
-    ///
-    /// With `group_starts`, a task whose only change since its own record
-    /// is a new running attempt has that start written with the others of
-    /// the turn in one [`Output::PersistStarts`]; its own record is
-    /// written when the attempt ends, or when it is due again (covering
-    /// the entry). Each call is one turn ([`Driver::turn`]). Appended to
-    /// `out`, a buffer the caller keeps from turn to turn (no vector
-    /// allocated per turn).
+    /// Each call is one turn. Appended to `out`, a
+    /// buffer the caller keeps from turn to turn (no vector allocated per
+    /// turn).
     pub(crate) fn take_outputs_into(&mut self, out: &mut Vec<Output>) {
         if self.deposed {
             return;
         }
         // First: a run that ended this turn may fire a buffered tick.
         self.schedule_outputs(self.now);
-        self.turn += 1;
-        let turn = self.turn;
         out.reserve(self.dirty.len() + self.out.len() + 1);
-        let refresh_at = self.now.plus(self.settings.record_refresh);
-        // Results (and refusals) first: the task's journal state ends with
-        // them, and whether it has a record of its own must be known
-        // before the loop below forgets it. A small result of a task with
-        // no record of its own goes into the turn's result batch; the
-        // other outputs go on as they are, in order.
-        let mut results = Vec::new();
-        let mut pending = std::mem::take(&mut self.out);
-        for output in pending.drain(..) {
-            let Output::Persist {
-                seq,
-                record,
-                dead_letter,
-            } = output
-            else {
-                out.push(output);
-                continue;
-            };
-            let own = self
-                .journaled
-                .get(&TaskId(seq))
-                .is_some_and(|j| j.attempts > 0);
-            self.forget_journaled(TaskId(seq), turn);
-            if self.settings.group_results
-                && dead_letter.is_none()
-                && !own
-                && record.state.is_terminal()
-                && record.estimated_size() <= MAX_BATCHED_RESULT_BYTES
-            {
-                results.push(record);
-            } else {
-                out.push(Output::Persist {
-                    seq,
-                    record,
-                    dead_letter,
-                });
-            }
-        }
-        self.out = pending;
+        // Results (and refusals) first: the other outputs as they are, in
+        // order (the queue keeps its allocation).
+        out.append(&mut self.out);
         let mut dirty = std::mem::take(&mut self.dirty);
-        let mut starts = if self.settings.group_starts {
-            Vec::with_capacity(dirty.len())
-        } else {
-            Vec::new()
-        };
         for id in dirty.drain() {
             // A task that finished meanwhile has its result in `out`.
             if !self.ledger.is_live(id) {
-                self.forget_refresh(id);
-                self.forget_journaled(id, turn);
                 continue;
             }
             let record = match self.ledger.status(&self.core, id) {
                 Some(status) => Some(TaskRecord::of_status(status)),
                 // Parked (outside the core) until its worker re-attaches
-                // it: the record it was read back with, written again as
-                // it is (leaders that die one after another while their
-                // tasks are parked must not let it expire).
+                // it: the record it was read back with, as it is.
                 None => self.parked.get(&id).map(|p| p.record.clone()),
             };
             let Some(mut record) = record else {
-                self.forget_refresh(id);
                 continue;
             };
-            self.schedule_refresh(id, refresh_at);
-            let journaled = self.journaled.entry(id).or_default();
-            let open = record.attempts.last().is_some_and(|a| a.outcome.is_none());
-            if self.settings.group_starts
-                && journaled.slot.is_none()
-                && !journaled.open
-                && open
-                && record.attempts.len() == journaled.attempts as usize + 1
-                && !self.parked.contains_key(&id)
-            {
-                let attempt = record.attempts.pop().expect("open");
-                starts.push(StartRecord {
-                    id,
-                    pool: record.pool,
-                    attempt,
-                });
-                continue;
-            }
-            journaled.attempts = u32::try_from(record.attempts.len()).unwrap_or(u32::MAX);
-            journaled.open = open;
-            if let Some(slot) = journaled.slot.take() {
-                self.slots.cover(slot, turn);
-            }
             record.written_at = Some(self.now);
             record.fit(self.settings.max_record_bytes);
             out.push(Output::Persist {
@@ -492,81 +396,6 @@ impl Driver {
         }
         // Kept for its allocation (nothing above marks a task).
         self.dirty = dirty;
-        let budget = start_record_budget(self.settings.max_reply_bytes);
-        for chunk in chunks(results, budget, TaskRecord::estimated_size) {
-            self.result_batches += 1;
-            out.push(Output::PersistResults {
-                n: self.result_batches,
-                record: ResultRecords {
-                    v: PROTOCOL_VERSION,
-                    written_at: self.now,
-                    results: chunk,
-                },
-            });
-        }
-        for chunk in chunks(starts, budget, start_size) {
-            let slot = self.slots.take(chunk.len() as u32);
-            for start in &chunk {
-                if let Some(j) = self.journaled.get_mut(&start.id) {
-                    j.slot = Some(slot);
-                }
-            }
-            out.push(Output::PersistStarts {
-                slot,
-                record: StartRecords {
-                    v: PROTOCOL_VERSION,
-                    written_at: self.now,
-                    starts: chunk,
-                },
-            });
-        }
-    }
-
-    /// The turns so far: [`Input::Stored`] names one.
-    pub(crate) fn turn(&self) -> u64 {
-        self.turn
-    }
-
-    /// A task's journal state ends (its result is written this turn).
-    fn forget_journaled(&mut self, id: TaskId, turn: u64) {
-        if let Some(Journaled {
-            slot: Some(slot), ..
-        }) = self.journaled.remove(&id)
-        {
-            self.slots.cover(slot, turn);
-        }
-    }
-
-    /// The task's journal record, as recovered: `attempts` in its own
-    /// record, its running attempt in start-record slot `slot` if any.
-    fn journaled_as_read(&mut self, id: TaskId, attempts: usize, open: bool, slot: Option<u32>) {
-        let attempts = attempts.saturating_sub(usize::from(slot.is_some()));
-        // The start merged in was the running one; the record before it
-        // had only ended attempts.
-        let open = open && slot.is_none();
-        if let Some(slot) = slot {
-            self.slots.hold(slot);
-        }
-        let old = self.journaled.insert(
-            id,
-            Journaled {
-                attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-                open,
-                slot,
-            },
-        );
-        if let Some(Journaled {
-            slot: Some(old), ..
-        }) = old
-        {
-            self.slots.cover(old, self.turn);
-        }
-    }
-
-    /// Start-record slots in use (tests, metrics).
-    #[cfg(test)]
-    pub(crate) fn start_slots_in_use(&self) -> usize {
-        self.slots.in_use()
     }
 
     /// Every submission below this stream sequence belongs to a finished
@@ -597,35 +426,11 @@ impl Driver {
             .silence_deadlines
             .first()
             .map(|(at, _)| at.plus(Millis(1)));
-        let refresh = self.refresh_deadlines.first().map(|(at, _)| *at);
         let schedules = self.schedules_wakeup();
-        [
-            self.core.next_wakeup(),
-            reattach,
-            lease,
-            silence,
-            refresh,
-            schedules,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-    }
-
-    /// Has `task`'s journal record written again at `at` (replacing an
-    /// earlier due time).
-    fn schedule_refresh(&mut self, task: TaskId, at: Millis) {
-        if let Some(old) = self.refresh_at.insert(task, at) {
-            self.refresh_deadlines.remove(&(old, task));
-        }
-        self.refresh_deadlines.insert((at, task));
-    }
-
-    /// A finished task's record is its result: no more refreshes.
-    fn forget_refresh(&mut self, task: TaskId) {
-        if let Some(old) = self.refresh_at.remove(&task) {
-            self.refresh_deadlines.remove(&(old, task));
-        }
+        [self.core.next_wakeup(), reattach, lease, silence, schedules]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn put_lease(&mut self, task: TaskId, lease: LeaseState) {
@@ -766,8 +571,7 @@ impl Driver {
                 pool,
                 task,
                 record,
-                start_slot,
-            } => self.recovered(now, seq, pool, task, record, start_slot),
+            } => self.recovered(now, seq, pool, task, record),
             Input::Register(r, who, to) => {
                 let result = self.register(now, r, &who);
                 self.respond(to, result);
@@ -858,7 +662,6 @@ impl Driver {
                 metrics.schedules = self.schedule_metrics();
                 self.respond(to, Ok(metrics));
             }
-            Input::Stored(turn) => self.slots.stored(turn),
             Input::Schedule(op, to) => self.schedule_request(now, op, to),
             Input::FirePublished {
                 name,
@@ -904,18 +707,6 @@ impl Driver {
         }
         self.now = self.now.max(now);
         let _ = self.apply(now, Event::Tick);
-        // Records due to be written again: journaled at the end of this
-        // turn like any changed task (which schedules the next time).
-        while let Some(&(at, task)) = self.refresh_deadlines.first() {
-            if at > now {
-                break;
-            }
-            self.refresh_deadlines.pop_first();
-            self.refresh_at.remove(&task);
-            if self.ledger.is_live(task) {
-                self.dirty.insert(task);
-            }
-        }
         self.end_reattach_grace(now);
         self.step_schedules(now);
         while let Some(&(at, task)) = self.lease_deadlines.first() {

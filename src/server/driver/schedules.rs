@@ -79,9 +79,6 @@ pub(super) struct Schedules {
     pub(super) book: Book,
     /// Schedules whose record is written at the end of the turn.
     dirty: BTreeSet<String>,
-    /// When each record is due to be written again.
-    refresh: BTreeSet<(Millis, String)>,
-    refresh_at: HashMap<String, Millis>,
     /// The book's live runs were checked against the journal read.
     reconciled: bool,
     /// Fires published but not yet answered: to cancel once they are
@@ -100,8 +97,6 @@ impl Schedules {
         Schedules {
             book: Book::new(limit),
             dirty: BTreeSet::new(),
-            refresh: BTreeSet::new(),
-            refresh_at: HashMap::new(),
             reconciled: false,
             cancel_on_ack: HashSet::new(),
             awaiting: Vec::new(),
@@ -110,21 +105,7 @@ impl Schedules {
     }
 
     fn next_wakeup(&self) -> Option<Millis> {
-        let refresh = self.refresh.first().map(|(at, _)| *at);
-        [self.book.next_wakeup(), refresh]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-
-    fn written(&mut self, name: &str, due: Option<Millis>) {
-        if let Some(old) = self.refresh_at.remove(name) {
-            self.refresh.remove(&(old, name.to_string()));
-        }
-        if let Some(due) = due {
-            self.refresh_at.insert(name.to_string(), due);
-            self.refresh.insert((due, name.to_string()));
-        }
+        self.book.next_wakeup()
     }
 }
 
@@ -148,11 +129,10 @@ impl Driver {
     /// Puts back the schedules an earlier leadership stored (before the
     /// journal is read; they step once it is).
     pub(crate) fn restore_schedules(&mut self, stored: Vec<StoredSchedule>) {
-        let due = self.now.plus(self.settings.record_refresh);
         for s in stored {
             let name = s.spec.name.clone();
             match self.schedules.book.restore(s) {
-                Ok(()) => self.schedules.written(&name, Some(due)),
+                Ok(()) => {}
                 Err(e) => tracing::warn!(schedule = %name, error = %e, "stored schedule ignored"),
             }
         }
@@ -380,8 +360,7 @@ impl Driver {
         self.carry_out_orders(now, orders);
     }
 
-    /// Steps the book (after the journal is read) and marks records due
-    /// to be written again.
+    /// Steps the book (after the journal is read).
     pub(super) fn step_schedules(&mut self, now: Millis) {
         if self.catching_up || self.schedules_held() {
             return;
@@ -393,14 +372,6 @@ impl Driver {
         let (orders, touched) = self.schedules.book.step_touching(now);
         self.schedules.dirty.extend(touched);
         self.carry_out_orders(now, orders);
-        while let Some((at, _)) = self.schedules.refresh.first() {
-            if *at > now {
-                break;
-            }
-            let (_, name) = self.schedules.refresh.pop_first().expect("checked");
-            self.schedules.refresh_at.remove(&name);
-            self.schedules.dirty.insert(name);
-        }
     }
 
     /// When the schedules next need a step (none while catching up; not
@@ -544,7 +515,6 @@ impl Driver {
             return;
         }
         self.end_runs_of_turn(now);
-        let due = now.plus(self.settings.record_refresh);
         let mut waiting = BTreeSet::new();
         for name in std::mem::take(&mut self.schedules.dirty) {
             let deleted = self.schedules.book.get(&name).is_none();
@@ -554,7 +524,6 @@ impl Driver {
                 continue;
             }
             let stored = self.schedules.book.get(&name).map(|e| Box::new(e.stored()));
-            self.schedules.written(&name, stored.as_ref().map(|_| due));
             self.out.push(Output::PersistSchedule { name, stored });
         }
         self.schedules.dirty = waiting;

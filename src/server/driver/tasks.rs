@@ -96,7 +96,6 @@ impl Driver {
         pool: PoolName,
         task: Result<Task, WireError>,
         record: TaskRecord,
-        start_slot: Option<u32>,
     ) {
         let id = TaskId(seq);
         if record.state.is_terminal() {
@@ -128,23 +127,11 @@ impl Driver {
             now,
         );
         self.ledger.set_schedule(id, task.schedule.clone());
-        // Written again a period after it was written (at once if that
-        // has passed: leaders that crashed one after another, or nobody
-        // leading for a while); a record of an older build (no time)
-        // within half a period.
-        let refresh = self.settings.record_refresh;
-        let due = record
-            .written_at
-            .map_or(now.plus(Millis(refresh.0 / 2)), |at| {
-                at.plus(refresh).min(now.plus(refresh))
-            });
         let kept = open.then(|| record.clone());
         let first_start = record.attempts.first().map_or(now, |a| a.started_at);
         let submitted_at = task.stored_at.unwrap_or(now).min(first_start);
-        self.journaled_as_read(id, record.attempts.len(), open, start_slot.filter(|_| open));
         self.ledger.restore(id, record.attempts, record.error);
         self.insert_live(seq);
-        self.schedule_refresh(id, due);
         tracing::info!(task_id = %id, attempts = attempt, open, "task recovered from the journal");
         if self.settings.trace.is_some() {
             self.traces.entry(id).or_default().submitted_at = submitted_at;
@@ -467,7 +454,6 @@ impl Driver {
             last.and_then(|a| a.worker.as_deref()),
         );
         let id = done.id;
-        self.forget_refresh(id);
         let mut record = TaskRecord::from_outcome(done);
         // Its key goes with its result: a successor binds it again from
         // there (`Input::FinishedBefore`), the submission may be purged.

@@ -6,51 +6,12 @@
 //! results it holds to the results bucket for lookups, and now and then
 //! stores a snapshot of that state and truncates the log below it.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashMap;
 
 use crate::server::*;
 
-use super::super::log::Item as LogItem;
 use super::super::log_store::{Appender, LogError, LogStore};
-
-/// A task's record to store (a live task's attempts, or a finished
-/// task's result); a refused submission's dead letter to write first.
-pub(in crate::server) struct Persisted {
-    pub(in crate::server) seq: u64,
-    pub(in crate::server) record: wire::TaskRecord,
-    pub(in crate::server) dead_letter: Option<WireError>,
-}
-
-/// What one turn stores.
-// Task records are nearly every item: boxing them would cost an
-// allocation per record written.
-#[allow(clippy::large_enum_variant)]
-pub(in crate::server) enum Item {
-    /// A task's record.
-    Task(Persisted),
-    /// A schedule's record; `None`: deleted.
-    Schedule(String, Option<Box<crate::schedule::StoredSchedule>>),
-}
-
-/// What one driver turn produced: records to store, then what to announce.
-#[derive(Default)]
-pub(in crate::server) struct Turn {
-    /// The driver's turn number.
-    pub(in crate::server) number: u64,
-    pub(in crate::server) records: Vec<Item>,
-    pub(in crate::server) announce: Vec<Output>,
-}
-
-/// A stored group's turns, ready to announce.
-pub(in crate::server) struct Released<A> {
-    /// The newest turn number of the group.
-    pub(in crate::server) number: u64,
-    pub(in crate::server) announce: Vec<A>,
-    /// Tasks whose results it stored.
-    pub(in crate::server) terminal: Vec<u64>,
-}
+use super::turns::{group, Announcer, Queued, Released, Turn};
 
 /// The most entries being appended at once; the driver's turns queue up
 /// behind them, and the next entry takes every queued turn (group
@@ -107,15 +68,6 @@ pub(in crate::server) struct CommitCtx {
     pub(in crate::server) telemetry: Option<crate::telemetry::Telemetry>,
 }
 
-/// One group commit waiting for its entry (or, with nothing to store, for
-/// the entries before it).
-struct Queued {
-    stored: bool,
-    turns: Vec<Released<Output>>,
-    /// Finished tasks' records, written for lookups once stored.
-    results: Vec<(u64, Bytes)>,
-}
-
 /// The journal's group commit, pipelined: it takes the driver's turns in
 /// order, as many as are queued at once, appends their records as one
 /// entry (up to [`MAX_ENTRIES_IN_FLIGHT`] under way), and announces each
@@ -130,7 +82,7 @@ pub(in crate::server) async fn commit(
     mut appender: Appender,
 ) {
     let ctx = Arc::new(ctx);
-    let mut queue: VecDeque<Queued> = VecDeque::new();
+    let mut announcer = Announcer::default();
     let mut since_snapshot = 0u64;
     let mut last_snapshot = tokio::time::Instant::now();
     let mut snapshotting: Option<tokio::task::JoinHandle<()>> = None;
@@ -155,18 +107,9 @@ pub(in crate::server) async fn commit(
                 since_snapshot += 1;
                 // This entry's turns, then every turn queued behind it that
                 // stores nothing.
-                let mut first = true;
-                while let Some(q) = queue.front() {
-                    if q.stored && !first {
-                        break;
-                    }
-                    first = false;
-                    let q = queue.pop_front().expect("front");
-                    write_results(&ctx, q.results).await;
-                    for released in q.turns {
-                        if !announce(&ctx, released).await {
-                            break 'commit;
-                        }
+                for q in announcer.stored() {
+                    if !announce_group(&ctx, q).await {
+                        break 'commit;
                     }
                 }
             }
@@ -174,55 +117,30 @@ pub(in crate::server) async fn commit(
                 // The driver is gone: so is the commit.
                 let Some(first) = turn else { break };
                 let mut items = first.records.len();
-                let mut group = vec![first];
+                let mut taken = vec![first];
                 while items < MAX_ITEMS_PER_ENTRY {
                     match turns.try_recv() {
                         Ok(turn) => {
                             items += turn.records.len();
-                            group.push(turn);
+                            taken.push(turn);
                         }
                         Err(_) => break,
                     }
                 }
-                let mut entry = Vec::with_capacity(items);
-                let mut queued = Queued { stored: false, turns: Vec::with_capacity(group.len()), results: Vec::new() };
-                for turn in group {
-                    let mut terminal = Vec::new();
-                    for item in turn.records {
-                        match item {
-                            Item::Task(p) => {
-                                if let Some(reason) = &p.dead_letter {
-                                    copy_dead_letter(&ctx, p.seq, &p.record.pool, reason).await;
-                                }
-                                if p.record.state.is_terminal() {
-                                    terminal.push(p.seq);
-                                    let body = wire::encode(&p.record);
-                                    queued.results.push((p.seq, ctx.seal.seal(&p.seq.to_string(), body.into())));
-                                }
-                                entry.push(LogItem::Task(p.record));
-                            }
-                            Item::Schedule(name, stored) => entry.push(LogItem::Schedule(name, stored)),
-                        }
-                    }
-                    queued.turns.push(Released { number: turn.number, announce: turn.announce, terminal });
+                let group = group(taken);
+                for (seq, pool, reason) in &group.dead_letters {
+                    copy_dead_letter(&ctx, *seq, pool, reason).await;
                 }
-                if entry.is_empty() {
-                    if queue.is_empty() {
-                        for released in queued.turns {
-                            if !announce(&ctx, released).await {
-                                break 'commit;
-                            }
-                        }
-                    } else {
-                        queue.push_back(queued);
-                    }
-                } else {
-                    queued.stored = true;
-                    if let Err(e) = appender.send(entry).await {
+                if !group.items.is_empty() {
+                    if let Err(e) = appender.send(group.items).await {
                         tracing::warn!(error = %e, "appending to the log failed");
                         break;
                     }
-                    queue.push_back(queued);
+                }
+                if let Some(now) = announcer.push(group.queued) {
+                    if !announce_group(&ctx, now).await {
+                        break 'commit;
+                    }
                 }
             }
         }
@@ -261,13 +179,26 @@ async fn snapshot(ctx: Arc<CommitCtx>) {
     }
 }
 
+/// Announces a stored group commit: its results written for lookups,
+/// then each turn. `false`: the leadership may no longer act.
+async fn announce_group(ctx: &CommitCtx, q: Queued) -> bool {
+    write_results(ctx, q.results).await;
+    for released in q.turns {
+        if !announce(ctx, released).await {
+            return false;
+        }
+    }
+    true
+}
+
 /// Writes finished tasks' records to the results bucket for lookups
 /// (`GET /v1/tasks/{id}` of a task the leader no longer retains): after
 /// their entry is stored, not waited for, never read to decide anything.
-async fn write_results(ctx: &CommitCtx, results: Vec<(u64, Bytes)>) {
+async fn write_results(ctx: &CommitCtx, results: Vec<(u64, Vec<u8>)>) {
     // A core publish: the stream stores it, and no acknowledgement comes
     // back to wait for or to cost a message.
     for (seq, body) in results {
+        let body = ctx.seal.seal(&seq.to_string(), body.into());
         let subject = format!("{}{seq}", ctx.results_prefix);
         if let Err(e) = ctx.client.publish(subject, body).await {
             tracing::debug!(seq, error = %e, "writing a result for lookups failed");
@@ -310,9 +241,8 @@ fn note_progress(waiting_since: &AtomicU64, busy: bool, stored: bool) {
 /// revokes, events and replies go out, then the driver hears which leases
 /// went and that the turn is stored. `false`: the leadership may no
 /// longer act, and nothing more is announced.
-async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
+async fn announce(ctx: &CommitCtx, released: Released) -> bool {
     let Released {
-        number,
         mut announce,
         terminal,
     } = released;
@@ -408,11 +338,9 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
                 }
                 continue;
             }
-            Output::Persist { .. }
-            | Output::PersistStarts { .. }
-            | Output::PersistResults { .. }
-            | Output::PersistSchedule { .. }
-            | Output::Discard { .. } => continue,
+            Output::Persist { .. } | Output::PersistSchedule { .. } | Output::Discard { .. } => {
+                continue
+            }
         };
         let sent = match ctx.guard.sign_to_worker(&subject, &body) {
             Some(headers) => {
@@ -431,8 +359,6 @@ async fn announce(ctx: &CommitCtx, released: Released<Output>) -> bool {
         // decision (as before), nothing worse.
         let _ = ctx.inputs.try_send(Input::LeasesSent(leases));
     }
-    // Full: a later one says as much (slots wait a little longer).
-    let _ = ctx.inputs.try_send(Input::Stored(number));
     true
 }
 

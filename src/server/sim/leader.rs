@@ -1,30 +1,41 @@
-//! The simulation's leaders: election, the consumer, the committer (the
-//! real [`Pipeline`] over an in-memory journal; what lands of it when a
-//! leader dies), pauses, and the requests on their way to the leader.
+//! The simulation's leaders: election and takeover (the log read to its
+//! end, the takeover entry appended where it ended, fenced), the consumer
+//! (what the log says of each submission, handed over by the consumer's
+//! own [`inputs_for`]), the committer (the runner's [`turn_of`], the group
+//! commit's [`group`], the [`Announcer`], appends pipelined over the
+//! simulated log), snapshots and the submit stream's purge, pauses, and
+//! the requests on their way to the leader.
 
+use super::log::{Appender, Next};
 use super::*;
+use crate::server::consumer::{finished_key, inputs_for, Decoded};
 use crate::server::driver::{Output, Responder};
-use crate::server::journal::pipeline::{Record, Turn, Write as PipelineWrite};
+use crate::server::journal::{group, turn_of, Announcer, Queued, Turn};
+use crate::server::warm::Known;
 use crate::server::{Replies, Waiting};
-use crate::wire::{self, Ack, Heartbeat, StartIndex, Subjects};
+use crate::wire::{self, Ack, Heartbeat, Subjects};
 use workers::Body;
 
 pub(super) struct Leader {
+    /// The server it runs on.
+    pub(super) server: usize,
     pub(super) driver: Driver,
     pub(super) epoch: u64,
     /// When its last renewal was sent (it renews at every step it runs).
     pub(super) renewed: u64,
-    /// Submissions handed to the driver so far.
-    delivered: u64,
-    /// The start records as read at takeover.
-    starts: StartIndex,
-    /// The committer's ordering: which writes may start, which turns may
-    /// be announced.
-    pipeline: Pipeline<Write, Output>,
-    /// Writes the pipeline started (landing in any order).
-    under_way: Vec<PipelineWrite<Write>>,
-    /// Turns waiting for the pipeline to take them.
-    queued: Vec<Turn<Write, Output>>,
+    /// The next submission the consumer hands over.
+    pub(super) next_seq: u64,
+    /// The submit stream's last sequence at the takeover: what the log
+    /// may know of.
+    startup_last: u64,
+    catch_up_to: Option<u64>,
+    appender: Appender,
+    announcer: Announcer,
+    /// Turns waiting for room among the entries under way.
+    queued: Vec<Turn>,
+    /// Results being stored: their submissions must not be purged yet.
+    pending: BTreeSet<u64>,
+    since_snapshot: u64,
     /// Local callers (workers, clients) waiting on its replies; dropped
     /// with it, so they hear nothing more.
     pub(super) replies: Replies,
@@ -47,37 +58,100 @@ impl Leader {
 }
 
 impl World {
-    /// A successor takes over: a newer epoch fences the old one out, then
-    /// it reads every submission back with its journal record.
+    /// A server wins the election and takes over: its copy of the log read
+    /// to the end (loaded from the snapshot first when it follows nothing,
+    /// `warm_standby = false`), then its takeover entry appended there —
+    /// refused if the deposed leader's last appends landed meanwhile (read
+    /// on, then again). Its driver is handed the schedules, the keys of
+    /// finished tasks, then the submissions with what the log says of each.
     pub(super) fn elect(&mut self) {
+        let busy = self.paused.as_ref().map(|(l, _)| l.server);
+        let candidates: Vec<usize> = (0..self.servers.len())
+            .filter(|s| Some(*s) != busy)
+            .collect();
+        let server = candidates[self.rng.below(candidates.len() as u64) as usize];
         let epoch = self.next_epoch;
         self.next_epoch += 1;
-        self.journal.fence = epoch;
-        let mut driver = Driver::new(
-            Subjects::default(),
-            epoch,
-            settings(!self.batches),
-            Millis(self.now),
-        );
-        if !self.submissions.is_empty() {
-            driver.catch_up_first(self.submissions.len());
+        if !self.warm_standby || !self.servers[server].loaded {
+            self.counts.cold_takeovers += 1;
+            self.load(server);
         }
-        driver.restore_schedules(self.stored_schedules());
-        let mut starts = StartIndex::default();
-        for (slot, (records, at)) in &self.journal.starts {
-            if self.now < at + RECORD_TTL {
-                starts.set(*slot, Some(records.clone()));
+        let appended = loop {
+            self.follow(server, u64::MAX);
+            if !self.servers[server].loaded {
+                self.load(server);
+                continue;
+            }
+            // The deposed leader's appends on their way may land first.
+            if self.rng.chance(300) {
+                if let Some((old, _)) = &mut self.paused {
+                    if old.appender.arrive(&mut self.log, false, false) == Some(true) {
+                        self.counts.takeovers_fenced += 1;
+                        self.sync_truth();
+                    }
+                }
+            }
+            let journal = &self.servers[server].journal;
+            let read = journal.seen();
+            match Appender::take_over(
+                &mut self.log,
+                &self.seal,
+                self.max_message,
+                epoch,
+                read,
+                &format!("s{server}"),
+            ) {
+                Ok(appended) => break appended,
+                Err(_) => {
+                    assert!(
+                        self.log.last > read,
+                        "the takeover cannot append: its copy read past the log ({read} > {})",
+                        self.log.last
+                    );
+                }
+            }
+        };
+        let (appender, at, entry) = appended;
+        self.sync_truth();
+        let journal = self.servers[server].journal.clone();
+        journal.apply_stored(at, &entry);
+        self.check_state(&journal, "a takeover's copy");
+        let startup_last = self.submissions.len() as u64;
+        let messages = (startup_last + 1).saturating_sub(self.submit_first);
+        let mut driver = Driver::new(Subjects::default(), epoch, settings(), Millis(self.now));
+        if messages > 0 {
+            driver.catch_up_first(messages as usize);
+        }
+        driver.restore_schedules(journal.schedules());
+        for (seq, record) in journal.keyed_finished(startup_last) {
+            if let Some(input) = finished_key(seq, record.map(|r| *r)) {
+                driver.handle(Millis(self.now), input);
+            }
+        }
+        // The scenario: a finished task whose submission is still
+        // in the stream and whose result the bucket no longer holds.
+        for seq in self.submit_first..=startup_last {
+            let finished = self
+                .records
+                .get(&seq)
+                .is_some_and(|r| r.state.is_terminal());
+            if finished && !self.result_kept(seq) {
+                self.counts.expired_results_at_takeover += 1;
             }
         }
         self.leader = Some(Leader {
+            server,
             driver,
             epoch,
             renewed: self.now,
-            delivered: 0,
-            starts,
-            pipeline: Pipeline::new(self.limits),
-            under_way: Vec::new(),
+            next_seq: self.submit_first,
+            startup_last,
+            catch_up_to: (messages > 0).then_some(startup_last),
+            appender,
+            announcer: Announcer::default(),
             queued: Vec::new(),
+            pending: BTreeSet::new(),
+            since_snapshot: 0,
             replies: Replies::default(),
             inbox: Vec::new(),
             sent: 0,
@@ -86,54 +160,36 @@ impl World {
         });
     }
 
-    /// The consumer: hands the driver a few more submissions.
+    /// The consumer: hands the driver a few more submissions, each with
+    /// what the log says of it.
     pub(super) fn deliver(&mut self) {
         let Some(leader) = &mut self.leader else {
             return;
         };
+        let journal = self.servers[leader.server].journal.clone();
         let total = self.submissions.len() as u64;
         let batch = 1 + self.rng.below(20);
-        while leader.delivered < total && batch > 0 {
-            let seq = leader.delivered + 1;
-            leader.delivered = seq;
-            let task = self.submissions[(seq - 1) as usize].task.clone();
-            let now = self.now;
-            let record =
-                self.journal.records.get(&seq).and_then(|(r, at)| {
-                    (r.state.is_terminal() || now < at + RECORD_TTL).then_some(r)
-                });
-            let input = match record {
-                // Finished: its key stays bound to it (a duplicate further
-                // on is that task), as the consumer hands it over.
-                Some(r) if r.state.is_terminal() => Input::Recovered {
-                    seq,
-                    pool: Self::pool(),
-                    task: Ok(task),
-                    record: r.clone(),
-                    start_slot: None,
-                },
-                record => match leader.starts.merge(TaskId(seq), record.cloned()) {
-                    (Some(record), start_slot) => {
-                        if start_slot.is_some() {
-                            self.counts.from_starts += 1;
-                        }
-                        Input::Recovered {
-                            seq,
-                            pool: Self::pool(),
-                            task: Ok(task),
-                            record,
-                            start_slot,
-                        }
-                    }
-                    (None, _) => Input::Submitted {
-                        seq,
-                        pool: Self::pool(),
-                        task: Ok(task),
-                    },
-                },
+        let mut handed = 0;
+        while leader.next_seq <= total && handed < batch {
+            let seq = leader.next_seq;
+            leader.next_seq = seq + 1;
+            handed += 1;
+            let known = if seq > leader.startup_last {
+                Known::None
+            } else {
+                journal.known(seq)
             };
-            leader.driver.handle(Millis(self.now), input);
-            if seq == total {
+            let task = self.submissions[(seq - 1) as usize].task.clone();
+            let decoded = || Decoded {
+                pool: Self::pool(),
+                task: Ok(task),
+                unattributed: false,
+            };
+            if let Some(input) = inputs_for(seq, known, decoded) {
+                leader.driver.handle(Millis(self.now), input);
+            }
+            if leader.catch_up_to.is_some_and(|last| seq >= last) {
+                leader.catch_up_to = None;
                 leader.driver.handle(Millis(self.now), Input::CaughtUp);
             }
             if self.rng.chance(300) {
@@ -164,7 +220,7 @@ impl World {
         }
         self.counts.cancels += 1;
         let leader = self.leader.as_mut().expect("leads");
-        if seq > leader.delivered {
+        if seq >= leader.next_seq {
             self.counts.cancels_on_arrival += 1;
             leader
                 .driver
@@ -178,121 +234,144 @@ impl World {
         leader.cancels.push((seq, waiting));
     }
 
-    /// One driver turn handed to the pipeline; then, at random, some
-    /// writes under way land (fenced), and every turn the pipeline then
-    /// releases is announced (the driver hears its leases went out and
-    /// that it is stored).
+    /// One driver turn to the committer (the runner's [`turn_of`]); the
+    /// turns queued go out as one entry when there is room; then, at
+    /// random, the leader dies with appends under way, or some of them
+    /// reach the log, and each entry known stored is applied and its
+    /// turns announced; now and then a snapshot, and the submit stream's
+    /// purge.
     pub(super) fn commit(&mut self) {
         let Some(leader) = &mut self.leader else {
             return;
         };
         leader.driver.housekeeping(Millis(self.now));
-        let mut turn: Turn<Write, Output> = Turn::default();
-        for output in leader.driver.take_outputs() {
-            match output {
-                Output::Persist { seq, record, .. } => turn.records.push(Record {
-                    task: Some(seq),
-                    terminal: record.state.is_terminal(),
-                    finished: Vec::new(),
-                    alone: false,
-                    body: Write::Record(seq, record),
-                }),
-                Output::PersistStarts { slot, record } => turn.records.push(Record {
-                    task: None,
-                    terminal: false,
-                    finished: Vec::new(),
-                    alone: false,
-                    body: Write::Starts(slot, record),
-                }),
-                Output::PersistResults { record, .. } => turn.records.push(Record {
-                    task: None,
-                    terminal: false,
-                    finished: record.results.iter().map(|r| r.id.0).collect(),
-                    alone: false,
-                    body: Write::Results(record.results),
-                }),
-                Output::Discard { seq } => {
-                    self.counts.duplicates_discarded += 1;
-                    self.discarded.insert(seq);
-                }
-                Output::PersistSchedule { name, stored } => turn.records.push(Record {
-                    task: None,
-                    terminal: false,
-                    finished: Vec::new(),
-                    alone: false,
-                    body: Write::Schedule(name, stored),
-                }),
-                other => turn.announce.push(other),
+        let outputs = leader.driver.take_outputs();
+        for output in &outputs {
+            if let Output::Discard { seq } = output {
+                self.counts.duplicates_discarded += 1;
+                self.discarded.insert(*seq);
             }
         }
-        turn.number = leader.driver.turn();
-        leader.queued.push(turn);
+        let pending = &mut leader.pending;
+        let turn = turn_of(outputs.into_iter(), |seq| {
+            pending.insert(seq);
+        });
+        if !turn.is_empty() {
+            leader.queued.push(turn);
+        }
         self.take_turns();
         if self.rng.chance(3) {
-            // Crash with writes under way.
+            // Crash with appends under way.
             self.crash();
             return;
         }
-        let under_way = self.leader.as_ref().map_or(0, |l| l.under_way.len());
-        let lands = if under_way > 8 || self.rng.chance(600) {
-            under_way
+        let flying = self.leader.as_ref().map_or(0, |l| l.appender.flying());
+        let arrive = if flying > 8 || self.rng.chance(600) {
+            flying
         } else {
             0
         };
-        for _ in 0..lands {
-            self.land_one();
+        for _ in 0..arrive {
+            self.arrive_one();
         }
-        self.release();
+        self.sync_truth();
+        self.drain_stored();
+        self.snapshot();
+        if self.rng.chance(40) {
+            self.purge_submissions();
+        }
     }
 
-    /// As the committer does: the queued turns go into the pipeline
-    /// together (a group commit) once it takes turns again.
+    /// The oldest piece of the leader's on its way reaches the log (or is
+    /// lost; its answer lost at times).
+    fn arrive_one(&mut self) {
+        let Some(leader) = &mut self.leader else {
+            return;
+        };
+        let lost = self.rng.chance(15);
+        let answered = !self.rng.chance(30);
+        match leader.appender.arrive(&mut self.log, lost, answered) {
+            Some(true) if !answered => self.counts.acks_lost += 1,
+            Some(false) if lost => self.counts.pieces_lost += 1,
+            Some(false) => self.counts.pieces_refused += 1,
+            _ => {}
+        }
+    }
+
+    /// As the committer does: the queued turns go out together as one
+    /// entry (a group commit) while fewer than the limit are under way.
     fn take_turns(&mut self) {
         let Some(leader) = &mut self.leader else {
             return;
         };
-        if leader.queued.is_empty() || !leader.pipeline.accepting(self.batches) {
+        if leader.queued.is_empty() {
             return;
         }
-        let group = std::mem::take(&mut leader.queued);
-        let started = leader.pipeline.push(group, self.batches);
-        leader.under_way.extend(started);
-        if !leader.pipeline.accepting(self.batches) {
-            // Writes wait for room: the next turns queue.
+        if leader.appender.pending() >= self.in_flight {
+            // The next turns wait for room.
             self.counts.writes_waited += 1;
+            return;
+        }
+        let g = group(std::mem::take(&mut leader.queued));
+        self.counts.dead_letters += g.dead_letters.len() as u64;
+        if !g.items.is_empty() {
+            leader.appender.send(g.items);
+        }
+        if let Some(now) = leader.announcer.push(g.queued) {
+            self.announce_group(now);
         }
     }
 
-    /// One write under way, at random, lands.
-    fn land_one(&mut self) {
-        let Some(leader) = &mut self.leader else {
-            return;
-        };
-        if leader.under_way.is_empty() {
-            return;
-        }
-        let i = self.rng.below(leader.under_way.len() as u64) as usize;
-        let write = leader.under_way.swap_remove(i);
-        let (epoch, id) = (leader.epoch, write.id);
-        for record in write.records {
-            self.store(epoch, record.body);
-        }
-        let leader = self.leader.as_mut().expect("leads");
-        let next = leader.pipeline.stored(id);
-        leader.under_way.extend(next);
-        self.take_turns();
-    }
-
-    /// Announces every turn the pipeline releases.
-    fn release(&mut self) {
+    /// Every entry now known stored, in order: applied to the leader's
+    /// copy, its turns announced. Fenced out (a deposed leader's piece
+    /// landed where this one's should be): the leadership ends.
+    fn drain_stored(&mut self) {
         loop {
             let Some(leader) = &mut self.leader else {
                 return;
             };
-            let Some(released) = leader.pipeline.release() else {
-                break;
-            };
-            let _ = leader;
+            match leader
+                .appender
+                .next_stored(&self.log, &mut self.counts.read_back)
+            {
+                Next::Stored(seq, entry) => {
+                    if entry.items.len() > 1 {
+                        self.counts.grouped_entries += 1;
+                    }
+                    self.servers[leader.server]
+                        .journal
+                        .apply_stored(seq, &entry);
+                    leader.since_snapshot += 1;
+                    for q in leader.announcer.stored() {
+                        self.announce_group(q);
+                    }
+                    self.take_turns();
+                }
+                Next::Waiting => break,
+                Next::Fenced => {
+                    // It stops leading and stands by; another election.
+                    self.counts.leaders_fenced += 1;
+                    self.leader = None;
+                    self.election_at = self.now + 200 + self.rng.below(1_500);
+                    return;
+                }
+            }
+        }
+        self.check_cancels();
+    }
+
+    /// Announces a stored group commit: its results written to the
+    /// results bucket (lookups only), then each turn's leases, revokes,
+    /// replies and fires; the driver hears which leases went out.
+    fn announce_group(&mut self, q: Queued) {
+        for (seq, _) in &q.results {
+            self.results.insert(*seq, self.now);
+        }
+        for released in q.turns {
+            let leader = self.leader.as_mut().expect("leads");
+            for seq in &released.terminal {
+                leader.pending.remove(seq);
+            }
             let mut sent = Vec::new();
             for output in released.announce {
                 match output {
@@ -307,8 +386,8 @@ impl World {
                         attempt,
                         ..
                     } => {
-                        // Announced means journaled: a successor reads
-                        // this attempt back.
+                        // Announced means stored: the log holds the
+                        // attempt, which a successor reads back.
                         assert!(
                             self.journaled(task.0, attempt),
                             "task {task}: attempt {attempt} leased before its start was stored"
@@ -326,8 +405,6 @@ impl World {
                     } => self.publish_fire(name, tick, kind, *task),
                     Output::Trace(_)
                     | Output::Persist { .. }
-                    | Output::PersistStarts { .. }
-                    | Output::PersistResults { .. }
                     | Output::PersistSchedule { .. }
                     | Output::Discard { .. } => {}
                 }
@@ -338,30 +415,58 @@ impl World {
                     .driver
                     .handle(Millis(self.now), Input::LeasesSent(sent));
             }
-            // Sometimes lost (a full channel): a later one says as much.
-            if !self.rng.chance(200) {
-                leader
-                    .driver
-                    .handle(Millis(self.now), Input::Stored(released.number));
-            }
         }
-        self.check_cancels();
     }
 
-    /// Whether a successor would read attempt `attempt` of task `seq`
-    /// back: its record with the start records that follow it merged in.
+    /// Whether the log holds attempt `attempt` of task `seq`.
     fn journaled(&self, seq: u64, attempt: u32) -> bool {
-        let mut starts = StartIndex::default();
-        for (slot, (records, _)) in &self.journal.starts {
-            if records.starts.iter().any(|s| s.id.0 == seq) {
-                starts.set(*slot, Some(records.clone()));
-            }
-        }
-        let record = self.journal.records.get(&seq).map(|(r, _)| r.clone());
-        starts
-            .merge(TaskId(seq), record)
-            .0
+        self.records
+            .get(&seq)
             .is_some_and(|r| r.attempts.iter().any(|a| a.attempt == attempt))
+    }
+
+    /// Every `snapshot_every` entries the leader stores a snapshot of its
+    /// copy (only stored entries are applied to it), pruned below the
+    /// submit stream's first message, then truncates the log below it.
+    /// With the mutation on, the snapshot holds the entries under way too
+    /// (written before they are stored): the simulation must catch it.
+    fn snapshot(&mut self) {
+        let Some(leader) = &mut self.leader else {
+            return;
+        };
+        if leader.since_snapshot < self.snapshot_every {
+            return;
+        }
+        leader.since_snapshot = 0;
+        let journal = &self.servers[leader.server].journal;
+        journal.prune_below(self.submit_first);
+        let (at, bytes) = if self.snapshot_unstored {
+            let mut state = journal.with_reader(|r| r.state.clone());
+            for (seq, entry) in leader.appender.unstored() {
+                state.apply(seq, &entry);
+            }
+            (state.applied(), state.snapshot())
+        } else {
+            journal.snapshot()
+        };
+        self.counts.snapshots += 1;
+        self.log.store_snapshot(at, bytes);
+        self.sync_truth();
+        self.log.purge_below(at + 1);
+    }
+
+    /// The purger: the submit stream loses everything below the driver's
+    /// floor and below every result still being stored.
+    fn purge_submissions(&mut self) {
+        let Some(leader) = &mut self.leader else {
+            return;
+        };
+        let floor = leader.driver.purge_floor();
+        let bound = leader.pending.first().map_or(floor, |p| (*p).min(floor));
+        if bound > self.submit_first {
+            self.submit_first = bound;
+            self.counts.submit_purges += 1;
+        }
     }
 
     /// Acknowledged cancels: announced only once stored, so the journal
@@ -397,7 +502,7 @@ impl World {
     /// The stored state of task `seq`, or of its original if it is a
     /// duplicate some leader discarded (its id stands for the original).
     pub(super) fn stored_state(&self, seq: u64) -> Option<TaskState> {
-        let of = |s: u64| self.journal.records.get(&s).map(|(r, _)| r.state);
+        let of = |s: u64| self.records.get(&s).map(|r| r.state);
         of(seq).or_else(|| {
             if !self.discarded.contains(&seq) {
                 return None;
@@ -441,131 +546,66 @@ impl World {
         }
     }
 
-    /// Stores a write of the leader of `epoch` (the fence refuses a
-    /// deposed one's).
-    fn store(&mut self, epoch: u64, write: Write) {
-        assert_eq!(epoch, self.journal.fence, "a deposed leader acted");
-        match write {
-            Write::Record(seq, record) => self.store_record(seq, record),
-            Write::Results(results) => {
-                for record in results {
-                    let seq = record.id.0;
-                    // Only a task with no record of its own (or one the
-                    // bucket's max age has expired) has its result in a
-                    // batch: nothing under its id can contradict it.
-                    if let Some((old, at)) = self.journal.records.get(&seq) {
-                        assert!(
-                            self.now >= at + RECORD_TTL,
-                            "task {seq}: result batched beside its own record {old:?}"
-                        );
-                    }
-                    assert!(
-                        record.state.is_terminal(),
-                        "task {seq}: a live record in a result batch"
-                    );
-                    self.counts.batched_results += 1;
-                    self.store_record(seq, record);
-                }
-            }
-            Write::Starts(slot, record) => {
-                if self.journal.starts.contains_key(&slot) {
-                    self.counts.slot_rewrites += 1;
-                }
-                self.journal.starts.insert(slot, (record, self.now));
-            }
-            Write::Schedule(name, stored) => {
-                self.journal
-                    .schedules
-                    .insert(name, (stored.map(|s| *s), self.now));
-            }
-        }
-    }
-
-    /// Stores task `seq`'s record (its own, or from a result batch).
-    fn store_record(&mut self, seq: u64, record: TaskRecord) {
-        if let Some((old, _)) = self.journal.records.get(&seq) {
-            if old.state.is_terminal() {
-                assert_eq!(old, &record, "task {seq}: a terminal record was rewritten");
-            }
-        }
-        match record.state {
-            TaskState::Succeeded => {
-                self.journal.succeeded.insert(seq);
-            }
-            TaskState::Cancelled => self.counts.cancelled += 1,
-            _ => {}
-        }
-        let timed_out = record
-            .attempts
-            .iter()
-            .filter(|a| a.error.as_deref() == Some(crate::ledger::TIMEOUT))
-            .count() as u64;
-        let before = self.journal.records.get(&seq).map_or(0, |(r, _)| {
-            r.attempts
-                .iter()
-                .filter(|a| a.error.as_deref() == Some(crate::ledger::TIMEOUT))
-                .count() as u64
-        });
-        self.counts.timeouts += timed_out.saturating_sub(before);
-        self.journal.records.insert(seq, (record, self.now));
-    }
-
-    /// The leader dies.
+    /// The leader dies. Of its pieces on their way a prefix reaches the
+    /// log (pipelined on one connection: in order); none of its turns is
+    /// announced. Its process restarts and loads the log again.
     pub(super) fn crash(&mut self) {
-        if let Some(leader) = self.leader.take() {
-            self.land_some(leader);
+        if let Some(mut leader) = self.leader.take() {
+            let flying = leader.appender.flying();
+            let reach = self.rng.below(flying as u64 + 1);
+            for i in 0..flying as u64 {
+                let stored = leader.appender.arrive(&mut self.log, i >= reach, false);
+                if stored == Some(true) {
+                    self.counts.landed_at_crash += 1;
+                } else {
+                    self.counts.lost_at_crash += 1;
+                }
+            }
+            self.sync_truth();
+            self.servers[leader.server].loaded = false;
         }
         self.election_at = self.now + 200 + self.rng.below(1_500);
     }
 
-    /// Of a stopped leader's writes under way some land, in any order
-    /// (an atomic batch whole or not at all); a write the pipeline holds
-    /// back for an earlier one of its task starts only if that one landed
-    /// (so one task's land in order). None of its turns is announced.
-    fn land_some(&mut self, mut leader: Leader) -> Leader {
-        while !leader.under_way.is_empty() {
-            let i = self.rng.below(leader.under_way.len() as u64) as usize;
-            let write = leader.under_way.swap_remove(i);
-            if !self.rng.chance(500) {
-                self.counts.lost_at_crash += 1;
-                continue;
-            }
-            self.counts.landed_at_crash += 1;
-            let id = write.id;
-            for record in write.records {
-                self.store(leader.epoch, record.body);
-            }
-            let next = leader.pipeline.stored(id);
-            leader.under_way.extend(next);
-        }
-        leader
-    }
-
-    /// The leader stops (SIGSTOP) for longer than the election timeout,
-    /// its writes under way with it: a follower takes over once the
-    /// leader's last renewal is `ELECTION_TIMEOUT` old.
+    /// The leader stops (SIGSTOP) for longer than the election timeout:
+    /// a follower takes over once the leader's last renewal is
+    /// `ELECTION_TIMEOUT` old. Of its pieces on their way some reach the
+    /// log before it stops; the others wait in the network, to arrive
+    /// before or after the successor's takeover entry.
     pub(super) fn pause(&mut self) {
-        let Some(leader) = self.leader.take() else {
+        let Some(mut leader) = self.leader.take() else {
             return;
         };
         let resume_at = self.now + ELECTION_TIMEOUT + 100 + self.rng.below(1_500);
         self.election_at = leader.renewed + ELECTION_TIMEOUT;
-        // Its writes under way land or not before the successor's epoch
-        // (NATS had them before the pause); their turns are never
-        // announced (below).
-        let leader = self.land_some(leader);
+        let flying = leader.appender.flying() as u64;
+        for _ in 0..self.rng.below(flying + 1) {
+            leader.appender.arrive(&mut self.log, false, true);
+        }
+        self.sync_truth();
         self.paused = Some((leader, resume_at));
     }
 
-    /// The paused leader resumes. A successor leads by now (its epoch
-    /// fences the paused one's writes). The resumed process runs what its
-    /// runner runs: the right to act judged at the top of the turn, then
-    /// its timers and whatever requests reached it — and must emit nothing.
+    /// The paused leader resumes. A successor leads by now: its pieces
+    /// still on their way are refused (the log moved), and the resumed
+    /// process runs what its runner runs — the right to act judged at the
+    /// top of the turn, then its timers and whatever requests reached it —
+    /// and must emit nothing. It stands by again.
     pub(super) fn resume(&mut self) {
         let Some((mut old, _)) = self.paused.take() else {
             return;
         };
-        assert!(self.journal.fence > old.epoch, "no successor took over");
+        assert!(self.next_epoch - 1 > old.epoch, "no successor took over");
+        while let Some(stored) = old.appender.arrive(&mut self.log, false, true) {
+            if stored {
+                // Lined up behind a piece of its own that was lost: lands,
+                // and every reader drops it (an older epoch).
+                self.counts.deposed_pieces_landed += 1;
+            } else {
+                self.counts.deposed_appends_refused += 1;
+            }
+        }
+        self.sync_truth();
         if !election::may_act(
             Millis(self.now),
             Millis(old.renewed),
@@ -593,7 +633,7 @@ impl World {
             emitted.is_empty(),
             "a deposed leader (epoch {}, successor {}) emitted {:?}",
             old.epoch,
-            self.journal.fence,
+            self.next_epoch - 1,
             emitted
         );
         assert!(old.driver.deposed());

@@ -32,7 +32,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 
 use super::*;
-use crate::schedule::{FireKind, StoredSchedule};
+use crate::schedule::FireKind;
 use crate::server::driver::{ScheduleOp, ScheduleReply};
 use crate::server::fires;
 use crate::server::seal::Seal;
@@ -114,10 +114,11 @@ impl World {
                 // Created by an earlier try whose answer was lost.
                 Ok(Err(e)) if e.code == crate::core::ErrorCode::ALREADY_EXISTS => {
                     let created = self
-                        .journal
-                        .schedules
-                        .get(NAME)
-                        .and_then(|(s, _)| s.clone());
+                        .truth
+                        .state
+                        .schedules()
+                        .find(|s| s.spec.name == NAME)
+                        .cloned();
                     let created = created.expect("it exists: its record is stored");
                     self.sched.created_at = Some(created.created_at.0);
                     self.sched.creating = None;
@@ -182,6 +183,7 @@ impl World {
             duplicate_of,
             cancel_asked: false,
             cancel_acked: false,
+            waits: false,
         });
         let seq = self.submissions.len() as u64;
         self.sched
@@ -258,17 +260,6 @@ impl World {
             result,
         };
         leader.send_later(at, input);
-    }
-
-    /// The schedules a successor reads back: records written within the
-    /// bucket's max age.
-    pub(super) fn stored_schedules(&self) -> Vec<StoredSchedule> {
-        self.journal
-            .schedules
-            .values()
-            .filter(|(_, at)| self.now < at + RECORD_TTL)
-            .filter_map(|(s, _)| s.clone())
-            .collect()
     }
 
     /// Every tick from the first after creation to the last fired has one

@@ -53,6 +53,7 @@ pub(super) struct Worker {
     pub(super) id: String,
     slots: u32,
     registered: bool,
+    labels: Labels,
     /// The real worker's rules (`crate::worker::rules`): which lease to
     /// obey, which revoke to act on, what a registration stops, the epoch.
     rules: Rules,
@@ -96,13 +97,15 @@ pub(super) enum Body {
 }
 
 impl World {
-    pub(super) fn add_worker(&mut self) {
+    /// A new worker with `labels`.
+    pub(super) fn add_worker(&mut self, labels: Labels) {
         self.next_worker += 1;
         let slots = 1 + self.rng.below(3) as u32;
         self.workers.push(Worker {
             id: format!("w{}", self.next_worker),
             slots,
             registered: false,
+            labels,
             rules: Rules::default(),
             runs: BTreeMap::new(),
             waiting: Vec::new(),
@@ -162,7 +165,7 @@ impl World {
             _ => return,
         };
         assert!(
-            !self.journal.succeeded.contains(&lease.task_id.0),
+            !self.succeeded.contains(&lease.task_id.0),
             "task {} ran again (attempt {}) after its success was stored",
             lease.task_id,
             lease.attempt
@@ -290,7 +293,7 @@ impl World {
         let now = self.now;
         let register_again = self.answers(w);
         let worker = &self.workers[w];
-        let (id, slots) = (worker.id.clone(), worker.slots);
+        let (id, slots, labels) = (worker.id.clone(), worker.slots, worker.labels.clone());
         let running: Vec<RunningAttempt> = worker.rules.running();
         if !worker.registered || register_again {
             if worker
@@ -305,7 +308,7 @@ impl World {
                 v: 1,
                 worker_id: id.clone(),
                 pool: Self::pool(),
-                labels: Labels::new(),
+                labels,
                 slots,
                 xkey: None,
                 instance: Some(id.clone()),
