@@ -48,6 +48,11 @@ backoff_max = "1s"
 const CLUSTER_NAME: &str = "cronoq";
 
 /// A temp dir, kept after the test when `TEST_KEEP_DIRS` is set.
+/// The tests that start a 3-node cluster run one at a time: two at once
+/// (six nats-servers, two `cronoq server`s, their workers) on a 2-core
+/// machine starve the streams' own elections past the tests' deadlines.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn scratch(stem: &str) -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix(&format!("cronoq-{stem}-"))
@@ -434,6 +439,7 @@ fn deploy_nats_configs_are_valid() {
 
 #[tokio::test]
 async fn cronoq_on_a_three_node_cluster_survives_losing_a_node() {
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let started = Instant::now();
     let dir = scratch("nats-cluster");
     let dir_path = dir.path().to_path_buf();
@@ -722,6 +728,7 @@ async fn a_server_started_before_jetstream_is_ready_waits_for_it_and_leads() {
 /// were refused for 4.8–13.1 s, while the submit stream elected its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_node_that_leads_the_results_stream_costs_no_leadership() {
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = scratch("nats-cluster-results");
     let dir_path = dir.path().to_path_buf();
     let mut nodes = start_nats_cluster(&dir_path);
