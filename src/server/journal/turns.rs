@@ -185,25 +185,12 @@ impl Announcer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{TaskId, TaskState};
+    use crate::core::TaskState;
 
     fn record(seq: u64, state: TaskState) -> Output {
         Output::Persist {
             seq,
-            record: TaskRecord {
-                v: wire::PROTOCOL_VERSION,
-                id: TaskId(seq),
-                pool: PoolName::default(),
-                state,
-                attempts: Vec::new(),
-                output: None,
-                error: None,
-                deadline_missed: false,
-                written_at: None,
-                schedule: None,
-                scheduled_at: None,
-                key: None,
-            },
+            record: crate::server::log::tests::record(seq, state),
             dead_letter: None,
         }
     }
