@@ -31,3 +31,25 @@ impl MaxPayload {
         }
     }
 }
+
+/// How long an ordered consumer's pull request waits; its idle heartbeat
+/// is half of it. async-nats's default is 30 s with a 15 s heartbeat, and
+/// it recreates the consumer after two missed heartbeats: a leader whose
+/// submit consumer (R1, on one node) died with its node would not see a
+/// submission for 30 s (tests/nats_cluster.rs
+/// `cronoq_on_a_three_node_cluster_survives_losing_a_node`). At 2 s it is
+/// recreated within about 4 s, for one pull request every 2 s when idle.
+pub(crate) const ORDERED_PULL_EXPIRES: Duration = Duration::from_secs(2);
+
+/// An ordered pull consumer from stream sequence `start` on, its pulls
+/// short enough that a lost consumer is noticed in seconds
+/// ([`ORDERED_PULL_EXPIRES`]).
+pub(crate) fn ordered_from(start: u64) -> async_nats::jetstream::consumer::pull::OrderedConfig {
+    async_nats::jetstream::consumer::pull::OrderedConfig {
+        deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: start,
+        },
+        max_expires: ORDERED_PULL_EXPIRES,
+        ..Default::default()
+    }
+}

@@ -313,12 +313,7 @@ pub(super) async fn submissions_from(
     from: u64,
 ) -> Result<jetstream::consumer::pull::Ordered, String> {
     stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: from,
-            },
-            ..Default::default()
-        })
+        .create_consumer(crate::nats::ordered_from(from))
         .await
         .map_err(|e| format!("cannot create the submit consumer: {e}"))?
         .messages()

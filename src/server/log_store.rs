@@ -237,12 +237,7 @@ impl LogStore {
         }
         let consumer = self
             .log
-            .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-                ..Default::default()
-            })
+            .create_consumer(crate::nats::ordered_from(from))
             .await
             .map_err(|e| ReadError::Nats(e.to_string()))?;
         let messages = consumer
