@@ -1193,9 +1193,35 @@ fn a_recovered_waiting_task_goes_on_counting_its_attempts() {
     let lines = s.recover(task(1).max_attempts(3), 2, None).unwrap();
     assert_eq!(lines, ["start t1#3 {}"]);
     assert_eq!(s.end(1, FAIL), ["finish t1 failed attempts=3"]);
-    // Never past its last attempt, whatever the record says.
-    let lines = s.recover(task(2).max_attempts(2), 5, None).unwrap();
-    assert_eq!(lines, ["start t2#2 {}"]);
+    // Never past its last attempt: one whose attempts are all used (the
+    // last lost as its worker did not re-attach) has failed. It once ran
+    // again under the last attempt's number (`t2#2` after attempts 1 and
+    // 2: the simulation's attempt check, issue 34 finding 11).
+    let lines = s.recover(task(2).max_attempts(2), 2, None).unwrap();
+    assert_eq!(lines, ["finish t2 failed attempts=2"]);
+    let lines = s.recover(task(3).max_attempts(2), 5, None).unwrap();
+    assert_eq!(lines, ["finish t3 failed attempts=5"]);
+    assert_eq!(s.state(2), "gone");
+}
+
+/// Preempted attempts do not count toward `max_attempts`, also once a
+/// successor recovers the task (they once counted there: a task
+/// preempted twice had two attempts fewer under the new leader).
+#[test]
+fn a_recovered_task_keeps_its_preempted_attempts_uncounted() {
+    let mut s = Sim::new();
+    s.capacity("p", "", 1);
+    // Attempts 1 and 2 preempted, attempt 3 lost: one of two used.
+    let lines = s
+        .try_step(Event::Recovered {
+            spec: task(1).max_attempts(2).0,
+            attempts: 3,
+            preempted: 2,
+            running: None,
+        })
+        .unwrap();
+    assert_eq!(lines, ["start t1#4 {}"]);
+    assert_eq!(s.end(1, FAIL), ["finish t1 failed attempts=4"]);
 }
 
 /// Issue 34, finding 11: a task with the pool's default attempt budget,

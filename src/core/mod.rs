@@ -99,6 +99,9 @@ pub enum Event {
         spec: TaskSpec,
         /// Attempts made so far.
         attempts: u32,
+        /// How many of them were preempted (they do not count toward
+        /// `max_attempts`).
+        preempted: u32,
         /// Where the last attempt still runs.
         running: Option<Resumed>,
     },
@@ -568,8 +571,9 @@ impl Core {
             Event::Recovered {
                 spec,
                 attempts,
+                preempted,
                 running,
-            } => self.recover(spec, attempts, running, out),
+            } => self.recover(spec, attempts, preempted, running, out),
             Event::CancelRequested(_) => self.cancel_with(slot.expect("checked"), None, out),
             Event::AttemptStarted { .. } => {}
             Event::AttemptEnded {
@@ -731,6 +735,7 @@ impl Core {
                 spec,
                 attempts,
                 running: Some(running),
+                ..
             } => {
                 if *attempts == 0 {
                     return Err(Rejection::InvalidArgument(

@@ -23,9 +23,11 @@ impl Core {
         &mut self,
         spec: TaskSpec,
         attempts: u32,
+        preempted: u32,
         running: Option<Resumed>,
         out: &mut Vec<Action>,
     ) {
+        let preempted = preempted.min(attempts);
         let Some(running) = running else {
             // Waiting for its next attempt; never past its last one. The
             // pool's default is read from the pool as `insert` makes it:
@@ -36,18 +38,28 @@ impl Core {
                 let p = self.groups.pool(&spec.pool);
                 self.groups.pools[p as usize].config.max_attempts
             });
-            let attempts = attempts.min(max.saturating_sub(1));
             if attempts == 0 {
                 self.submit(spec, 0, out);
+                return;
+            }
+            let t = self.insert(spec, attempts);
+            self.set_preempted(t, preempted);
+            if attempts - preempted >= max {
+                // Its last attempt ended (lost, as its worker did not
+                // re-attach): the task failed, as it would have on the
+                // leader that leased it. Running it once more reused the
+                // last attempt's number (`[1 failed, 2 lost, 2]`, found by
+                // the simulation's attempt check, issue 34 finding 11).
+                self.finish(t, TaskState::Failed, out);
             } else {
                 // A fixed start was honoured by its first attempt: a retry
                 // waits like any other.
-                let t = self.insert(spec, attempts);
                 self.enqueue_or_start(t, out);
             }
             return;
         };
         let t = self.insert(spec, attempts - 1);
+        self.set_preempted(t, preempted);
         let p = self.tasks[t as usize].pool;
         let g = self.groups.group(p, &running.labels);
         self.groups.set_capacity(g, running.capacity);
@@ -57,6 +69,19 @@ impl Core {
         self.start(t, g, false, &mut started);
         self.fill_group(g, out);
         self.refill_if_reserved(p);
+    }
+
+    /// A recovered task's preempted attempts, which its budget does not
+    /// count (lost at a takeover, they once counted: a task preempted
+    /// twice had two attempts fewer under its successor).
+    fn set_preempted(&mut self, t: u32, preempted: u32) {
+        if preempted == 0 {
+            return;
+        }
+        let backoff = self.groups.pools[self.tasks[t as usize].pool as usize]
+            .config
+            .backoff;
+        self.tasks[t as usize].extra_mut(backoff).preempted = preempted;
     }
 
     pub(super) fn submit(&mut self, spec: TaskSpec, attempts: u32, out: &mut Vec<Action>) {

@@ -246,6 +246,7 @@ impl Sim {
         let lines = self.try_step(Event::Recovered {
             spec: builder.0,
             attempts,
+            preempted: 0,
             running: running.map(|(group, capacity)| cronoq::core::Resumed {
                 labels: labels(group),
                 capacity,

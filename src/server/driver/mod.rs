@@ -65,6 +65,8 @@ struct Parked {
     record: TaskRecord,
     spec: crate::core::TaskSpec,
     attempt: u32,
+    /// How many of its attempts were preempted (not counted).
+    preempted: u32,
     worker: String,
     /// The credential that registered its worker (journaled): only that
     /// credential may re-attach it.

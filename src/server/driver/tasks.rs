@@ -113,6 +113,11 @@ impl Driver {
             Err(e) => return self.refuse_submission(now, id, pool, e.into()),
         };
         let (attempt, open) = (last.attempt, last.outcome.is_none());
+        let preempted = record
+            .attempts
+            .iter()
+            .filter(|a| a.outcome.as_deref() == Some(crate::ledger::PREEMPTED))
+            .count() as u32;
         let running_on = last.worker.clone().zip(Some(last.group.clone()));
         let credential = last.credential.clone();
         self.ledger.accept(
@@ -149,6 +154,7 @@ impl Driver {
                             record: kept.expect("an open attempt's record is kept"),
                             spec,
                             attempt,
+                            preempted,
                             worker,
                             credential,
                             group,
@@ -168,7 +174,7 @@ impl Driver {
                 }
             }
         }
-        self.resume_waiting(now, spec, attempt);
+        self.resume_waiting(now, spec, attempt, preempted);
         self.trace_wait(id, submitted_at);
     }
 
@@ -274,17 +280,20 @@ impl Driver {
         self.live_seqs.insert(seq, |s| ledger.is_live(TaskId(s)));
     }
 
-    /// A recovered task waits for attempt `attempts + 1`.
+    /// A recovered task waits for attempt `attempts + 1` (`preempted` of
+    /// them not counted), or has failed if it used them all.
     pub(super) fn resume_waiting(
         &mut self,
         now: Millis,
         spec: crate::core::TaskSpec,
         attempts: u32,
+        preempted: u32,
     ) {
         let (id, pool) = (spec.id, spec.pool.clone());
         let event = Event::Recovered {
             spec,
             attempts,
+            preempted,
             running: None,
         };
         if let Err(e) = self.apply(now, event) {
@@ -311,7 +320,7 @@ impl Driver {
                 Some(NOT_REATTACHED.into()),
                 now,
             );
-            self.resume_waiting(now, p.spec, p.attempt);
+            self.resume_waiting(now, p.spec, p.attempt, p.preempted);
         }
     }
 

@@ -232,6 +232,7 @@ impl Driver {
             let event = Event::Recovered {
                 spec: p.spec.clone(),
                 attempts: p.attempt,
+                preempted: p.preempted,
                 running: Some(crate::core::Resumed {
                     labels: labels.clone(),
                     capacity: u32::try_from(capacity).unwrap_or(u32::MAX),

@@ -133,10 +133,14 @@ const ELECTION_TIMEOUT: u64 = 1_000;
 /// in the bucket.
 const RESULTS_MAX_AGE: u64 = 5_000;
 
+/// The pool's attempt budget: attempts lost to crashes are retried, and
+/// none is the last — except for the tasks [`World::submit`] gives a
+/// budget of their own (2 to 4 attempts), which may end `failed`.
+const POOL_MAX_ATTEMPTS: u32 = 1_000;
+
 fn settings() -> Settings {
-    // Attempts lost to crashes are retried; none is the last.
     let pool = PoolConfig {
-        max_attempts: 1_000,
+        max_attempts: POOL_MAX_ATTEMPTS,
         ..PoolConfig::default()
     };
     Settings {
@@ -207,6 +211,8 @@ struct Counts {
     batched_reports: u64,
     /// Attempts stopped for their attempt timeout.
     timeouts: u64,
+    /// Tasks that used up their own `max_attempts` and ended failed.
+    budgets_used_up: u64,
     /// Refused submissions copied to the dead-letter stream.
     dead_letters: u64,
     /// Turns that waited for room among the entries under way; entries
@@ -286,6 +292,7 @@ impl Counts {
             duplicates_discarded,
             batched_reports,
             timeouts,
+            budgets_used_up,
             dead_letters,
             writes_waited,
             grouped_entries,
@@ -330,6 +337,14 @@ struct Submission {
     cancel_acked: bool,
     /// It needs a label no worker has until the faults stop.
     waits: bool,
+}
+
+impl Submission {
+    /// How many attempts it may have: its own `max_attempts`, else the
+    /// pool's.
+    fn budget(&self) -> u32 {
+        self.task.max_attempts.unwrap_or(POOL_MAX_ATTEMPTS)
+    }
 }
 
 struct World {
@@ -460,6 +475,7 @@ impl World {
                     continue;
                 };
                 let seq = record.id.0;
+                self.check_attempts(&record);
                 if let Some(old) = self.records.get(&seq) {
                     if old.state.is_terminal() {
                         assert_eq!(old, &record, "task {seq}: a terminal record was rewritten");
@@ -485,6 +501,46 @@ impl World {
                     self.counts.long_waits += 1;
                 }
                 self.records.insert(seq, record);
+            }
+        }
+    }
+
+    /// Issue 34 finding 11: a task's attempt numbers only grow — within
+    /// a record, and from its previous record to this one, through every
+    /// takeover — and never pass its `max_attempts`; a task ends `failed`
+    /// only once it has used them all.
+    fn check_attempts(&mut self, record: &TaskRecord) {
+        let seq = record.id.0;
+        let numbers: Vec<u32> = record.attempts.iter().map(|a| a.attempt).collect();
+        assert!(
+            numbers.iter().enumerate().all(|(i, n)| *n == i as u32 + 1),
+            "task {seq}: attempt numbers {numbers:?} are not 1, 2, 3…: {record:?}"
+        );
+        if let Some(old) = self.records.get(&seq) {
+            let before: Vec<u32> = old.attempts.iter().map(|a| a.attempt).collect();
+            assert!(
+                numbers.starts_with(&before),
+                "task {seq}: attempts {before:?} became {numbers:?}"
+            );
+        }
+        let budget = self.submissions[(seq - 1) as usize].budget();
+        assert!(
+            numbers.len() as u32 <= budget,
+            "task {seq}: {} attempts, max_attempts {budget}",
+            numbers.len()
+        );
+        if record.state == TaskState::Failed {
+            assert_eq!(
+                numbers.len() as u32,
+                budget,
+                "task {seq} failed before using its attempts: {record:?}"
+            );
+            if !self
+                .records
+                .get(&seq)
+                .is_some_and(|r| r.state.is_terminal())
+            {
+                self.counts.budgets_used_up += 1;
             }
         }
     }
@@ -638,6 +694,14 @@ impl World {
             } else if self.rng.chance(200) {
                 task = task.idempotency_key(format!("k{seq}"));
             }
+            // One in seven has a budget of 2 to 4 attempts, which crashes,
+            // lost leases and failures may use up, through takeovers
+            // (issue 34 finding 11: attempt numbers restarted after a
+            // failover). From the sequence, not the random stream, so the
+            // other draws of a seed stay as they were.
+            if seq % 7 == 3 {
+                task = task.max_attempts(2 + (seq / 7 % 3) as u32);
+            }
             // A task no worker can run until the faults stop: it waits
             // past every retention window while others finish.
             let waits = duplicate_of.is_none() && self.rng.chance(30);
@@ -661,6 +725,9 @@ impl World {
         match self.records.get(&seq) {
             Some(r) if r.state == TaskState::Succeeded => true,
             Some(r) if r.state == TaskState::Cancelled => s.cancel_asked,
+            // Failed only once its own budget is used up (checked as
+            // the record is stored).
+            Some(r) if r.state == TaskState::Failed => s.budget() < POOL_MAX_ATTEMPTS,
             _ => s.duplicate_of.is_some() && self.discarded.contains(&seq),
         }
     }
@@ -878,6 +945,7 @@ fn failover_simulation() {
             ),
             ("several outcomes in one report", t.batched_reports),
             ("an attempt stopped for its timeout", t.timeouts),
+            ("a task that used up its max_attempts", t.budgets_used_up),
             ("a turn waiting for room among the entries", t.writes_waited),
             ("an entry of several items", t.grouped_entries),
             ("a seed whose entries are cut into pieces", t.chunked_seeds),

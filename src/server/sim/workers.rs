@@ -180,6 +180,13 @@ impl World {
                 lease.attempt, lease.task_id, worker.id
             );
         }
+        let budget = self.submissions[(lease.task_id.0 - 1) as usize].budget();
+        assert!(
+            lease.attempt <= budget,
+            "attempt {} of task {} leased beyond its max_attempts {budget}",
+            lease.attempt,
+            lease.task_id
+        );
         self.started.insert(key, worker.id.clone());
         self.counts.runs += 1;
         if lease.attempt > 1 {
