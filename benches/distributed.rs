@@ -45,10 +45,10 @@
 //!   two JetStream writes per task and no other JetStream call than the
 //!   ack, the outcome writes pipelined (up to 4,096 submissions unacked,
 //!   the consumer's `max_ack_pending`, as cronoq's committer has up to
-//!   4,096 writes in flight). Pulling and acking, dispatch and dones, and
-//!   the outcome writes each have their own connection. cronoq writes two
-//!   journal records per task (start and result) besides the submission,
-//!   and its records are larger.
+//!   4,096 writes in flight). Pulling, dispatch and dones, and the outcome
+//!   writes with their acks each have their own connection. cronoq writes
+//!   two journal records per task (start and result) besides the
+//!   submission, and its records are larger.
 //!   Submit→dispatch as for the ceiling.
 //!
 //! Each round also waits until its submit stream is empty ("settled": for

@@ -250,9 +250,9 @@ pub fn outcome_record(seq: u64) -> Bytes {
 /// the slot is freed and the outcome published to a file-backed results
 /// stream without waiting (writes pipelined, up to 4,096 submissions
 /// unacked); once that write is acknowledged, the submission is acked.
-/// Pulling and acking, dispatching and dones, and storing each use their
-/// own connection, so neither client nor nats-server serializes the three
-/// streams of messages on one socket.
+/// Pulling, dispatching and dones, and storing with the acks that follow
+/// each use their own connection, so neither client nor nats-server
+/// serializes the three streams of messages on one socket.
 pub async fn durable_round(nats: &Nats, tag: &str, n: usize, pace: Option<f64>) -> Round {
     let prefix = format!("dd{tag}");
     let done_subject = format!("{prefix}.done");
