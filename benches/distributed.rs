@@ -33,16 +33,22 @@
 //!   submission headers and body, so the stream stores the same bytes.
 //!   Submit→dispatch is the submit call's start to the worker's receipt.
 //! * **durable**: the same submit stream and submissions, a pull consumer
-//!   with explicit acks; a dispatch task takes a submission while one of
-//!   64 slots (4 workers × 16) is free and publishes it (core NATS) to one of
-//!   4 `D.worker.<n>` subjects; the worker publishes done to `D.done`; an
-//!   outcome task frees the slot, publishes the outcome (9 bytes) to
-//!   `D.result.<seq>` in a file-backed results stream, and acks the
-//!   submission once that write is acknowledged: two JetStream writes per
-//!   task, the outcome writes pipelined (up to 4,096 submissions unacked,
+//!   with explicit acks (1,000 messages a pull); as a simple design of
+//!   this shape does it best: a dispatch task takes a submission while one
+//!   of 64 slots (4 workers × 16) is free and publishes it (core NATS, no
+//!   request/reply) to one of 4 `D.worker.<n>` subjects with its sequence
+//!   and its ack subject, so the dispatcher keeps no table of dispatched
+//!   messages; the worker echoes it to `D.done`; an outcome task frees the
+//!   slot, publishes the outcome (9 bytes) to `D.result.<seq>` in a
+//!   file-backed results stream without waiting, and acks the submission
+//!   (a core publish to the ack subject) once that write is acknowledged:
+//!   two JetStream writes per task and no other JetStream call than the
+//!   ack, the outcome writes pipelined (up to 4,096 submissions unacked,
 //!   the consumer's `max_ack_pending`, as cronoq's committer has up to
-//!   4,096 writes in flight). cronoq writes two journal records per task
-//!   (start and result) besides the submission, and its records are larger.
+//!   4,096 writes in flight). Pulling, dispatch and dones, and the outcome
+//!   writes with their acks each have their own connection. cronoq writes
+//!   two journal records per task (start and result) besides the
+//!   submission, and its records are larger.
 //!   Submit→dispatch as for the ceiling.
 //!
 //! Each round also waits until its submit stream is empty ("settled": for

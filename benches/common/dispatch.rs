@@ -7,8 +7,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
@@ -28,6 +27,9 @@ use super::rounds::{
 /// or with their outcome being stored): cronoq's committer has up to 4,096
 /// journal writes in flight.
 pub const DURABLE_IN_FLIGHT_WRITES: usize = 4_096;
+
+/// Messages the durable dispatcher's pull consumer asks for at once.
+pub const DURABLE_PULL_BATCH: usize = 1_000;
 
 /// A dispatcher's rig: the submit stream (work-queue retention, so an ack
 /// deletes the message as cronoq deletes a finished submission) with a
@@ -54,7 +56,7 @@ pub enum Answer {
     /// A reply to the request (the ceiling).
     Reply,
     /// Its payload published to this subject (the durable dispatcher).
-    Done(String),
+    Done(async_nats::Subject),
 }
 
 impl Dispatch {
@@ -241,11 +243,16 @@ pub fn outcome_record(seq: u64) -> Bytes {
     Bytes::from(b)
 }
 
-/// The durable dispatcher: a submission goes (core NATS) to its worker
-/// while one of 64 slots is free; on the worker's done the slot is freed,
-/// the outcome stored in a file-backed results stream and, once that write
-/// is acknowledged, the submission acked (writes pipelined, up to 4,096
-/// submissions unacked).
+/// The durable dispatcher, as a simple design of this shape does it best:
+/// a submission goes (core NATS) to its worker while one of 64 slots is
+/// free, carrying its own ack subject, so the dispatcher keeps no table of
+/// dispatched messages; on the worker's done (which echoes the dispatch)
+/// the slot is freed and the outcome published to a file-backed results
+/// stream without waiting (writes pipelined, up to 4,096 submissions
+/// unacked); once that write is acknowledged, the submission is acked.
+/// Pulling, dispatching and dones, and storing with the acks that follow
+/// each use their own connection, so neither client nor nats-server
+/// serializes the three streams of messages on one socket.
 pub async fn durable_round(nats: &Nats, tag: &str, n: usize, pace: Option<f64>) -> Round {
     let prefix = format!("dd{tag}");
     let done_subject = format!("{prefix}.done");
@@ -255,7 +262,7 @@ pub async fn durable_round(nats: &Nats, tag: &str, n: usize, pace: Option<f64>) 
         prefix.clone(),
         n,
         Some(DURABLE_IN_FLIGHT_WRITES),
-        Answer::Done(done_subject.clone()),
+        Answer::Done(done_subject.as_str().into()),
     )
     .await;
     let results_name = format!("{}_RESULTS", prefix.to_uppercase());
@@ -271,24 +278,29 @@ pub async fn durable_round(nats: &Nats, tag: &str, n: usize, pace: Option<f64>) 
         .expect("durable results stream");
     rig.streams.push(results_name);
 
-    let mut dones = rig
-        .dispatcher
+    let leases = connect(&nats.url(), "bench-durable-leases").await;
+    let store = connect(&nats.url(), "bench-durable-store").await;
+    let mut dones = leases
         .subscribe(done_subject)
         .await
         .expect("done subscription");
-    rig.dispatcher.flush().await.expect("flush");
+    leases.flush().await.expect("flush");
     let slots = Arc::new(Semaphore::new(WORKERS * SLOTS_PER_WORKER as usize));
-    let dispatched: Arc<Mutex<HashMap<u64, jetstream::Message>>> = Arc::default();
     {
         // Dispatch: take a submission once one of the 64 slots is free and
-        // send it to a worker (core NATS).
-        let (dispatcher, slots, dispatched) =
-            (rig.dispatcher.clone(), slots.clone(), dispatched.clone());
-        let mut messages = rig.consumer.messages().await.expect("durable messages");
-        let subject_of = {
-            let prefix = prefix.clone();
-            move |seq: u64| format!("{prefix}.worker.{}", seq % WORKERS as u64)
-        };
+        // send it to a worker (core NATS): its sequence, then its ack
+        // subject.
+        let (leases, slots) = (leases.clone(), slots.clone());
+        let mut messages = rig
+            .consumer
+            .stream()
+            .max_messages_per_batch(DURABLE_PULL_BATCH)
+            .messages()
+            .await
+            .expect("durable messages");
+        let workers: Vec<async_nats::Subject> = (0..WORKERS)
+            .map(|w| format!("{prefix}.worker.{w}").into())
+            .collect();
         rig.tasks.push(tokio::spawn(async move {
             loop {
                 slots.acquire().await.expect("slots").forget();
@@ -297,9 +309,12 @@ pub async fn durable_round(nats: &Nats, tag: &str, n: usize, pace: Option<f64>) 
                 };
                 let m = m.expect("durable message");
                 let seq = m.info().expect("message info").stream_sequence;
-                dispatched.lock().expect("dispatched").insert(seq, m);
-                dispatcher
-                    .publish(subject_of(seq), Bytes::copy_from_slice(&seq.to_le_bytes()))
+                let ack = m.reply.as_ref().expect("an ack subject");
+                let mut lease = Vec::with_capacity(8 + ack.len());
+                lease.extend_from_slice(&seq.to_le_bytes());
+                lease.extend_from_slice(ack.as_bytes());
+                leases
+                    .publish(workers[seq as usize % WORKERS].clone(), lease.into())
                     .await
                     .expect("lease");
             }
@@ -309,26 +324,26 @@ pub async fn durable_round(nats: &Nats, tag: &str, n: usize, pace: Option<f64>) 
         // Outcomes: on a worker's done, free its slot and store the outcome;
         // once the write is acknowledged, ack the submission. Many writes
         // in flight, polled together in this task.
-        let (js, finish) = (rig.js.clone(), rig.finish.clone());
+        let js = jetstream::new(store.clone());
+        let finish = rig.finish.clone();
         rig.tasks.push(tokio::spawn(async move {
             let mut storing = futures_util::stream::FuturesUnordered::new();
             loop {
                 tokio::select! {
                     Some(d) = dones.next() => {
-                        let seq = u64::from_le_bytes(d.payload[..8].try_into().expect("8 bytes"));
-                        let m = dispatched
-                            .lock()
-                            .expect("dispatched")
-                            .remove(&seq)
-                            .expect("a dispatched task");
                         slots.add_permits(1);
-                        let ack = js
+                        let seq = u64::from_le_bytes(d.payload[..8].try_into().expect("8 bytes"));
+                        let ack_subject = std::str::from_utf8(&d.payload[8..])
+                            .expect("an ack subject")
+                            .to_owned();
+                        let stored = js
                             .publish(format!("{prefix}.result.{seq}"), outcome_record(seq))
                             .await
                             .expect("store outcome");
+                        let store = &store;
                         storing.push(async move {
-                            ack.await.expect("outcome stored");
-                            m.ack().await.expect("ack");
+                            stored.await.expect("outcome stored");
+                            store.publish(ack_subject, Bytes::new()).await.expect("ack");
                         });
                     }
                     Some(()) = storing.next(), if !storing.is_empty() => finish.one(),
