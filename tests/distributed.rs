@@ -805,23 +805,37 @@ async fn a_result_too_large_for_one_nats_message_is_cut_and_the_journal_goes_on(
     let js = jetstream::new(nats);
     let bucket = cronoq::wire::Subjects::default().results_bucket();
     let kv = js.get_key_value(&bucket).await.expect("the results bucket");
+    // Lookups are written by block of 256 ids, `r.<block>.<entry>_<part>`
+    // (`server::journal::lookups`), each message a MessagePack map of ids
+    // and encoded records.
+    #[derive(serde::Deserialize)]
+    struct Block {
+        ids: Vec<u64>,
+        records: Vec<bytes::Bytes>,
+    }
+    let filter = format!("$KV.{bucket}.r.{}.*", big.0 / 256);
     let record = eventually("the big result is stored", || {
-        let kv = kv.clone();
+        let (kv, filter) = (kv.clone(), filter.clone());
         async move {
-            match kv.get(big.0.to_string()).await {
-                Ok(Some(bytes)) => {
-                    let record = cronoq::wire::TaskRecord::decode(&bytes).map_err(|e| e.message)?;
-                    if record.state.is_terminal() {
-                        Ok(record)
-                    } else {
-                        Err(format!("{}", record.state))
-                    }
+            let mut from = 1;
+            loop {
+                let m = kv
+                    .stream
+                    .direct_get_next_for_subject(filter.as_str(), Some(from))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                from = m.sequence + 1;
+                let block: Block = cronoq::wire::decode(&m.payload).map_err(|e| e.message)?;
+                if let Some(i) = block.ids.iter().position(|id| *id == big.0) {
+                    let record = cronoq::wire::TaskRecord::decode(&block.records[i])
+                        .map_err(|e| e.message)?;
+                    return Ok(record);
                 }
-                other => Err(format!("{other:?}")),
             }
         }
     })
     .await;
+    assert!(record.state.is_terminal(), "{}", record.state);
     assert_eq!(record.state, TaskState::Succeeded);
     assert_eq!(record.output.as_ref().map(|o| o.len()), Some(size));
     let numbers: Vec<u32> = record.attempts.iter().map(|a| a.attempt).collect();

@@ -83,14 +83,31 @@ async fn forged_journal_records_are_not_taken() {
 
     forge(&c, &done.0.to_string(), forged_success(done, "forged")).await;
     forge(&c, &queued.0.to_string(), forged_success(queued, "forged")).await;
-    // And a forged result batch naming the queued task finished.
-    let record = TaskRecord::decode(&forged_success(queued, "forged")).unwrap();
-    let batch = wire::ResultRecords {
-        v: PROTOCOL_VERSION,
-        written_at: Millis(1),
-        results: vec![record],
+    // And a forged lookup block (`server::journal::lookups`: ids and
+    // encoded records, under `r.<id / 256>.<entry>_<part>`) naming both
+    // tasks finished.
+    #[derive(serde::Serialize)]
+    struct Block {
+        ids: Vec<u64>,
+        records: Vec<bytes::Bytes>,
+    }
+    // A task never submitted, in the same block: only the forged
+    // block names it, so its lookup reads (and refuses) that block.
+    let ghost = TaskId(done.0 + 100);
+    let block = Block {
+        ids: vec![done.0, queued.0, ghost.0],
+        records: vec![
+            forged_success(done, "forged"),
+            forged_success(queued, "forged"),
+            forged_success(ghost, "forged"),
+        ],
     };
-    forge(&c, "r.1.999", wire::encode(&batch).into()).await;
+    forge(
+        &c,
+        &format!("r.{}.1_0", done.0 / 256),
+        wire::encode(&block).into(),
+    )
+    .await;
     c.server.kill9();
     let standby_id = standby.id().to_string();
     c.snapshot_until("the standby to lead", |s| {
@@ -110,6 +127,12 @@ async fn forged_journal_records_are_not_taken() {
         }
     })
     .await;
+    let e = c
+        .client
+        .get(ghost)
+        .await
+        .expect_err("a forged lookup served");
+    assert!(e.to_string().contains("NOT_FOUND"), "{e}");
     // The queued task is still queued, and runs once a worker can take it.
     c.waiting(queued, "no_group_matches").await;
     c.add_worker("gpu", "gpu=h100", 1).await;

@@ -200,6 +200,11 @@ impl LogStore {
         &self.names
     }
 
+    /// The largest message it writes.
+    pub(crate) fn max_message(&self) -> usize {
+        self.max_message
+    }
+
     /// The log stream's (first, last) sequences.
     pub(crate) async fn bounds(&self) -> Result<(u64, u64), LogError> {
         let mut log = self.log.clone();

@@ -108,7 +108,7 @@ pub(in crate::server) async fn commit(
                 // This entry's turns, then every turn queued behind it that
                 // stores nothing.
                 for q in announcer.stored() {
-                    if !announce_group(&ctx, q).await {
+                    if !announce_group(&ctx, q, seq).await {
                         break 'commit;
                     }
                 }
@@ -138,7 +138,8 @@ pub(in crate::server) async fn commit(
                     }
                 }
                 if let Some(now) = announcer.push(group.queued) {
-                    if !announce_group(&ctx, now).await {
+                    // It stores nothing, so it has no results to write.
+                    if !announce_group(&ctx, now, 0).await {
                         break 'commit;
                     }
                 }
@@ -179,10 +180,11 @@ async fn snapshot(ctx: Arc<CommitCtx>) {
     }
 }
 
-/// Announces a stored group commit: its results written for lookups,
-/// then each turn. `false`: the leadership may no longer act.
-async fn announce_group(ctx: &CommitCtx, q: Queued) -> bool {
-    write_results(ctx, q.results).await;
+/// Announces a group commit stored as the log's entry `entry_seq`: its
+/// results written for lookups, then each turn. `false`: the leadership
+/// may no longer act.
+async fn announce_group(ctx: &CommitCtx, q: Queued, entry_seq: u64) -> bool {
+    write_results(ctx, entry_seq, q.results).await;
     for released in q.turns {
         if !announce(ctx, released).await {
             return false;
@@ -192,16 +194,21 @@ async fn announce_group(ctx: &CommitCtx, q: Queued) -> bool {
 }
 
 /// Writes finished tasks' records to the results bucket for lookups
-/// (`GET /v1/tasks/{id}` of a task the leader no longer retains): after
-/// their entry is stored, not waited for, never read to decide anything.
-async fn write_results(ctx: &CommitCtx, results: Vec<(u64, Vec<u8>)>) {
+/// (`GET /v1/tasks/{id}` of a task the leader no longer retains), a
+/// message per block of ids ([`lookups`](super::lookups)): after their
+/// entry (`entry_seq`) is stored, not waited for, never read to decide
+/// anything.
+async fn write_results(ctx: &CommitCtx, entry_seq: u64, results: Vec<(u64, Vec<u8>)>) {
+    if results.is_empty() {
+        return;
+    }
     // A core publish: the stream stores it, and no acknowledgement comes
     // back to wait for or to cost a message.
-    for (seq, body) in results {
-        let body = ctx.seal.seal(&seq.to_string(), body.into());
-        let subject = format!("{}{seq}", ctx.results_prefix);
+    for (key, body) in super::lookups::pack(entry_seq, results, ctx.log.max_message()) {
+        let body = ctx.seal.seal(&key, body.into());
+        let subject = format!("{}{key}", ctx.results_prefix);
         if let Err(e) = ctx.client.publish(subject, body).await {
-            tracing::debug!(seq, error = %e, "writing a result for lookups failed");
+            tracing::debug!(key, error = %e, "writing results for lookups failed");
         }
     }
 }

@@ -6,10 +6,12 @@
 //!   group commit's entry, which groups may be announced), run by the
 //!   committer and by the failover simulation alike;
 //! - `dead_letters.rs`: refused submissions copied with their reason;
+//! - `lookups.rs`: finished tasks' records for lookups, by block of ids;
 //! - `purge.rs`: finished submissions dropped from the submit stream.
 
 mod committer;
 mod dead_letters;
+pub(in crate::server) mod lookups;
 mod purge;
 pub(in crate::server) mod turns;
 
