@@ -34,7 +34,9 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::log::{pieces, Assembler, Entry, Item, LogState, SEAL_KEY};
+use super::log::{
+    pieces, read_back, Assembler, AtPlace, Entry, Item, LogState, ReadBack, SEAL_KEY,
+};
 use super::seal::Seal;
 
 /// The names of one log instance's streams and subjects.
@@ -652,36 +654,52 @@ impl Appender {
     }
 
     async fn read_back_once(&mut self) -> Result<(), LogError> {
-        let (_, last) = self.store.bounds().await?;
-        let mut resend_from = None;
-        for (i, sent) in self.under_way.iter_mut().enumerate() {
+        let (first, last) = self.store.bounds().await?;
+        let mut send_from = None;
+        for i in 0..self.under_way.len() {
+            let sent = &self.under_way[i];
             if matches!(sent.ack, Ack::Stored) {
                 continue;
             }
-            if sent.at > last {
-                resend_from = Some(i);
-                break;
+            let message;
+            let found =
+                if sent.at > last {
+                    AtPlace::Nothing
+                } else if sent.at < first {
+                    AtPlace::Purged
+                } else {
+                    message =
+                        self.store.log.get_raw_message(sent.at).await.map_err(|e| {
+                            LogError::Nats(format!("reading back {}: {e}", sent.at))
+                        })?;
+                    AtPlace::Holds(&message.payload)
+                };
+            match read_back(&self.store.seal, self.epoch, &sent.body, last, found) {
+                ReadBack::Stored => self.under_way[i].ack = Ack::Stored,
+                ReadBack::SendFrom(at) => {
+                    if at != sent.at {
+                        tracing::warn!(
+                            place = sent.at,
+                            "a deposed leader's piece took this leadership's place in the log; sending again after it"
+                        );
+                    }
+                    send_from = Some((i, at));
+                    break;
+                }
+                ReadBack::Fenced => return Err(LogError::Fenced),
             }
-            let found = self
-                .store
-                .log
-                .get_raw_message(sent.at)
-                .await
-                .map_err(|e| LogError::Nats(format!("reading back {}: {e}", sent.at)))?;
-            if found.payload != sent.body {
-                return Err(LogError::Fenced);
-            }
-            sent.ack = Ack::Stored;
         }
-        // The rest go out again, each at its place.
-        let resend_from = resend_from.unwrap_or(self.under_way.len());
-        for i in resend_from..self.under_way.len() {
-            let (at, body) = {
-                let s = &self.under_way[i];
-                (s.at, s.body.clone())
-            };
+        // The rest go out again, one after another from that place.
+        let Some((from, mut at)) = send_from else {
+            return Ok(());
+        };
+        for i in from..self.under_way.len() {
+            let body = self.under_way[i].body.clone();
+            self.under_way[i].at = at;
             self.under_way[i].ack = self.publish(at, body).await;
+            at += 1;
         }
+        self.sent_upto = at - 1;
         Ok(())
     }
 }
@@ -770,6 +788,49 @@ mod tests {
         );
         assert_eq!(cold.state.known(2), Known::Finished);
         assert_eq!(cold.state.position(), (2, Some(1)));
+    }
+
+    /// A deposed leader's second pipelined piece expected the sequence
+    /// the successor's takeover entry took, so it lands right after it:
+    /// the successor's first append is refused, and its read-back sends
+    /// it again after the stray instead of giving up its lead.
+    #[tokio::test]
+    async fn a_deposed_leaders_stray_after_the_takeover_entry_is_stepped_over() {
+        let nats = crate::test_nats::NatsServer::start();
+        let store = store(&nats.url, Seal::none()).await;
+        let mut a = store.load().await.unwrap();
+        let mut old = store.take_over(&mut a, 1, "a").await.unwrap().0;
+        let mut b = store.load().await.unwrap();
+        let mut new = store.take_over(&mut b, 2, "b").await.unwrap().0;
+        let (_, takeover_at) = store.bounds().await.unwrap();
+        // A's first is refused (the takeover entry is there); its second
+        // expected exactly that sequence and lands.
+        for s in 1..=2 {
+            old.send(vec![Item::Task(record(s, TaskState::Succeeded))])
+                .await
+                .unwrap();
+        }
+        assert!(matches!(old.next_stored().await, Err(LogError::Fenced)));
+        assert_eq!(
+            store.bounds().await.unwrap().1,
+            takeover_at + 1,
+            "the stray"
+        );
+        append_all(
+            &mut new,
+            &mut b,
+            vec![Item::Task(record(3, TaskState::Failed))],
+        )
+        .await;
+        assert_eq!(b.read, takeover_at + 2, "sent again after the stray");
+        let cold = store.load().await.unwrap();
+        assert_eq!(cold.state, b.state);
+        assert_eq!(
+            cold.state.known(2),
+            Known::None,
+            "the stray is not the log's"
+        );
+        assert_eq!(cold.state.known(3), Known::Finished);
     }
 
     #[tokio::test]

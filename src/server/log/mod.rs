@@ -98,6 +98,65 @@ pub(crate) fn pieces(entry: &Entry, max_message: usize) -> Vec<Vec<u8>> {
     out
 }
 
+/// What a leadership finds at the place of a piece it sent and has no
+/// acknowledgement for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum AtPlace<'a> {
+    /// Nothing yet: the log ends before it.
+    Nothing,
+    /// Purged: a snapshot covers it, which only a successor can have
+    /// written past this leadership's unstored pieces.
+    Purged,
+    /// This message.
+    Holds(&'a [u8]),
+}
+
+/// What that tells the leadership of epoch `epoch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadBack {
+    /// Its piece is stored there.
+    Stored,
+    /// This piece and every one after it go out again, from this place
+    /// on: the place is free, or a deposed leader's stray piece took it
+    /// (every reader drops that one, and any of ours that landed after
+    /// it out of place: see [`Assembler`]).
+    SendFrom(u64),
+    /// Another leadership's piece: a successor leads.
+    Fenced,
+}
+
+/// Judges one unacknowledged place, `ours` being the sealed body sent
+/// there and `last` the log's last sequence. The appender and the
+/// failover simulation both judge with it. A deposed leader's pipelined
+/// piece can land right after a successor's takeover entry (it expected
+/// the sequence the takeover entry took): that stray once cost the new
+/// leadership its lead.
+pub(crate) fn read_back(
+    seal: &crate::server::seal::Seal,
+    epoch: u64,
+    ours: &[u8],
+    last: u64,
+    found: AtPlace<'_>,
+) -> ReadBack {
+    match found {
+        AtPlace::Nothing => ReadBack::SendFrom(last + 1),
+        AtPlace::Purged => ReadBack::Fenced,
+        AtPlace::Holds(body) if body == ours => ReadBack::Stored,
+        AtPlace::Holds(body) => {
+            let older = seal
+                .open(SEAL_KEY, body)
+                .ok()
+                .and_then(|b| crate::wire::decode::<Piece>(b).ok())
+                .is_some_and(|p| p.epoch < epoch);
+            if older {
+                ReadBack::SendFrom(last + 1)
+            } else {
+                ReadBack::Fenced
+            }
+        }
+    }
+}
+
 /// Why a message of the log was not taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Dropped {

@@ -214,3 +214,53 @@ proptest! {
         prop_assert_eq!(entries, log);
     }
 }
+
+/// The read-back of an unacknowledged place: ours is stored; an empty
+/// one, or a deposed leader's stray piece (it expected the sequence the
+/// takeover entry took, and landed right after it), is sent again after
+/// the log's end; a successor's piece, a purged place (a successor's
+/// snapshot) or anything unreadable there means a successor leads.
+#[test]
+fn a_read_back_sends_again_after_a_deposed_leaders_stray_and_is_fenced_by_a_successor() {
+    let seal = Seal::from_secret("0123456789abcdef0123456789abcdef").unwrap();
+    let ours = &messages(&seal, &[entry(5, 3, vec![])], 1024)[0];
+    let stray = &messages(&seal, &[entry(4, 9, vec![])], 1024)[0];
+    let successor = &messages(&seal, &[takeover(6)], 1024)[0];
+    let forged = &messages(&Seal::none(), &[entry(1, 1, vec![])], 1024)[0];
+    let judge = |found| read_back(&seal, 5, ours, 40, found);
+    assert_eq!(judge(AtPlace::Holds(ours)), ReadBack::Stored);
+    assert_eq!(judge(AtPlace::Nothing), ReadBack::SendFrom(41));
+    assert_eq!(judge(AtPlace::Holds(stray)), ReadBack::SendFrom(41));
+    assert_eq!(judge(AtPlace::Holds(successor)), ReadBack::Fenced);
+    assert_eq!(judge(AtPlace::Purged), ReadBack::Fenced);
+    assert_eq!(judge(AtPlace::Holds(forged)), ReadBack::Fenced);
+    assert_eq!(judge(AtPlace::Holds(b"junk")), ReadBack::Fenced);
+}
+
+/// What readers make of it: the stray, and a piece of ours that landed
+/// out of place after it, are dropped; the pieces sent again after them
+/// are read as if nothing had happened (a multi-part entry too).
+#[test]
+fn readers_drop_a_stray_and_our_displaced_pieces_and_take_them_sent_again() {
+    let seal = Seal::none();
+    let mut big = record(7, TaskState::Succeeded);
+    big.output = Some(vec![42u8; 3_000].into());
+    let ours = [
+        takeover(5),
+        entry(5, 1, vec![Item::Task(big)]),
+        entry(5, 2, vec![Item::Task(record(8, TaskState::Queued))]),
+    ];
+    let stored = messages(&seal, &ours, 1024);
+    let stray = messages(&seal, &[entry(4, 9, vec![])], 1024);
+    // Takeover and the first part, then the stray took the second part's
+    // place, the third part landed after it; all from the second part
+    // on are sent again.
+    let mut log: Vec<bytes::Bytes> = stored[..2].to_vec();
+    assert!(stored.len() > 5, "the entry is cut: {}", stored.len());
+    log.push(stray[0].clone());
+    log.push(stored[3].clone());
+    log.extend(stored[2..].iter().cloned());
+    let (entries, dropped) = read(&seal, &log);
+    assert_eq!(entries, ours);
+    assert_eq!(dropped.len(), 2, "{dropped:?}");
+}

@@ -330,10 +330,11 @@ impl World {
             let Some(leader) = &mut self.leader else {
                 return;
             };
-            match leader
-                .appender
-                .next_stored(&self.log, &mut self.counts.read_back)
-            {
+            match leader.appender.next_stored(
+                &self.log,
+                &mut self.counts.read_back,
+                &mut self.counts.strays_skipped,
+            ) {
                 Next::Stored(seq, entry) => {
                     if entry.items.len() > 1 {
                         self.counts.grouped_entries += 1;

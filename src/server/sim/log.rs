@@ -4,13 +4,15 @@
 //! wins), and a leadership's pipelined appends as `log_store::Appender`
 //! makes them — the real pieces ([`pieces`]) and seal, sent N, N+1, N+2…,
 //! arriving in order or lost, acknowledgements lost, and read back
-//! ("ours there: stored; another's: fenced out; empty: sent again").
+//! (`log::read_back`, as the real appender judges: "ours there: stored;
+//! a successor's: fenced out; empty, or a deposed leader's stray: sent
+//! again").
 
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 
-use crate::server::log::{pieces, Entry, Item, SEAL_KEY};
+use crate::server::log::{pieces, read_back, AtPlace, Entry, Item, ReadBack, SEAL_KEY};
 use crate::server::seal::Seal;
 
 /// The log stream.
@@ -199,9 +201,16 @@ impl Appender {
 
     /// The next entry sent, once it is known stored (in the order sent).
     /// An unknown piece is read back once nothing is on its way: ours at
-    /// its place is stored, another's is `Fenced`, an empty place (and
-    /// everything after) is sent again. `read_back` counts pieces found.
-    pub(super) fn next_stored(&mut self, log: &Log, read_back: &mut u64) -> Next {
+    /// its place is stored, another leadership's is `Fenced`, an empty
+    /// place or a deposed leader's stray piece (and everything after) is
+    /// sent again. `read_back_count` counts pieces found stored,
+    /// `strays_skipped` strays sent again after.
+    pub(super) fn next_stored(
+        &mut self,
+        log: &Log,
+        read_back_count: &mut u64,
+        strays_skipped: &mut u64,
+    ) -> Next {
         loop {
             let Some(front) = self.under_way.front() else {
                 return Next::Waiting;
@@ -218,25 +227,44 @@ impl Appender {
                     if self.under_way.iter().any(|s| s.ack == Ack::Flying) {
                         return Next::Waiting;
                     }
-                    let mut resend = false;
-                    for sent in self.under_way.iter_mut() {
+                    // Judged as the real appender judges each place
+                    // (`log::read_back`); from the first not stored, every
+                    // piece goes out again, one after another.
+                    let mut send_from = None;
+                    for i in 0..self.under_way.len() {
+                        let sent = &self.under_way[i];
                         if sent.ack == Ack::Stored {
                             continue;
                         }
-                        if resend || sent.at > log.last {
-                            resend = true;
-                            sent.ack = Ack::Flying;
-                            continue;
-                        }
-                        match log.get(sent.at) {
-                            Some(found) if *found == sent.body => {
-                                *read_back += 1;
-                                sent.ack = Ack::Stored;
+                        let found = if sent.at > log.last {
+                            AtPlace::Nothing
+                        } else if sent.at < log.first() {
+                            AtPlace::Purged
+                        } else {
+                            AtPlace::Holds(log.get(sent.at).expect("held"))
+                        };
+                        match read_back(&self.seal, self.epoch, &sent.body, log.last, found) {
+                            ReadBack::Stored => {
+                                *read_back_count += 1;
+                                self.under_way[i].ack = Ack::Stored;
                             }
-                            // Another's, or purged by a successor's
-                            // snapshot: a successor leads.
-                            _ => return Next::Fenced,
+                            ReadBack::SendFrom(at) => {
+                                if at != sent.at {
+                                    *strays_skipped += 1;
+                                }
+                                send_from = Some((i, at));
+                                break;
+                            }
+                            ReadBack::Fenced => return Next::Fenced,
                         }
+                    }
+                    if let Some((from, mut at)) = send_from {
+                        for sent in self.under_way.iter_mut().skip(from) {
+                            sent.at = at;
+                            sent.ack = Ack::Flying;
+                            at += 1;
+                        }
+                        self.sent_upto = at - 1;
                     }
                 }
             }

@@ -35,7 +35,10 @@
 //!
 //! Faults, at random: the leader crashes (a prefix of its pieces on their
 //! way lands) or pauses past the election timeout (its pieces land before
-//! or after the successor's takeover entry: refused after); standbys
+//! the successor's takeover entry, or are refused after it — except one
+//! that expected the very sequence the takeover entry took: that stray
+//! lands right after it, and the successor sends its own again after the
+//! stray, `log::read_back`); standbys
 //! follow the log or restart (load the newest snapshot and the tail);
 //! some seeds run with `warm_standby = false` (a takeover loads the
 //! snapshot and the log); a worker dies (its jobs with it); requests are
@@ -211,6 +214,9 @@ struct Counts {
     batched_reports: u64,
     /// Attempts stopped for their attempt timeout.
     timeouts: u64,
+    /// Deposed leaders' stray pieces a leadership sent its own after
+    /// (it once stepped down for them).
+    strays_skipped: u64,
     /// Tasks that used up their own `max_attempts` and ended failed.
     budgets_used_up: u64,
     /// Refused submissions copied to the dead-letter stream.
@@ -293,6 +299,7 @@ impl Counts {
             batched_reports,
             timeouts,
             budgets_used_up,
+            strays_skipped,
             dead_letters,
             writes_waited,
             grouped_entries,
@@ -955,6 +962,10 @@ fn failover_simulation() {
             ("a piece refused behind a lost one", t.pieces_refused),
             ("an acknowledgement lost", t.acks_lost),
             ("a piece found stored by a read-back", t.read_back),
+            (
+                "a deposed leader's stray piece sent after",
+                t.strays_skipped,
+            ),
             (
                 "a takeover entry refused (the deposed leader appended)",
                 t.takeovers_fenced,
