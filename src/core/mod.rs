@@ -265,10 +265,6 @@ struct TaskExtra {
     /// The pending Retry or AttemptTimeout instant.
     timer_at: u64,
     backoff: Backoff,
-    /// Its fairness key (`fair::NO_KEY`: the pool's unnamed one).
-    fair: u32,
-    /// Its own fairness weight.
-    weight: u32,
     /// Its concurrency key (`fair::NO_KEY`: none) and limit.
     conc: u32,
     conc_limit: u32,
@@ -283,9 +279,29 @@ struct TaskExtra {
     kept_for: Option<(u32, u64)>,
     /// A victim's slot is being kept for this task (it preempts no more).
     preempting: bool,
-    /// Its start tag (fair share), once it has one (`NONE` before).
-    tag: u64,
 }
+
+/// A task's fair-share part (SPEC §9): its named fairness key, its own
+/// weight and its start tag. Kept in `Core::fair_parts`, beside the
+/// records rather than in a [`TaskExtra`]: 16 bytes per task instead of a
+/// boxed extra for every task that names a key, and a task that names
+/// nothing else has no extra to allocate, free or miss in cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FairPart {
+    /// Its start tag, once it has one (`NONE` before).
+    tag: u64,
+    /// Its named fairness key (`fair::NO_KEY`: the pool's unnamed one).
+    fair: u32,
+    /// Its own fairness weight.
+    weight: u32,
+}
+
+/// The fair-share part of a task that names no key, with weight 1.
+const PLAIN_FAIR: FairPart = FairPart {
+    tag: NONE,
+    fair: fair::NO_KEY,
+    weight: 1,
+};
 
 impl TaskRec {
     fn fixed(&self) -> Option<FixedStart> {
@@ -317,8 +333,6 @@ impl TaskRec {
                 attempt_timeout: NONE,
                 timer_at: NONE,
                 backoff,
-                fair: fair::NO_KEY,
-                weight: 1,
                 conc: fair::NO_KEY,
                 conc_limit: 1,
                 preemptible: true,
@@ -326,14 +340,8 @@ impl TaskRec {
                 started: 0,
                 kept_for: None,
                 preempting: false,
-                tag: NONE,
             })
         })
-    }
-
-    /// Its named fairness key, or `fair::NO_KEY`.
-    fn fair_key(&self) -> u32 {
-        self.extra.as_ref().map_or(fair::NO_KEY, |x| x.fair)
     }
 
     /// Its concurrency key, or `fair::NO_KEY`.
@@ -395,6 +403,10 @@ pub struct Core {
     timers: Timers,
     /// Fairness and concurrency keys (SPEC §9).
     keys: fair::Keys,
+    /// The fair-share part of each slab index: empty while no task has
+    /// needed one (a core without keys or weights pays nothing), then as
+    /// long as `tasks`.
+    fair_parts: Vec<FairPart>,
     /// Concurrency keys whose parked tasks may have room (see `settle`).
     conc_dirty: Vec<u32>,
     /// Pools whose free slots may serve more waiters (see `settle`).

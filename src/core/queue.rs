@@ -27,6 +27,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use rustc_hash::FxHashMap;
+
 use super::fair::NO_KEY;
 
 /// The position of a waiter in its queue: rank, submission order and the
@@ -84,29 +86,30 @@ type Rank = (u64, Reverse<i32>);
 const GONE: u32 = u32::MAX;
 
 /// Waiters of one rank.
+///
+/// Named keys' waiters are split in two: each key's first waiter (by
+/// `seq`) is in `firsts` and in the ordered set `keys`; the rest wait in
+/// `more`. With many keys a key seldom has a second waiter in one bucket,
+/// so taking the head — what nearly every start does — is a probe of
+/// `firsts` and the leftmost path of `keys` (hot in cache), not a search
+/// of a tree of every waiter.
 #[derive(Default, Debug)]
 struct Bucket {
     /// Tasks of the unnamed key: `(seq, task, tag)`, by `seq` (and so by
     /// tag: see `push`).
     plain: VecDeque<(u64, u32, u64)>,
-    /// Tasks of named keys: `(key, seq) -> (task, tag)`.
-    named: BTreeMap<(u32, u64), (u32, u64)>,
-    /// Named keys present, by the tag and `seq` of their first waiter
-    /// here: `(tag, seq, key)`.
-    keys: BTreeSet<(u64, u64, u32)>,
+    /// The first waiter here of each named key present: `key -> (tag,
+    /// seq, task)`.
+    firsts: FxHashMap<u32, (u64, u64, u32)>,
+    /// The same first waiters, in fair order: `(tag, seq, key, task)`.
+    keys: BTreeSet<(u64, u64, u32, u32)>,
+    /// Named keys' other waiters: `(key, seq) -> (task, tag)`.
+    more: BTreeMap<(u32, u64), (u32, u64)>,
 }
 
 impl Bucket {
     fn is_empty(&self) -> bool {
-        self.plain.is_empty() && self.named.is_empty()
-    }
-
-    /// The first waiter of key `k` here: `(seq, task, tag)`.
-    fn first_of(&self, k: u32) -> Option<(u64, u32, u64)> {
-        self.named
-            .range((k, 0)..=(k, u64::MAX))
-            .next()
-            .map(|(&(_, seq), &(task, tag))| (seq, task, tag))
+        self.plain.is_empty() && self.firsts.is_empty()
     }
 
     /// The first waiter whose key `allowed` lets through.
@@ -114,11 +117,8 @@ impl Bucket {
         let named = self
             .keys
             .iter()
-            .find(|&&(_, _, k)| allowed(k))
-            .map(|&(tag, seq, k)| {
-                let (task, _) = self.named[&(k, seq)];
-                (key_of(rank, seq, k), task, tag)
-            });
+            .find(|&&(_, _, k, _)| allowed(k))
+            .map(|&(tag, seq, k, task)| (key_of(rank, seq, k), task, tag));
         let plain = if allowed(NO_KEY) {
             self.plain
                 .front()
@@ -133,31 +133,47 @@ impl Bucket {
     }
 
     fn push_named(&mut self, fair: u32, seq: u64, task: u32, tag: u64) {
-        match self.first_of(fair) {
+        match self.firsts.get(&fair).copied() {
             None => {
-                self.keys.insert((tag, seq, fair));
+                self.firsts.insert(fair, (tag, seq, task));
+                self.keys.insert((tag, seq, fair, task));
             }
-            Some((first, _, first_tag)) if seq < first => {
-                self.keys.remove(&(first_tag, first, fair));
-                self.keys.insert((tag, seq, fair));
+            Some((first_tag, first, first_task)) if seq < first => {
+                // Waiting again before the key's first waiter here.
+                self.keys.remove(&(first_tag, first, fair, first_task));
+                self.more.insert((fair, first), (first_task, first_tag));
+                self.firsts.insert(fair, (tag, seq, task));
+                self.keys.insert((tag, seq, fair, task));
             }
-            Some(_) => {}
+            Some(_) => {
+                self.more.insert((fair, seq), (task, tag));
+            }
         }
-        self.named.insert((fair, seq), (task, tag));
     }
 
-    /// Removes a named key's waiter, moving the key's entry to its next one
-    /// if it was the first (what a start usually takes).
+    /// Removes a named key's waiter; if it was the key's first here, the
+    /// key's next waiter (if any) takes its place.
     fn remove_named(&mut self, fair: u32, seq: u64) -> bool {
-        let Some((_, tag)) = self.named.remove(&(fair, seq)) else {
+        let Some(&(tag, first, task)) = self.firsts.get(&fair) else {
             return false;
         };
-        if self.keys.remove(&(tag, seq, fair)) {
-            let next = self.named.range((fair, seq)..).next();
-            if let Some((&(k, next), &(_, tag))) = next {
-                if k == fair {
-                    self.keys.insert((tag, next, fair));
-                }
+        if seq != first {
+            return self.more.remove(&(fair, seq)).is_some();
+        }
+        self.keys.remove(&(tag, seq, fair, task));
+        let next = self
+            .more
+            .range((fair, seq)..=(fair, u64::MAX))
+            .next()
+            .map(|(&(_, next), &(task, tag))| (next, task, tag));
+        match next {
+            Some((next, task, tag)) => {
+                self.more.remove(&(fair, next));
+                self.firsts.insert(fair, (tag, next, task));
+                self.keys.insert((tag, next, fair, task));
+            }
+            None => {
+                self.firsts.remove(&fair);
             }
         }
         true
@@ -182,8 +198,8 @@ fn key_of(rank: Rank, seq: u64, fair: u32) -> QueueKey {
 /// inserted at its sorted place. A waiter removed from the middle of a
 /// deque is only marked [`GONE`] (found by binary search on `seq`); marks
 /// are dropped once they reach either end, so the front and back of every
-/// deque are always live. Tasks of named keys are in a B-tree by key and
-/// `seq`, their keys ordered by their first waiter's tag (module docs).
+/// deque are always live. Tasks of named keys are per key by `seq`, their
+/// keys ordered by their first waiter's tag (module docs, [`Bucket`]).
 ///
 /// The head is cached: a freed slot compares the heads of several queues,
 /// and reading them must not walk trees and deques spread over memory.
@@ -330,7 +346,8 @@ impl WaitQueue {
                 .iter()
                 .filter(|e| e.1 != GONE)
                 .map(|e| e.1)
-                .chain(b.named.values().map(|&(t, _)| t))
+                .chain(b.firsts.values().map(|&(_, _, t)| t))
+                .chain(b.more.values().map(|&(t, _)| t))
         })
     }
 
@@ -422,6 +439,30 @@ mod tests {
             assert!(q.remove(&key, task));
         }
         assert!(q.is_empty() && q.buckets.is_empty() && q.head().is_none());
+    }
+
+    /// A key's later waiters in one bucket follow its first in `seq`
+    /// order, whether they leave from the middle or one waits again before
+    /// the first.
+    #[test]
+    fn a_keys_waiters_follow_its_first_in_submission_order() {
+        let mut q = WaitQueue::default();
+        let key = |seq| QueueKey::new(None, 0, seq, 1);
+        q.push(key(2), 2, 20);
+        q.push(key(3), 3, 30);
+        q.push(key(4), 4, 40);
+        q.push(QueueKey::new(None, 0, 5, 2), 5, 25);
+        assert!(q.remove(&key(3), 3), "from the middle");
+        assert!(!q.remove(&key(3), 3));
+        q.push(key(1), 1, 10);
+        assert_eq!(q.head().map(|h| h.1), Some(1), "waiting again first");
+        let mut order = Vec::new();
+        while let Some((k, t, _)) = q.head() {
+            order.push(t);
+            assert!(q.remove(&k, t));
+        }
+        assert_eq!(order, [1, 2, 5, 4]);
+        assert!(q.is_empty() && q.buckets.is_empty());
     }
 
     /// A task of the unnamed key waiting again at its old place gets a tag

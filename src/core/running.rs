@@ -190,11 +190,12 @@ impl Core {
 
     /// Forgets a task's record.
     pub(super) fn release(&mut self, t: u32) {
+        let fair = self.fair_key_of(t);
         let rec = &mut self.tasks[t as usize];
         self.by_id.remove(rec.id);
         rec.phase = Phase::Free;
         let (p, r) = (rec.pool, rec.reqset);
-        let (fair, conc) = (rec.fair_key(), rec.conc_key());
+        let conc = rec.conc_key();
         rec.extra = None;
         self.release_keys(fair, conc);
         self.free_slab.push(t);

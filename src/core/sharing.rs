@@ -31,8 +31,8 @@ use std::cmp::Reverse;
 use super::fair::{vt_step, Keys, Quota, NO_KEY};
 use super::groups::{is_subset, FreeKey};
 use super::{
-    Action, ConcurrencyPolicy, Core, EndReason, GroupId, Labels, Phase, Preemption, RevokeReason,
-    TaskSpec, TaskState, WaitReason,
+    Action, ConcurrencyPolicy, Core, EndReason, FairPart, GroupId, Labels, Phase, Preemption,
+    RevokeReason, TaskSpec, TaskState, WaitReason, PLAIN_FAIR,
 };
 
 /// A task preempted this many times is not chosen again (anti-thrashing):
@@ -46,11 +46,36 @@ impl Core {
     /// The fairness key whose virtual time task `t` uses: its own, or its
     /// pool's unnamed one.
     pub(super) fn fair_of(&self, t: u32) -> u32 {
-        let rec = &self.tasks[t as usize];
-        match rec.fair_key() {
-            NO_KEY => self.keys.unnamed_of(rec.pool),
+        match self.fair_key_of(t) {
+            NO_KEY => self.keys.unnamed_of(self.tasks[t as usize].pool),
             k => k,
         }
+    }
+
+    /// The fair-share part of task `t`.
+    pub(super) fn fair_part(&self, t: u32) -> FairPart {
+        self.fair_parts
+            .get(t as usize)
+            .copied()
+            .unwrap_or(PLAIN_FAIR)
+    }
+
+    /// The named fairness key of task `t`, or `NO_KEY`.
+    pub(super) fn fair_key_of(&self, t: u32) -> u32 {
+        self.fair_part(t).fair
+    }
+
+    /// Sets the fair-share part of slab index `t` (a new record's): the
+    /// table is made as long as the slab the first time a task needs it,
+    /// and from then on every record written gets its part.
+    pub(super) fn set_fair_part(&mut self, t: u32, part: FairPart) {
+        if part == PLAIN_FAIR && self.fair_parts.is_empty() {
+            return;
+        }
+        if self.fair_parts.len() < self.tasks.len() {
+            self.fair_parts.resize(self.tasks.len(), PLAIN_FAIR);
+        }
+        self.fair_parts[t as usize] = part;
     }
 
     /// Interns a spec's keys in pool `p`, counting the task as a user:
@@ -134,7 +159,7 @@ impl Core {
         for t in 0..self.tasks.len() {
             let rec = &self.tasks[t];
             if rec.pool == p && matches!(rec.phase, Phase::Running | Phase::Draining) {
-                let (k, g) = (rec.fair_key(), rec.group);
+                let (k, g) = (self.fair_key_of(t as u32), rec.group);
                 if k != NO_KEY {
                     let labels = &self.groups.groups[g as usize].labels;
                     for q in &mut self.keys.fair[k as usize].quotas {
@@ -180,13 +205,13 @@ impl Core {
 
     /// Whether `t` may take a slot of `g` now (quota and concurrency).
     pub(super) fn eligible(&self, t: u32, g: u32) -> bool {
-        self.quota_allows(self.tasks[t as usize].fair_key(), g) && self.conc_allows_start(t)
+        self.quota_allows(self.fair_key_of(t), g) && self.conc_allows_start(t)
     }
 
     /// The best free group for `t` (rule 2) that its quotas allow.
     pub(super) fn best_free_group_for(&self, t: u32) -> Option<u32> {
         let rec = &self.tasks[t as usize];
-        let k = rec.fair_key();
+        let k = self.fair_key_of(t);
         if k == NO_KEY || self.keys.fair[k as usize].quotas.is_empty() {
             return self.best_free_group(t);
         }
@@ -207,7 +232,7 @@ impl Core {
                 self.keys.conc[c as usize].name.to_string(),
             ));
         }
-        let k = rec.fair_key();
+        let k = self.fair_key_of(t);
         if k == NO_KEY {
             return None;
         }
@@ -233,31 +258,26 @@ impl Core {
     /// its neighbours).
     pub(super) fn start_tag(&mut self, t: u32) -> u64 {
         let k = self.fair_of(t);
-        let rec = &mut self.tasks[t as usize];
-        let p = rec.pool;
-        let vt = self.groups.pools[p as usize].vt;
-        let named = rec.fair_key() != NO_KEY;
-        if let Some(x) = rec.extra.as_deref() {
-            if named && x.tag != super::NONE {
-                return x.tag;
-            }
+        let part = self.fair_part(t);
+        let rec = &self.tasks[t as usize];
+        let vt = self.groups.pools[rec.pool as usize].vt;
+        let named = part.fair != NO_KEY;
+        if named && part.tag != super::NONE {
+            return part.tag;
         }
         if !named && rec.attempt > 0 {
             return vt;
         }
-        let own_weight = rec.extra.as_deref().map_or(1, |x| x.weight);
         let key = &mut self.keys.fair[k as usize];
         let weight = if key.weight > 0 {
             key.weight
         } else {
-            own_weight
+            part.weight
         };
         let tag = vt.max(key.finish);
         key.finish = tag.saturating_add(vt_step(weight));
         if named {
-            if let Some(x) = rec.extra.as_deref_mut() {
-                x.tag = tag;
-            }
+            self.fair_parts[t as usize].tag = tag;
         }
         tag
     }
@@ -366,7 +386,7 @@ impl Core {
     /// An attempt of `t` takes a slot of `g` (`rec.group` is set): its keys
     /// count it.
     pub(super) fn slot_taken(&mut self, t: u32, g: u32) {
-        let k = self.tasks[t as usize].fair_key();
+        let k = self.fair_key_of(t);
         let stamp = self.keys.next_start;
         self.keys.next_start += 1;
         let rec = &mut self.tasks[t as usize];
@@ -411,9 +431,9 @@ impl Core {
     /// waits again): its keys stop counting it; a quota or a concurrency
     /// limit with room again lets waiters in (in `settle`).
     pub(super) fn slot_left(&mut self, t: u32) {
+        let k = self.fair_key_of(t);
         let rec = &self.tasks[t as usize];
         let (p, g, priority, c) = (rec.pool, rec.group, rec.priority, rec.conc_key());
-        let k = rec.fair_key();
         let started = rec.extra.as_deref().map_or(0, |x| x.started);
         let pool = &mut self.groups.pools[p as usize];
         if !pool.preemptible.is_empty() {
@@ -511,7 +531,7 @@ impl Core {
         {
             return;
         }
-        let (priority, k) = (rec.priority, rec.fair_key());
+        let (priority, k) = (rec.priority, self.fair_key_of(t));
         let pairs = &self.groups.reqsets[rec.reqset as usize].pairs;
         let victim = pool
             .preemptible

@@ -10,8 +10,8 @@ use super::placement;
 use super::queue::QueueKey;
 use super::timers::{Timer, TimerKind};
 use super::{
-    Action, Core, FixedStart, GroupId, Millis, OnMiss, Phase, Resumed, RevokeReason, TaskExtra,
-    TaskRec, TaskSpec, TaskState, NONE,
+    Action, Core, FairPart, FixedStart, GroupId, Millis, OnMiss, Phase, Resumed, RevokeReason,
+    TaskExtra, TaskRec, TaskSpec, TaskState, NONE,
 };
 
 impl Core {
@@ -122,9 +122,7 @@ impl Core {
             || spec.est_runtime.is_some()
             || spec.attempt_timeout.is_some()
             || spec.backoff.is_some()
-            || fair != NO_KEY
             || conc != NO_KEY
-            || spec.fairness_weight != 1
             || !spec.preemptible;
         let extra = needs_extra.then(|| {
             Box::new(TaskExtra {
@@ -133,8 +131,6 @@ impl Core {
                 attempt_timeout: spec.attempt_timeout.map_or(NONE, |d| d.0),
                 timer_at: NONE,
                 backoff: spec.backoff.unwrap_or(config.backoff),
-                fair,
-                weight: spec.fairness_weight,
                 conc,
                 conc_limit: spec.concurrency_limit,
                 preemptible: spec.preemptible,
@@ -142,7 +138,6 @@ impl Core {
                 started: 0,
                 kept_for: None,
                 preempting: false,
-                tag: NONE,
             })
         });
         let rec = TaskRec {
@@ -171,6 +166,14 @@ impl Core {
                 (self.tasks.len() - 1) as u32
             }
         };
+        self.set_fair_part(
+            t,
+            FairPart {
+                tag: NONE,
+                fair,
+                weight: spec.fairness_weight,
+            },
+        );
         self.by_id.insert(spec.id, t);
         self.groups.pools[p as usize].live += 1;
         self.groups.reqsets[r as usize].live += 1;
@@ -250,7 +253,7 @@ impl Core {
             rec.urgent.then_some(rec.deadline),
             rec.priority,
             rec.seq,
-            rec.fair_key(),
+            self.fair_key_of(t),
         )
     }
 
@@ -384,12 +387,12 @@ impl Core {
                     let new = self.queue_key(t);
                     // A named key's task keeps its tag; the unnamed key's
                     // is placed between its neighbours'.
-                    let tag = self.groups.pools[p as usize].vt;
-                    let tag = self.tasks[t as usize]
-                        .extra
-                        .as_deref()
-                        .filter(|x| x.fair != NO_KEY)
-                        .map_or(tag, |x| x.tag);
+                    let part = self.fair_part(t);
+                    let tag = if part.fair != NO_KEY {
+                        part.tag
+                    } else {
+                        self.groups.pools[p as usize].vt
+                    };
                     let queue = &mut self.groups.reqsets[r as usize].queue;
                     queue.remove(&old, t);
                     queue.push(new, t, tag);
