@@ -395,31 +395,24 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
 
     // SPEC §9: per fairness and concurrency key, as the snapshot lists
     // them (the busiest 1,000 of each pool, then `_other` for the rest).
-    type FairValue = fn(&crate::core::FairnessKeySnapshot) -> u64;
-    let fair_gauges: [(&str, &str, FairValue); 2] = [
-        (
-            "cronoq_fairness_key_running",
-            "Slots a fairness key's running attempts hold (the busiest 1,000 keys of a pool, then key=\"_other\").",
-            |k| k.running,
-        ),
-        (
-            "cronoq_fairness_key_waiting",
-            "A fairness key's tasks not running.",
-            |k| k.waiting,
-        ),
-    ];
-    for (name, help, value) in fair_gauges {
-        let mut family = Family::start(&mut out, name, "gauge", help);
-        for p in &snapshot.pools {
-            for k in &p.fairness_keys {
-                family.sample(
-                    name,
-                    &[("pool", p.name.as_str()), ("key", &k.key)],
-                    value(k),
-                );
-            }
-        }
-    }
+    key_gauges::<crate::core::FairnessKeySnapshot>(
+        &mut out,
+        &snapshot.pools,
+        |p| &p.fairness_keys,
+        |k| &k.key,
+        &[
+            (
+                "cronoq_fairness_key_running",
+                "Slots a fairness key's running attempts hold (the busiest 1,000 keys of a pool, then key=\"_other\").",
+                |k| k.running,
+            ),
+            (
+                "cronoq_fairness_key_waiting",
+                "A fairness key's tasks not running.",
+                |k| k.waiting,
+            ),
+        ],
+    );
     let mut family = Family::start(
         &mut out,
         "cronoq_fairness_key_share",
@@ -436,31 +429,24 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
             );
         }
     }
-    type ConcValue = fn(&crate::core::ConcurrencyKeySnapshot) -> u64;
-    let conc_gauges: [(&str, &str, ConcValue); 2] = [
-        (
-            "cronoq_concurrency_key_running",
-            "A concurrency key's running tasks (the busiest 1,000 keys of a pool, then key=\"_other\").",
-            |k| u64::from(k.running),
-        ),
-        (
-            "cronoq_concurrency_key_waiting",
-            "A concurrency key's waiting tasks.",
-            |k| k.waiting,
-        ),
-    ];
-    for (name, help, value) in conc_gauges {
-        let mut family = Family::start(&mut out, name, "gauge", help);
-        for p in &snapshot.pools {
-            for k in &p.concurrency_keys {
-                family.sample(
-                    name,
-                    &[("pool", p.name.as_str()), ("key", &k.key)],
-                    value(k),
-                );
-            }
-        }
-    }
+    key_gauges::<crate::core::ConcurrencyKeySnapshot>(
+        &mut out,
+        &snapshot.pools,
+        |p| &p.concurrency_keys,
+        |k| &k.key,
+        &[
+            (
+                "cronoq_concurrency_key_running",
+                "A concurrency key's running tasks (the busiest 1,000 keys of a pool, then key=\"_other\").",
+                |k| u64::from(k.running),
+            ),
+            (
+                "cronoq_concurrency_key_waiting",
+                "A concurrency key's waiting tasks.",
+                |k| k.waiting,
+            ),
+        ],
+    );
 
     let mut family = Family::start(
         &mut out,
@@ -470,6 +456,32 @@ pub fn metrics_text(snapshot: &Snapshot, health: &Health) -> String {
     );
     family.sample("cronoq_metrics_label_sets_dropped", &[], dropped);
     out
+}
+
+/// A gauge family per `(name, help, value)`, sampled for every key a
+/// pool lists (`keys`: its fairness or its concurrency keys), labelled
+/// with the pool and the key.
+type KeyGauge<'a, K> = (&'a str, &'a str, fn(&K) -> u64);
+
+fn key_gauges<K>(
+    out: &mut String,
+    pools: &[crate::core::PoolSnapshot],
+    keys: impl Fn(&crate::core::PoolSnapshot) -> &Vec<K>,
+    key: impl Fn(&K) -> &String,
+    gauges: &[KeyGauge<'_, K>],
+) {
+    for (name, help, value) in gauges {
+        let mut family = Family::start(out, name, "gauge", help);
+        for p in pools {
+            for k in keys(p) {
+                family.sample(
+                    name,
+                    &[("pool", p.name.as_str()), ("key", key(k))],
+                    value(k),
+                );
+            }
+        }
+    }
 }
 
 /// The bucket bounds as `le` labels: seconds, shortest form.
