@@ -181,45 +181,16 @@ impl LeaderApi {
     /// messages ([`journal::lookups`]), else under its own id (as servers
     /// before the blocks wrote it).
     pub(super) async fn stored_result(&self, id: TaskId) -> Result<Option<TaskStatus>, WireError> {
-        if let Some(record) = self.looked_up(id).await? {
+        let in_block = super::takeover::block_record(&self.inner.results, &self.inner.seal, id.0)
+            .await
+            .map_err(|e| unavailable(format!("results bucket: {e}")))?;
+        if let Some(record) = in_block {
             return Ok(Some(record.into_status()));
         }
         let key = id.to_string();
         match self.stored(&key).await? {
             Some(body) => Ok(Some(wire::TaskRecord::decode(&body)?.into_status())),
             None => Ok(None),
-        }
-    }
-
-    /// Task `id`'s record in the messages of its block, read in order
-    /// (one not sealed with the storage key, or not a block, is skipped).
-    async fn looked_up(&self, id: TaskId) -> Result<Option<wire::TaskRecord>, WireError> {
-        let results = &self.inner.results;
-        let prefix = format!("$KV.{}.", results.name);
-        let filter = format!("{prefix}{}", journal::lookups::filter(id.0));
-        let mut from = 1;
-        loop {
-            let message = match results
-                .stream
-                .direct_get_next_for_subject(filter.as_str(), Some(from))
-                .await
-            {
-                Ok(m) => m,
-                Err(e) if e.kind() == jetstream::stream::DirectGetErrorKind::NotFound => {
-                    return Ok(None)
-                }
-                Err(e) => return Err(unavailable(format!("results bucket: {e}"))),
-            };
-            from = message.sequence + 1;
-            let key = message.subject.as_str().trim_start_matches(prefix.as_str());
-            match self.inner.seal.open(key, &message.payload) {
-                Ok(body) => match journal::lookups::find(body, id.0) {
-                    Ok(Some(record)) => return Ok(Some(record)),
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(key, error = %e, "a lookup block that is not one"),
-                },
-                Err(why) => seal::log_refused("lookup block", key, why),
-            }
         }
     }
 

@@ -65,6 +65,14 @@ pub(super) async fn journal_record(
     seq: u64,
 ) -> Result<Option<wire::TaskRecord>, String> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    // Written by block of ids since the log (`journal::lookups`); under
+    // its own id by servers before.
+    let in_block = read_retrying(|| block_record(results, seal, seq))
+        .await
+        .map_err(|e| format!("the lookup block of task {seq} could not be read: {e}"))?;
+    if in_block.is_some() {
+        return Ok(in_block);
+    }
     let subject = format!("{}{seq}", results.prefix);
     let got = read_retrying(|| async {
         match results
@@ -93,6 +101,47 @@ pub(super) async fn journal_record(
             }
         }
     }))
+}
+
+/// Task `seq`'s record in the messages of its lookup block
+/// ([`journal::lookups`]), read in order from the stream's leader (as
+/// [`journal_record`] reads, for the same reason); a message not sealed
+/// with the storage key, or not a block, is skipped.
+pub(super) async fn block_record(
+    results: &kv::Store,
+    seal: &seal::Seal,
+    seq: u64,
+) -> Result<Option<wire::TaskRecord>, String> {
+    use async_nats::jetstream::stream::RawMessageErrorKind;
+    let filter = format!("{}{}", results.prefix, journal::lookups::filter(seq));
+    let mut from = 1;
+    loop {
+        let message = match results
+            .stream
+            .raw_message_builder()
+            .sequence(from)
+            .next_by_subject(filter.as_str())
+            .send()
+            .await
+        {
+            Ok(m) => m,
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        from = message.sequence + 1;
+        let key = message
+            .subject
+            .as_str()
+            .trim_start_matches(results.prefix.as_str());
+        match seal.open(key, &message.payload) {
+            Ok(body) => match journal::lookups::find(body, seq) {
+                Ok(Some(record)) => return Ok(Some(record)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(key, error = %e, "a lookup block that is not one"),
+            },
+            Err(why) => seal::log_refused("lookup block", key, why),
+        }
+    }
 }
 
 /// Tries `read` while NATS does not answer: 12 tries, 50 ms apart at
