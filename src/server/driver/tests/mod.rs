@@ -762,18 +762,9 @@ fn journaled(seq: u64, attempt: u32, worker: &str, open: bool) -> TaskRecord {
         })
         .collect();
     TaskRecord {
-        v: 1,
-        id: TaskId(seq),
         pool: PoolName::new("p").unwrap(),
-        state: TaskState::Running,
         attempts,
-        output: None,
-        error: None,
-        deadline_missed: false,
-        written_at: None,
-        schedule: None,
-        scheduled_at: None,
-        key: None,
+        ..crate::server::log::tests::record(seq, TaskState::Running)
     }
 }
 
